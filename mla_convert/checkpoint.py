@@ -1,0 +1,252 @@
+"""The source checkpoint: config, index and shard headers, validated before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mla_runtime.format import MlaDims
+
+from .errors import SourceError
+from .safetensors_io import ShardHeader, TensorInfo, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_FILE_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+SCALE_SUFFIX = ".weight_scale_inv"
+REQUIRED_CONFIG_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+)  # fmt: skip
+
+
+def module_of(weight_name: str) -> str:
+    """'model.layers.3.self_attn.kv_b_proj.weight' -> 'model.layers.3.self_attn.kv_b_proj'."""
+    return weight_name.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Fp8Pair:
+    weight: TensorInfo
+    weight_file: str
+    scale: TensorInfo
+    scale_file: str
+
+
+@dataclass(frozen=True)
+class SourceCheckpoint:
+    root: Path
+    config: dict
+    config_bytes: bytes
+    index_bytes: bytes  # b"" for a single-file checkpoint without an index
+    weight_map: dict[str, str]  # tensor name -> file name (relative to root)
+    headers: dict[str, ShardHeader]  # file name -> parsed header
+    block: tuple[int, int]
+    fp8: dict[str, Fp8Pair]  # weight tensor name -> its weight and scale
+    side_files: tuple[str, ...]  # relative paths of everything else to copy
+
+    @property
+    def dims(self) -> MlaDims:
+        return MlaDims.from_model_config(self.config)
+
+    @property
+    def num_layers_with_mtp(self) -> int:
+        return int(self.config["num_hidden_layers"]) + int(self.config.get("num_nextn_predict_layers") or 0)
+
+    def info(self, name: str) -> TensorInfo:
+        return self.headers[self.weight_map[name]].tensors[name]
+
+    def total_bytes(self) -> int:
+        return sum(h.file_size for h in self.headers.values())
+
+    def fingerprint(self) -> str:
+        """sha256 over config, index and every shard's size and header: cheap, and it changes when
+        any tensor's name, dtype, shape or position does. Tensor data is covered by verify."""
+        h = hashlib.sha256()
+        h.update(hashlib.sha256(self.config_bytes).digest())
+        h.update(hashlib.sha256(self.index_bytes).digest())
+        for name in sorted(self.headers):
+            hd = self.headers[name]
+            h.update(f"{name}\0{hd.file_size}\0".encode())
+            h.update(hashlib.sha256(hd.header_bytes).digest())
+        return h.hexdigest()
+
+
+def _load_json(path: Path, what: str) -> tuple[dict, bytes]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SourceError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path}: {what} must be a JSON object")
+    return data, raw
+
+
+def check_config(config: dict, path: Path) -> tuple[int, int]:
+    """Accept DeepseekV3-architecture configs with DeepSeek's block-FP8 quantization; return the block."""
+    archs = config.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise SourceError(
+            f"{path}: architectures {archs!r} (model_type {config.get('model_type')!r}) is not a "
+            f"DeepSeek-V3-class MLA model; expected one of {list(SUPPORTED_ARCHITECTURES)}"
+        )
+    missing = [k for k in REQUIRED_CONFIG_KEYS if not isinstance(config.get(k), int)]
+    if missing:
+        raise SourceError(f"{path}: config lacks integer {', '.join(missing)}")
+    q = config.get("quantization_config")
+    if not isinstance(q, dict):
+        raise SourceError(
+            f"{path}: no quantization_config; this is not a block-FP8 checkpoint (already bf16?). "
+            "mla-convert deepseek-r1 converts DeepSeek's block-FP8 releases"
+        )
+    method, fmt, block = q.get("quant_method"), q.get("fmt", "e4m3"), q.get("weight_block_size")
+    if method != "fp8":
+        raise SourceError(
+            f"{path}: quant_method {method!r} is not supported; expected DeepSeek's block FP8 ('fp8')"
+            + (" (this looks like a converted checkpoint)" if method == "compressed-tensors" else "")
+        )
+    if fmt != "e4m3":
+        raise SourceError(f"{path}: FP8 format {fmt!r} is not supported; expected 'e4m3'")
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise SourceError(f"{path}: weight_block_size {block!r} is not supported; expected two positive ints like [128, 128]")
+    return block[0], block[1]
+
+
+def _checked_member(root: Path, rel: str, what: str) -> Path:
+    """Resolve `rel` inside `root`, refusing absolute paths, '..' and symlinks that leave the source.
+
+    A Hugging Face cache snapshot links its files to '../../blobs/': that blobs folder is allowed.
+    """
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise SourceError(f"{root}: {what} {rel!r} must be a relative path inside the checkpoint")
+    path = root / rel
+    real = path.resolve()
+    allowed = [root.resolve()]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        allowed.append((root.parent.parent / "blobs").resolve())
+    if not any(real == a or a in real.parents for a in allowed):
+        raise SourceError(f"{path}: {what} leads outside the checkpoint (to {real})")
+    return path
+
+
+def open_source(root: str | Path) -> SourceCheckpoint:
+    """Read and validate a source checkpoint from headers only. Raises SourceError."""
+    root = Path(root)
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a directory")
+    config_path = root / CONFIG_NAME
+    config, config_bytes = _load_json(config_path, "config.json")
+    block = check_config(config, config_path)
+
+    index_path = root / INDEX_NAME
+    if index_path.exists():
+        index, index_bytes = _load_json(index_path, "safetensors index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise SourceError(f"{index_path}: no weight_map")
+        if not all(isinstance(v, str) for v in weight_map.values()):
+            raise SourceError(f"{index_path}: weight_map values must be file names")
+    elif (root / SINGLE_FILE_NAME).exists():
+        index_bytes = b""
+        weight_map = None
+    else:
+        raise SourceError(f"{root}: no {INDEX_NAME} and no {SINGLE_FILE_NAME}; not a safetensors checkpoint")
+
+    files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE_NAME]
+    headers: dict[str, ShardHeader] = {}
+    for rel in files:
+        path = _checked_member(root, rel, "shard")
+        if not path.is_file():
+            raise SourceError(f"{path}: shard named in {INDEX_NAME} does not exist")
+        headers[rel] = read_header(path)
+    if weight_map is None:
+        weight_map = {n: SINGLE_FILE_NAME for n in headers[SINGLE_FILE_NAME].tensors}
+    for name, rel in weight_map.items():
+        if name not in headers[rel].tensors:
+            raise SourceError(f"{root / rel}: tensor {name!r} listed in the index is not in this shard")
+    for rel, hd in headers.items():
+        for name in hd.tensors:
+            if weight_map.get(name) != rel:
+                raise SourceError(f"{root / rel}: tensor {name!r} is in this shard but not in the index")
+
+    fp8 = _pair_fp8(root, weight_map, headers, block)
+    src = SourceCheckpoint(
+        root, config, config_bytes, index_bytes, dict(weight_map), headers, block, fp8, _side_files(root, headers)
+    )
+    _check_layers(src)
+    return src
+
+
+def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
+    def info(name):
+        return headers[weight_map[name]].tensors[name]
+
+    pairs: dict[str, Fp8Pair] = {}
+    for name in weight_map:
+        if not name.endswith(SCALE_SUFFIX):
+            continue
+        wname = name[: -len("_scale_inv")]
+        where = root / weight_map[name]
+        if wname not in weight_map:
+            raise SourceError(f"{where}: scale {name!r} has no weight {wname!r}")
+        w, s = info(wname), info(name)
+        if w.dtype != "F8_E4M3":
+            raise SourceError(f"{root / weight_map[wname]}: tensor {wname!r} has a block scale but dtype {w.dtype}, expected F8_E4M3")
+        if s.dtype != "F32":
+            raise SourceError(f"{where}: scale {name!r} has dtype {s.dtype}, expected F32")
+        if len(w.shape) != 2:
+            raise SourceError(f"{root / weight_map[wname]}: FP8 weight {wname!r} has shape {list(w.shape)}, expected 2-D")
+        grid = (math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1]))
+        if tuple(s.shape) != grid:
+            raise SourceError(
+                f"{where}: scale {name!r} has shape {list(s.shape)} but weight {wname!r} {list(w.shape)} "
+                f"with {block[0]}x{block[1]} blocks needs {list(grid)}"
+            )
+        pairs[wname] = Fp8Pair(w, weight_map[wname], s, weight_map[name])
+    for name, rel in weight_map.items():
+        if headers[rel].tensors[name].dtype == "F8_E4M3" and name not in pairs:
+            raise SourceError(f"{root / rel}: FP8 tensor {name!r} has no {name}_scale_inv; cannot dequantize it")
+    return pairs
+
+
+def _check_layers(src: SourceCheckpoint) -> None:
+    dims = src.dims
+    for i in range(src.num_layers_with_mtp):
+        name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
+        if name not in src.weight_map:
+            raise SourceError(f"{src.root}: layer {i} has no {name!r}; the checkpoint is incomplete")
+        shape = src.info(name).shape
+        if tuple(shape) != dims.kv_b_shape():
+            raise SourceError(
+                f"{src.root / src.weight_map[name]}: {name!r} has shape {list(shape)}, but the config's "
+                f"MLA dims need {list(dims.kv_b_shape())}"
+            )
+
+
+def _side_files(root: Path, headers: dict[str, ShardHeader]) -> tuple[str, ...]:
+    """Every non-weight file to carry over (tokenizer, generation config, remote code, docs...)."""
+    skip = {INDEX_NAME, CONFIG_NAME, *headers}
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in sorted(filenames):
+            rel = os.path.relpath(os.path.join(dirpath, fn), root)
+            if fn.startswith(".") or rel in skip or fn.endswith(".safetensors"):
+                continue
+            out.append(rel)
+    return tuple(out)

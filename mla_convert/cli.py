@@ -1,0 +1,196 @@
+"""The mla-convert command line. Each command parses options, calls one library function and
+prints the result; errors become one line on stderr and a non-zero exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    name="mla-convert",
+    help="Convert DeepSeek-V3/R1 block-FP8 checkpoints for vLLM on Intel Gaudi (channel FP8 or bf16), "
+    "with each MLA layer's W_UK_T / W_UV precomputed next to the model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory (created; must be empty).")]
+FormatOpt = Annotated[
+    str, typer.Option("--format", "-f", help="channel-fp8 (compressed-tensors, loads as is in vLLM/vllm-gaudi) or bf16.")
+]
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240).")
+]
+WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards converted in parallel (processes).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Delete the contents of a non-empty --out first.")]
+
+
+def _fail(message: str, code: int, hint: bool = False) -> None:
+    typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo("(set MLA_CONVERT_TRACEBACK=1 to see the traceback)", err=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _errors_to_exit():
+    """Library errors -> one line and their exit code; anything unexpected -> exit 70."""
+    from .errors import ConvertError
+
+    if os.environ.get("MLA_CONVERT_TRACEBACK"):
+        yield
+        return
+    try:
+        yield
+    except ConvertError as e:
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; the output directory is incomplete", 130)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as e:  # a bug: keep it to one line, traceback on request
+        _fail(f"unexpected {type(e).__name__}: {e}", 70, hint=True)
+
+
+@contextlib.contextmanager
+def _byte_progress(enabled: bool, description: str):
+    """Yields a factory(total_bytes) -> advance(nbytes) callback, or None when silenced."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=_console(stderr=True),
+        transient=False,
+    ) as bar:
+
+        def factory(total: int):
+            task = bar.add_task(description, total=total)
+            return lambda n: bar.advance(task, n)
+
+        yield factory
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+def _print_summary(summary: dict, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    rows = [
+        ("source", summary["source"]),
+        ("output", summary["out"]),
+        ("format / target", f"{summary['format']} / {summary['target']} (FP8 max {summary['fp8_max']:g})"),
+        ("shards", str(summary["shards"])),
+        ("tensors in -> out", f"{summary['tensors_in']} -> {summary['tensors_out']}"),
+        ("block-FP8 weights converted", str(summary["fp8_weights_converted"])),
+        ("MLA layers (W_UK_T / W_UV)", str(summary["mla_layers"])),
+        ("bytes in", _gb(summary["bytes_in"])),
+        ("bytes out (model + mla)", f"{_gb(summary['bytes_out_model'])} + {_gb(summary['bytes_out_mla'])}"),
+        ("disk needed", _gb(summary["disk_needed"])),
+    ]
+    if "seconds" in summary:
+        rows += [("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)")]
+    for k, v in rows:
+        table.add_row(k, v)
+    _console().print(table)
+
+
+@app.command("deepseek-r1")
+def deepseek_r1(
+    source: Annotated[
+        str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
+    ] = "deepseek-ai/DeepSeek-R1",
+    out: OutOpt = ...,
+    format: FormatOpt = "channel-fp8",
+    target: TargetOpt = "gaudi3",
+    ignore: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--ignore",
+            help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
+            "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+        ),
+    ] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
+    workers: WorkersOpt = 1,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")] = False,
+    overwrite: OverwriteOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
+    from .convert import convert
+    from .plan import Options
+
+    with _errors_to_exit():
+        options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        with _byte_progress(not (quiet or json_out or dry_run), "converting") as progress:
+            summary = convert(
+                source, out, options, revision=revision, workers=workers, overwrite=overwrite,
+                dry_run=dry_run, progress_factory=progress,
+            )  # fmt: skip
+    _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
+
+
+def _report(summary: dict, json_out: bool, quiet: bool, title: str) -> None:
+    if json_out:
+        typer.echo(json.dumps(summary, indent=2))
+    elif not quiet:
+        _print_summary(summary, title)
+
+
+@app.command()
+def demo(
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Where to put the demo (default: a new temporary directory).")
+    ] = None,
+    format: FormatOpt = "channel-fp8",
+    target: TargetOpt = "gaudi3",
+    overwrite: OverwriteOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it and report. Works offline."""
+    from .convert import convert, ensure_empty_dir
+    from .plan import Options
+    from .synthetic import write_checkpoint
+
+    with _errors_to_exit():
+        root = Path(out) if out else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
+        ensure_empty_dir(root, overwrite)
+        src = write_checkpoint(root / "source")
+        summary = convert(src, root / f"converted-{format}", Options(format=format, target=target))
+    _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted")
+
+
+def main() -> None:
+    app(prog_name="mla-convert")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Run a plan: per shard load -> transform -> write, then config, index and manifests."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from mla_runtime.format import (
+    MANIFEST_NAME as MLA_MANIFEST_NAME,
+    MLA_DIR_NAME,
+    LayerEntry,
+    MlaDims,
+    MlaManifest,
+    kv_b_layer_index,
+    w_uk_t_name,
+    w_uv_name,
+)
+from mla_runtime.layout import split_kv_b_proj
+
+from . import __version__
+from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, open_source
+from .errors import OutputError, SourceError
+from .manifest import COMPLETE, INCOMPLETE, write_manifest
+from .numerics import dequantize_block_fp8, quantize_channel_fp8, to_bf16
+from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
+from .safetensors_io import ShardWriter, WrittenFile, copy_file_atomic, write_bytes_atomic
+from .source import resolve_source
+
+ProgressFn = Callable[[int], None]  # called with source bytes processed
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything one shard job needs, small enough to send to a worker process."""
+
+    src_root: str
+    out_dir: str
+    job: ShardJob
+    inputs: dict[str, str]  # source tensor -> source file
+    sizes: dict[str, int]  # source tensor -> bytes (for progress)
+    scales: dict[str, str]  # FP8 weight -> its scale tensor
+    block: tuple[int, int]
+    fp8_max: float
+    dims: MlaDims
+
+
+class _Inputs:
+    """Lazily opened source shards; tensors are read one at a time and never cached."""
+
+    def __init__(self, root: str, inputs: dict[str, str]):
+        self.root, self.inputs, self.handles = Path(root), inputs, {}
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        rel = self.inputs[name]
+        if rel not in self.handles:
+            try:
+                self.handles[rel] = safe_open(str(self.root / rel), framework="pt")
+            except Exception as e:  # safetensors raises its own error types
+                raise SourceError(f"{self.root / rel}: cannot open ({e})") from None
+        try:
+            return self.handles[rel].get_tensor(name)
+        except Exception as e:
+            raise SourceError(f"{self.root / rel}: cannot read tensor {name!r} ({e})") from None
+
+
+def _dequantize(spec: JobSpec, inputs: _Inputs, name: str) -> torch.Tensor:
+    scale_name = spec.scales[name]
+    scale = inputs.get(scale_name)
+    if not torch.isfinite(scale).all():
+        raise SourceError(f"{spec.src_root}/{spec.inputs[scale_name]}: scale {scale_name!r} contains NaN or Inf")
+    return dequantize_block_fp8(inputs.get(name), scale, spec.block)
+
+
+def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
+    """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds).
+
+    Returns (relative path, size, sha256) of every file written. Memory: one source tensor, its
+    fp32 dequant and its converted copy at a time.
+    """
+    out_dir = Path(spec.out_dir)
+    inputs = _Inputs(spec.src_root, spec.inputs)
+    specs = {t.name: (t.dtype, t.shape) for t in spec.job.tensors}
+    written: list[tuple[str, int, str]] = []
+    pending_scale: torch.Tensor | None = None
+    with ShardWriter(out_dir / spec.job.file, specs) as writer:
+        for t in spec.job.tensors:
+            if t.op == COPY:
+                tensor = inputs.get(t.source)
+            elif t.op == FP8_SCALE:
+                tensor, pending_scale = pending_scale, None
+            else:
+                deq = _dequantize(spec, inputs, t.source)
+                layer = kv_b_layer_index(t.source)
+                if layer is not None:
+                    written.append(_write_mla_layer(out_dir, layer, deq, spec.dims))
+                if t.op == TO_BF16:
+                    tensor = to_bf16(deq)
+                elif t.op == TO_FP8:
+                    tensor, pending_scale = quantize_channel_fp8(deq, spec.fp8_max)
+                else:
+                    raise AssertionError(f"unknown op {t.op!r}")
+                del deq
+            writer.write(t.name, tensor)
+            if progress and t.op != FP8_SCALE:
+                scale = spec.scales.get(t.source)
+                progress(spec.sizes[t.source] + (spec.sizes[scale] if scale else 0))
+            del tensor
+        done = writer.commit()
+    written.append((spec.job.file, done.size, done.sha256))
+    return written
+
+
+def _write_mla_layer(out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims) -> tuple[str, int, str]:
+    """W_UK_T / W_UV from the exact fp32 dequant of the SOURCE kv_b_proj, never the requantized copy."""
+    w_uk_t, w_uv = split_kv_b_proj(kv_b_dequant, dims, torch.bfloat16)
+    rel = mla_file_rel(layer)
+    specs = {w_uk_t_name(layer): ("BF16", tuple(w_uk_t.shape)), w_uv_name(layer): ("BF16", tuple(w_uv.shape))}
+    with ShardWriter(out_dir / rel, specs) as w:
+        w.write(w_uk_t_name(layer), w_uk_t)
+        w.write(w_uv_name(layer), w_uv)
+        done = w.commit()
+    return rel, done.size, done.sha256
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def ensure_empty_dir(path: Path, overwrite: bool) -> None:
+    """Create `path`, or accept it empty; a non-empty one only with `overwrite` (its contents go)."""
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path}: exists and is not a directory")
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise OutputError(f"{path}: directory is not empty; delete it, pick another --out, or pass --overwrite")
+        for child in path.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
+    out_real, src_real = out_dir.resolve(), src_root.resolve()
+    if out_real == src_real or src_real in out_real.parents:
+        raise OutputError(f"{out_dir}: --out is the source or inside it; pick a directory outside {src_root}")
+    if out_real in src_real.parents:
+        raise OutputError(f"{out_dir}: --out contains the source {src_root}; pick a directory outside it")
+    ensure_empty_dir(out_dir, overwrite)
+    (out_dir / MLA_DIR_NAME).mkdir()
+
+
+def job_specs(plan: Plan, out_dir: Path) -> list[JobSpec]:
+    src = plan.source
+    specs = []
+    for job in plan.shards:
+        inputs = plan.inputs_of(job)
+        scales = {n: src.fp8[n].scale.name for n in inputs if n in src.fp8}
+        sizes = {n: src.info(n).nbytes for n in inputs}
+        specs.append(
+            JobSpec(str(src.root), str(out_dir), job, inputs, sizes, scales, src.block, plan.options.fp8_max, src.dims)
+        )
+    return specs
+
+
+def execute(plan: Plan, out_dir: Path, *, workers: int = 1, progress: ProgressFn | None = None) -> dict[str, dict]:
+    """Write every shard and MLA layer; returns {relative path: {size, sha256}}."""
+    specs = job_specs(plan, out_dir)
+    files: dict[str, dict] = {}
+
+    def record(results):
+        for rel, size, sha in results:
+            files[rel] = {"size": size, "sha256": sha}
+
+    if workers <= 1:
+        for spec in specs:
+            record(run_shard_job(spec, progress))
+        return files
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started can hang
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+        futures = {pool.submit(run_shard_job, spec): spec for spec in specs}
+        try:
+            for fut in cf.as_completed(futures):
+                record(fut.result())
+                if progress:
+                    progress(sum(futures[fut].sizes.values()))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return files
+
+
+def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
+    """Side files, config, index, MLA manifest; the caller then marks the conversion complete."""
+    src = plan.source
+
+    def record(rel: str, w: WrittenFile) -> None:
+        files[rel] = {"size": w.size, "sha256": w.sha256}
+
+    for rel in src.side_files:
+        record(rel, copy_file_atomic(_checked_member(src.root, rel, "side file"), out_dir / rel))
+    record("config.json", write_bytes_atomic(out_dir / "config.json", _json_bytes(plan.config)))
+    weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
+    total = sum(job.out_bytes for job in plan.shards)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    record(INDEX_NAME, write_bytes_atomic(out_dir / INDEX_NAME, _json_bytes(index)))
+    layers = tuple(
+        LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
+        for i in plan.mla_layers
+    )
+    manifest = MlaManifest(
+        dims=src.dims,
+        layers=layers,
+        source_fingerprint=src.fingerprint(),
+        producer={"tool": "mla-convert", "version": __version__, "format": plan.options.format},
+    )
+    rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
+    record(rel, write_bytes_atomic(out_dir / rel, manifest.to_json().encode()))
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    options: Options = Options(),
+    *,
+    revision: str | None = None,
+    workers: int = 1,
+    overwrite: bool = False,
+    dry_run: bool = False,
+    progress_factory: Callable[[int], ProgressFn] | None = None,
+) -> dict:
+    """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output)."""
+    t0 = time.perf_counter()
+    src_root = resolve_source(str(source), revision)
+    src = open_source(src_root)
+    plan = make_plan(src, options)
+    summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers}
+    if dry_run:
+        return summary
+    out_dir = Path(out_dir)
+    prepare_out_dir(out_dir, src.root, overwrite)
+    fingerprint = src.fingerprint()
+    write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
+    progress = progress_factory(summary["bytes_in"]) if progress_factory else None
+    files = execute(plan, out_dir, workers=workers, progress=progress)
+    finalize(plan, out_dir, files)
+    write_manifest(out_dir, COMPLETE, options.as_dict(), fingerprint, files)
+    seconds = time.perf_counter() - t0
+    return summary | {
+        "status": COMPLETE,
+        "files": len(files),
+        "seconds": round(seconds, 3),
+        "gb_per_s": round(summary["bytes_in"] / seconds / 1e9, 3),
+        "source_fingerprint": fingerprint,
+    }
+
+
+def load_source(source: str | Path, revision: str | None = None) -> SourceCheckpoint:
+    return open_source(resolve_source(str(source), revision))

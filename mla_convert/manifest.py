@@ -1,0 +1,40 @@
+"""The conversion manifest: what was converted, how, and every output file's size and sha256.
+
+Written with status 'incomplete' before the first output file and rewritten as 'complete' last,
+so an interrupted conversion is recognisable as such.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import __version__
+from .safetensors_io import write_bytes_atomic
+
+MANIFEST_NAME = "mla-convert-manifest.json"
+COMPLETE = "complete"
+INCOMPLETE = "incomplete"
+
+
+def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: dict[str, dict]) -> bytes:
+    doc = {
+        "tool": "mla-convert",
+        "version": __version__,
+        "status": status,
+        "options": options,
+        "source_fingerprint": source_fingerprint,
+        "files": {k: files[k] for k in sorted(files)},
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict]) -> None:
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files))
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())

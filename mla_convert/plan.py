@@ -1,0 +1,164 @@
+"""Plan a conversion from headers alone: what each output shard holds and which source tensors
+(weight and its possibly distant scale) it needs. Nothing is read or written here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from mla_runtime.format import MLA_DIR_NAME, kv_b_layer_index, layer_file_name
+
+from .checkpoint import SourceCheckpoint, module_of
+from .errors import ConvertError
+from .numerics import FP8_MAX
+from .output_config import output_config
+from .safetensors_io import nbytes_of
+
+FORMATS = ("channel-fp8", "bf16")
+TARGETS = tuple(FP8_MAX)
+
+# Ops for one output tensor.
+COPY = "copy"  # bit-exact copy of a non-FP8 source tensor
+TO_BF16 = "bf16"  # block-FP8 weight -> bf16
+TO_FP8 = "fp8"  # block-FP8 weight -> channel-FP8 weight (its scale is the next tensor)
+FP8_SCALE = "fp8_scale"  # the channel scale computed with the previous weight
+
+
+@dataclass(frozen=True)
+class Options:
+    format: str = "channel-fp8"
+    target: str = "gaudi3"
+    ignore: tuple[str, ...] = ()  # regexes (re.match) on module names to leave unquantized (bf16)
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ConvertError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
+        if self.target not in TARGETS:
+            raise ConvertError(f"--target {self.target!r}: expected one of {', '.join(TARGETS)}")
+        for p in self.ignore:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ConvertError(f"--ignore {p!r}: not a valid regular expression ({e})") from None
+
+    @property
+    def fp8_max(self) -> float:
+        return FP8_MAX[self.target]
+
+    def as_dict(self) -> dict:
+        return {"format": self.format, "target": self.target, "ignore": list(self.ignore)}
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    op: str
+    source: str  # source tensor name (for converted weights: the FP8 weight)
+
+
+@dataclass
+class ShardJob:
+    file: str
+    tensors: list[OutTensor]
+    mla_layers: list[int] = field(default_factory=list)  # kv_b_proj layers converted in this job
+
+    @property
+    def out_bytes(self) -> int:
+        return sum(nbytes_of(t.dtype, t.shape) for t in self.tensors)
+
+
+@dataclass
+class Plan:
+    source: SourceCheckpoint
+    options: Options
+    shards: list[ShardJob]
+    config: dict
+    ignored_modules: list[str]  # the config's ignore list: 're:' patterns, then module names
+
+    @property
+    def mla_layers(self) -> list[int]:
+        return sorted(i for job in self.shards for i in job.mla_layers)
+
+    def inputs_of(self, job: ShardJob) -> dict[str, str]:
+        """Source tensor name -> source file for everything `job` reads, partner scales included."""
+        src = self.source
+        need: dict[str, str] = {}
+        for t in job.tensors:
+            if t.op == FP8_SCALE:
+                continue
+            need[t.source] = src.weight_map[t.source]
+            if t.source in src.fp8:
+                pair = src.fp8[t.source]
+                need[pair.scale.name] = pair.scale_file
+        return need
+
+    def in_bytes(self, job: ShardJob) -> int:
+        return sum(self.source.info(n).nbytes for n in self.inputs_of(job))
+
+    def summary(self) -> dict:
+        out_shards = sum(j.out_bytes for j in self.shards)
+        mla = len(self.mla_layers) * 2 * 2 * self.source.dims.num_heads * self.source.dims.kv_lora_rank * (
+            self.source.dims.qk_nope_head_dim
+        )  # bf16 bytes; v_head_dim == qk_nope_head_dim in every DeepSeek-V3 config
+        side = sum((self.source.root / f).stat().st_size for f in self.source.side_files)
+        return {
+            "source": str(self.source.root),
+            "format": self.options.format,
+            "target": self.options.target,
+            "fp8_max": self.options.fp8_max,
+            "shards": len(self.shards),
+            "tensors_in": len(self.source.weight_map),
+            "tensors_out": sum(len(j.tensors) for j in self.shards),
+            "fp8_weights_converted": len(self.source.fp8),
+            "mla_layers": len(self.mla_layers),
+            "bytes_in": self.source.total_bytes(),
+            "bytes_out_model": out_shards,
+            "bytes_out_mla": mla,
+            "disk_needed": out_shards + mla + side,
+            "ignored_modules": len(self.ignored_modules),
+        }
+
+
+def is_ignored(module: str, patterns: tuple[str, ...]) -> bool:
+    return any(re.match(p, module) for p in patterns)
+
+
+def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
+    """One output shard per source shard, same file name; every tensor stays in its weight's shard."""
+    by_file: dict[str, list[OutTensor]] = {f: [] for f in sorted(src.headers)}
+    unquantized: set[str] = set()
+    scale_names = {p.scale.name for p in src.fp8.values()}
+    for name in sorted(src.weight_map):
+        if name in scale_names:
+            continue  # consumed with its weight; no *_scale_inv in the output
+        info = src.info(name)
+        out = by_file[src.weight_map[name]]
+        if name not in src.fp8:
+            out.append(OutTensor(name, info.dtype, info.shape, COPY, name))
+            if len(info.shape) == 2 and name.endswith(".weight") and not name.endswith("embed_tokens.weight"):
+                unquantized.add(module_of(name))  # a linear that was never FP8 (lm_head, gate, eh_proj)
+            continue
+        module = module_of(name)
+        if options.format == "bf16" or is_ignored(module, options.ignore):
+            out.append(OutTensor(name, "BF16", info.shape, TO_BF16, name))
+            if not is_ignored(module, options.ignore):
+                unquantized.add(module)
+        else:
+            out.append(OutTensor(name, "F8_E4M3", info.shape, TO_FP8, name))
+            out.append(OutTensor(f"{module}.weight_scale", "F32", (info.shape[0], 1), FP8_SCALE, name))
+    jobs = []
+    for file, tensors in by_file.items():
+        layers = sorted(i for t in tensors if (i := kv_b_layer_index(t.source)) is not None and t.op != FP8_SCALE)
+        jobs.append(ShardJob(file, tensors, layers))
+    # User patterns go in as compressed-tensors 're:' entries (re.match, as vLLM applies them);
+    # listing every matched expert by name would make R1's config.json megabytes long.
+    ignored = [f"re:{p}" for p in options.ignore] + sorted(
+        m for m in unquantized if not is_ignored(m, options.ignore)
+    ) if options.format == "channel-fp8" else []
+    return Plan(src, options, jobs, output_config(src.config, options.format, options.target, ignored), ignored)
+
+
+def mla_file_rel(layer: int) -> str:
+    return f"{MLA_DIR_NAME}/{layer_file_name(layer)}"

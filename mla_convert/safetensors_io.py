@@ -1,0 +1,293 @@
+"""Safetensors at the byte level: a strict header parser and a streaming, hashing, atomic writer.
+
+The writer knows every tensor's name, dtype and shape up front (from the plan), writes the header
+first and then one tensor at a time, so no shard is ever held in memory, and hashes the bytes as
+they go to disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import OutputError, SourceError
+
+# safetensors dtype string -> (torch dtype, bytes per element)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+    "BF16": (torch.bfloat16, 2),
+    "F16": (torch.float16, 2),
+    "F32": (torch.float32, 4),
+    "F64": (torch.float64, 8),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "I16": (torch.int16, 2),
+    "I32": (torch.int32, 4),
+    "I64": (torch.int64, 8),
+    "BOOL": (torch.bool, 1),
+}
+TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+HASH_CHUNK = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # safetensors dtype string
+    shape: tuple[int, ...]
+    begin: int  # offsets relative to the start of the data section
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    path: Path
+    tensors: dict[str, TensorInfo]
+    data_start: int  # byte offset of the data section in the file
+    file_size: int
+    header_bytes: bytes  # the raw JSON header, for fingerprints
+    metadata: dict
+
+
+def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * DTYPES[dtype][1]
+
+
+def read_header(path: Path) -> ShardHeader:
+    """Parse and validate a safetensors header without reading tensor data.
+
+    Raises SourceError naming the file for anything a safe reader must refuse: short file, header
+    length out of range, bad JSON, unknown dtype, size/shape mismatch, offsets out of range,
+    overlapping or non-contiguous tensors, bytes after the last tensor.
+    """
+    path = Path(path)
+    try:
+        file_size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SourceError(f"{path}: truncated safetensors file ({file_size} bytes, no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n == 0 or n > MAX_HEADER_BYTES or 8 + n > file_size:
+                raise SourceError(
+                    f"{path}: corrupt safetensors header length {n} (file is {file_size} bytes); "
+                    "the file is truncated or not a safetensors file"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{path}: corrupt safetensors header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise SourceError(f"{path}: corrupt safetensors header (not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise SourceError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
+    data_start = 8 + n
+    data_len = file_size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        tensors[name] = _tensor_info(path, name, entry, data_len)
+    pos = 0
+    for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != pos:
+            kind = "overlaps the previous tensor" if t.begin < pos else "leaves a gap before it"
+            raise SourceError(f"{path}: tensor {t.name!r} at offset {t.begin} {kind} (expected {pos})")
+        pos = t.end
+    if pos != data_len:
+        raise SourceError(
+            f"{path}: data section is {data_len} bytes but the tensors cover {pos}"
+            + ("; the file is truncated" if pos > data_len else "; trailing bytes after the last tensor")
+        )
+    return ShardHeader(path, tensors, data_start, file_size, raw, metadata)
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_len: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise SourceError(f"{path}: tensor {name!r}: header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        raise SourceError(f"{path}: tensor {name!r}: unsupported dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise SourceError(f"{path}: tensor {name!r}: bad shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise SourceError(f"{path}: tensor {name!r}: bad data_offsets {offsets!r}")
+    begin, end = offsets
+    if end > data_len:
+        raise SourceError(
+            f"{path}: tensor {name!r} ends at {end} but the data section has {data_len} bytes; the file is truncated"
+        )
+    expected = nbytes_of(dtype, tuple(shape))
+    if end - begin != expected:
+        raise SourceError(f"{path}: tensor {name!r}: {end - begin} bytes for {dtype}{shape}, expected {expected}")
+    return TensorInfo(name, dtype, tuple(shape), begin, end)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a tensor (zero-copy for contiguous CPU tensors)."""
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def file_sha256(path: Path) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    path: Path
+    size: int
+    sha256: str
+
+
+def partial_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.partial")
+
+
+class ShardWriter:
+    """Writes one safetensors file tensor by tensor, in the order the header lists them.
+
+    Usage: `with ShardWriter(path, specs) as w: for name in w.order: w.write(name, tensor)`.
+    Data goes to a hidden '.NAME.partial' file that is fsynced and renamed on success and removed
+    on any error, so a file under its final name is always complete.
+    """
+
+    def __init__(self, path: Path, specs: dict[str, tuple[str, tuple[int, ...]]], metadata: dict | None = None):
+        self.path = Path(path)
+        # The plan's order: a weight's channel scale follows the weight, so only that small scale
+        # is held between two writes (safetensors readers do not need aligned offsets).
+        self.order = list(specs)
+        header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
+        pos = 0
+        for name in self.order:
+            dtype, shape = specs[name]
+            size = nbytes_of(dtype, shape)
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + size]}
+            pos += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-(8 + len(raw)) % 8)
+        self._specs = specs
+        self._prefix = struct.pack("<Q", len(raw)) + raw
+        self.total_size = len(self._prefix) + pos
+        self._next = 0
+        self._hash = hashlib.sha256()
+        self._tmp = partial_name(self.path)
+        self._f = None
+
+    def __enter__(self) -> "ShardWriter":
+        try:
+            self._f = open(self._tmp, "wb")
+            self._put(self._prefix)
+        except BaseException:
+            self.abort()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def _put(self, data) -> None:
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from None
+        self._hash.update(data)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        expected = self.order[self._next] if self._next < len(self.order) else None
+        if name != expected:
+            raise RuntimeError(f"{self.path}: wrote {name!r} out of order (expected {expected!r})")
+        dtype, shape = self._specs[name]
+        if TORCH_TO_ST.get(tensor.dtype) != dtype or tuple(tensor.shape) != tuple(shape):
+            raise RuntimeError(
+                f"{self.path}: tensor {name!r} is {tensor.dtype}{tuple(tensor.shape)}, planned {dtype}{tuple(shape)}"
+            )
+        self._put(tensor_bytes(tensor))
+        self._next += 1
+
+    def commit(self) -> WrittenFile:
+        if self._next != len(self.order):
+            raise RuntimeError(f"{self.path}: {len(self.order) - self._next} planned tensors were not written")
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.path}: cannot finish writing: {e.strerror or e}") from None
+        return WrittenFile(self.path, self.total_size, self._hash.hexdigest())
+
+    def abort(self) -> None:
+        if self._f is not None and not self._f.closed:
+            self._f.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> WrittenFile:
+    """Write small files (JSON) the same crash-safe way as shards."""
+    path = Path(path)
+    tmp = partial_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{path}: write failed: {e.strerror or e}") from None
+    return WrittenFile(path, len(data), hashlib.sha256(data).hexdigest())
+
+
+def copy_file_atomic(src: Path, dst: Path) -> WrittenFile:
+    """Copy a side file under a temporary name, hashing it on the way; rename when complete."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_name(dst)
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(src, "rb") as fi, open(tmp, "wb") as fo:
+            while chunk := fi.read(HASH_CHUNK):
+                fo.write(chunk)
+                h.update(chunk)
+                size += len(chunk)
+            fo.flush()
+            os.fsync(fo.fileno())
+        os.replace(tmp, dst)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{dst}: copy from {src} failed: {e.strerror or e}") from None
+    return WrittenFile(dst, size, h.hexdigest())

@@ -1,0 +1,158 @@
+"""The on-disk format of precomputed MLA weights: names, manifest schema, validation.
+
+Owned here so the converter (writer) and the vLLM plugin (reader) share one definition.
+Depends on the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT_NAME = "mla-precomputed"
+FORMAT_VERSION = 1
+MLA_DIR_NAME = "mla"
+MANIFEST_NAME = "manifest.json"
+ARTIFACT_DTYPE = "bfloat16"
+
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight$")
+
+
+class ArtifactError(ValueError):
+    """The MLA artifacts are missing, malformed or do not match what is being served."""
+
+
+def w_uk_t_name(layer: int) -> str:
+    return f"model.layers.{layer}.self_attn.W_UK_T"
+
+
+def w_uv_name(layer: int) -> str:
+    return f"model.layers.{layer}.self_attn.W_UV"
+
+
+def layer_file_name(layer: int) -> str:
+    """File (relative to the mla/ directory) holding one layer's W_UK_T and W_UV."""
+    return f"layer-{layer:03d}.safetensors"
+
+
+def kv_b_layer_index(tensor_name: str) -> int | None:
+    """Layer index if `tensor_name` is a layer's kv_b_proj weight, else None."""
+    m = _LAYER_RE.match(tensor_name)
+    return int(m.group(1)) if m else None
+
+
+def layer_index_of_attention(prefix: str) -> int | None:
+    """Layer index from a vLLM module prefix like 'model.layers.3.self_attn.attn'."""
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", prefix + ".")
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    num_heads: int  # N
+    qk_nope_head_dim: int  # P
+    v_head_dim: int  # V
+    kv_lora_rank: int  # L
+
+    def w_uk_t_shape(self, heads: int | None = None) -> tuple[int, int, int]:
+        return (self.num_heads if heads is None else heads, self.qk_nope_head_dim, self.kv_lora_rank)
+
+    def w_uv_shape(self, heads: int | None = None) -> tuple[int, int, int]:
+        return (self.num_heads if heads is None else heads, self.kv_lora_rank, self.v_head_dim)
+
+    def kv_b_shape(self) -> tuple[int, int]:
+        return (self.num_heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)
+
+    @classmethod
+    def from_model_config(cls, config: dict) -> "MlaDims":
+        try:
+            return cls(
+                num_heads=int(config["num_attention_heads"]),
+                qk_nope_head_dim=int(config["qk_nope_head_dim"]),
+                v_head_dim=int(config["v_head_dim"]),
+                kv_lora_rank=int(config["kv_lora_rank"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"model config lacks MLA dimension {e}") from None
+
+
+@dataclass(frozen=True)
+class LayerEntry:
+    layer: int
+    file: str  # relative to the mla/ directory
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class MlaManifest:
+    dims: MlaDims
+    layers: tuple[LayerEntry, ...]
+    source_fingerprint: str
+    dtype: str = ARTIFACT_DTYPE
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+    producer: dict = field(default_factory=dict)
+
+    def layer_ids(self) -> list[int]:
+        return [e.layer for e in self.layers]
+
+    def entry(self, layer: int) -> LayerEntry:
+        for e in self.layers:
+            if e.layer == layer:
+                return e
+        raise ArtifactError(f"no MLA artifacts for layer {layer} in the manifest")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["layers"] = [asdict(e) for e in self.layers]
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "manifest") -> "MlaManifest":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{origin}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ArtifactError(f"{origin}: expected a JSON object")
+        if d.get("format") != FORMAT_NAME:
+            raise ArtifactError(f"{origin}: format is {d.get('format')!r}, expected {FORMAT_NAME!r}")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(
+                f"{origin}: format_version {d.get('format_version')!r} is not supported "
+                f"(this mla_runtime reads version {FORMAT_VERSION}); re-run mla-convert"
+            )
+        if d.get("dtype") != ARTIFACT_DTYPE:
+            raise ArtifactError(f"{origin}: dtype {d.get('dtype')!r}, expected {ARTIFACT_DTYPE!r}")
+        try:
+            dims = MlaDims(**{k: int(v) for k, v in d["dims"].items()})
+            layers = tuple(
+                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"]))
+                for e in d["layers"]
+            )
+            fp = str(d["source_fingerprint"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"{origin}: malformed manifest ({type(e).__name__}: {e})") from None
+        ids = [e.layer for e in layers]
+        if ids != sorted(set(ids)):
+            raise ArtifactError(f"{origin}: layer list must be sorted and unique, got {ids}")
+        for e in layers:
+            if Path(e.file).name != e.file or e.file in ("", ".", ".."):
+                raise ArtifactError(f"{origin}: layer {e.layer} file {e.file!r} must be a plain file name")
+        return cls(dims=dims, layers=layers, source_fingerprint=fp, producer=dict(d.get("producer") or {}))
+
+
+def mla_dir(model_dir: str | Path) -> Path:
+    return Path(model_dir) / MLA_DIR_NAME
+
+
+def read_manifest(artifacts_dir: str | Path) -> MlaManifest:
+    path = Path(artifacts_dir) / MANIFEST_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no MLA manifest (was this directory written by mla-convert?)") from None
+    return MlaManifest.from_json(text, origin=str(path))
