@@ -1,0 +1,323 @@
+"""Open the MLA artifacts of a converted model and fetch one layer's W_UK_T / W_UV for a TP rank.
+
+    arts = open_artifacts("/data/R1-channel-fp8/mla", model_dir="/data/R1-channel-fp8")
+    w_uk_t, w_uv = arts.load_layer(3, tp_rank=1, tp_size=8, device="hpu")
+
+Validation happens in two steps, both before any tensor reaches the caller:
+
+- `open_artifacts` reads the manifest (format, version, dtype, layer list), compares its dims with
+  the served model's config.json and its source fingerprint with the served directory's
+  `mla-convert-manifest.json` (when there is one), and stats every layer file (its size must be the
+  manifest's).
+- `load_layer` checks the layer file's safetensors header (names, dtype, full shapes), optionally its
+  sha256, and reads only rank r's heads [r*N/T, (r+1)*N/T) from disk.
+
+Every error is an `ArtifactError` naming the layer and the file. Depends on torch, safetensors and
+the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .format import (
+    ARTIFACT_DTYPE,
+    ArtifactError,
+    LayerEntry,
+    MlaDims,
+    MlaManifest,
+    layer_file_name,
+    read_manifest,
+    w_uk_t_name,
+    w_uv_name,
+)
+
+CONVERT_MANIFEST_NAME = "mla-convert-manifest.json"  # written by mla-convert next to config.json
+_ST_DTYPE = {"bfloat16": "BF16"}
+VERIFY_MODES = ("size", "sha256")
+
+
+def head_range(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """Heads [start, end) held by TP rank `tp_rank` of `tp_size`, as vLLM splits kv_b_proj."""
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise ArtifactError(f"invalid tensor-parallel rank {tp_rank} of size {tp_size}")
+    if num_heads % tp_size:
+        raise ArtifactError(
+            f"tensor-parallel size {tp_size} does not divide the {num_heads} attention heads; "
+            f"use a TP size that divides {num_heads}"
+        )
+    per = num_heads // tp_size
+    return tp_rank * per, (tp_rank + 1) * per
+
+
+def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_header(path: Path) -> dict:
+    """The safetensors JSON header of `path` (names -> dtype, shape, offsets), read without torch."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError("file shorter than the 8-byte header length")
+        n = int.from_bytes(raw, "little")
+        if n > 100 << 20:
+            raise ValueError(f"header length {n} is implausible")
+        head = f.read(n)
+    if len(head) != n:
+        raise ValueError("truncated header")
+    return json.loads(head)
+
+
+@dataclass(frozen=True)
+class MlaArtifacts:
+    """Validated MLA artifacts of one converted model (see `open_artifacts`)."""
+
+    artifacts_dir: Path
+    manifest: MlaManifest
+    verify: str = "size"
+
+    @property
+    def dims(self) -> MlaDims:
+        return self.manifest.dims
+
+    @property
+    def layers(self) -> list[int]:
+        return self.manifest.layer_ids()
+
+    @property
+    def source_fingerprint(self) -> str:
+        return self.manifest.source_fingerprint
+
+    def layer_path(self, layer: int) -> Path:
+        return self.artifacts_dir / self._entry(layer).file
+
+    def _entry(self, layer: int) -> LayerEntry:
+        for e in self.manifest.layers:
+            if e.layer == layer:
+                return e
+        raise ArtifactError(
+            f"layer {layer}: no MLA artifacts for this layer in {self.artifacts_dir / 'manifest.json'} "
+            f"(expected file {self.artifacts_dir / layer_file_name(layer)}; the manifest lists layers "
+            f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
+        )
+
+    def check_layer(self, layer: int, *, sha256: bool | None = None) -> None:
+        """Size, header (names, dtype, shapes) and, if asked (or verify='sha256'), sha256 of one layer."""
+        entry = self._entry(layer)
+        path = self.artifacts_dir / entry.file
+        where = f"layer {layer} ({path})"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise ArtifactError(f"{where}: file is missing; re-run mla-convert") from None
+        if size != entry.size:
+            raise ArtifactError(
+                f"{where}: file has {size} bytes, the manifest says {entry.size}; the artifact is "
+                "truncated or was replaced: re-run mla-convert"
+            )
+        try:
+            header = _read_header(path)
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"{where}: not a readable safetensors file ({e})") from None
+        want = {
+            w_uk_t_name(layer): self.dims.w_uk_t_shape(),
+            w_uv_name(layer): self.dims.w_uv_shape(),
+        }
+        for name, shape in want.items():
+            info = header.get(name)
+            if not isinstance(info, dict):
+                raise ArtifactError(f"{where}: tensor {name!r} is missing (the file holds another layer?)")
+            if info.get("dtype") != _ST_DTYPE[ARTIFACT_DTYPE]:
+                raise ArtifactError(f"{where}: tensor {name!r} has dtype {info.get('dtype')}, expected BF16")
+            if tuple(info.get("shape", ())) != shape:
+                raise ArtifactError(
+                    f"{where}: tensor {name!r} has shape {tuple(info.get('shape', ()))}, expected {shape} "
+                    f"from the manifest's dims"
+                )
+        if sha256 if sha256 is not None else self.verify == "sha256":
+            digest = _sha256_file(path)
+            if digest != entry.sha256:
+                raise ArtifactError(
+                    f"{where}: sha256 {digest} differs from the manifest's {entry.sha256}; the artifact is "
+                    "corrupted: re-run mla-convert"
+                )
+
+    def load_layer(
+        self,
+        layer: int,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK_T [N/T, P, L], W_UV [N/T, L, V]) of `layer` for TP rank `tp_rank` of `tp_size`.
+
+        Only that rank's heads are read from disk; both tensors are contiguous, on `device`, in
+        `dtype` (the artifacts are bf16: another dtype is a cast of them).
+        """
+        self.check_layer(layer)
+        path = self.layer_path(layer)
+        try:
+            start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
+        except ArtifactError as e:
+            raise ArtifactError(f"layer {layer} ({path}): {e}") from None
+        from safetensors import safe_open
+
+        out = []
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in (w_uk_t_name(layer), w_uv_name(layer)):
+                    part = f.get_slice(name)[start:end]
+                    out.append(part.to(device=device, dtype=dtype).contiguous())
+        except ArtifactError:
+            raise
+        except Exception as e:  # safetensors raises its own error types
+            raise ArtifactError(f"layer {layer} ({path}): cannot read ({type(e).__name__}: {e})") from None
+        return out[0], out[1]
+
+    def check_served_dims(self, *, layer: int, num_heads: int, tp_size: int, qk_nope_head_dim: int,
+                          v_head_dim: int, kv_lora_rank: int) -> None:  # fmt: skip
+        """Check what one served attention layer expects (heads on this rank) against the artifacts."""
+        path = self.artifacts_dir / layer_file_name(layer)
+        where = f"layer {layer} ({path})"
+        d = self.dims
+        for what, served, ours in (
+            ("qk_nope_head_dim", qk_nope_head_dim, d.qk_nope_head_dim),
+            ("v_head_dim", v_head_dim, d.v_head_dim),
+            ("kv_lora_rank", kv_lora_rank, d.kv_lora_rank),
+        ):
+            if served != ours:
+                raise ArtifactError(f"{where}: the served model has {what}={served}, the artifacts {ours}")
+        try:
+            start, end = head_range(d.num_heads, 0, tp_size)
+        except ArtifactError as e:
+            raise ArtifactError(f"{where}: {e}") from None
+        if end - start != num_heads:
+            raise ArtifactError(
+                f"{where}: the artifacts have {d.num_heads} heads, i.e. {end - start} per rank at "
+                f"tensor-parallel size {tp_size}, but the served layer has {num_heads} heads per rank"
+            )
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    parts, start, prev = [], ids[0], ids[0]
+    for i in ids[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+def _model_config(model_dir: Path) -> dict | None:
+    path = model_dir / "config.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{path}: cannot read the served model's config ({e})") from None
+
+
+def expected_layers(model_config: dict) -> list[int]:
+    """Decoder layers a DeepseekV3-style config serves (the MTP layers are loaded only as a drafter)."""
+    try:
+        return list(range(int(model_config["num_hidden_layers"])))
+    except (KeyError, TypeError, ValueError):
+        raise ArtifactError("model config lacks num_hidden_layers") from None
+
+
+def open_artifacts(
+    artifacts_dir: str | Path,
+    *,
+    model_dir: str | Path | None = None,
+    model_config: dict | None = None,
+    expected_fingerprint: str | None = None,
+    verify: str | None = None,
+) -> MlaArtifacts:
+    """Open and validate the artifacts in `artifacts_dir` (a converted model's `mla/` directory).
+
+    `model_dir`: the served model directory; its config.json (unless `model_config` is given) must
+    have the artifacts' dims and every decoder layer must have artifacts, and when it holds
+    `mla-convert-manifest.json` its source fingerprint must be the artifacts'.
+    `expected_fingerprint`: checked too when given. `verify`: "size" (default: file sizes and headers)
+    or "sha256" (also hash each layer file when it is loaded); default from $MLA_RUNTIME_VERIFY.
+    """
+    artifacts_dir = Path(artifacts_dir)
+    verify = verify or os.environ.get("MLA_RUNTIME_VERIFY", "size") or "size"
+    if verify not in VERIFY_MODES:
+        raise ArtifactError(f"verify mode {verify!r}: expected one of {', '.join(VERIFY_MODES)}")
+    if not artifacts_dir.is_dir():
+        raise ArtifactError(f"{artifacts_dir}: no such directory of MLA artifacts")
+    manifest = read_manifest(artifacts_dir)
+    arts = MlaArtifacts(artifacts_dir, manifest, verify)
+    manifest_path = artifacts_dir / "manifest.json"
+
+    if model_dir is not None and model_config is None:
+        model_config = _model_config(Path(model_dir))
+    if model_config is not None:
+        served = MlaDims.from_model_config(model_config)
+        if served != manifest.dims:
+            diffs = ", ".join(
+                f"{k}: served {getattr(served, k)} vs artifacts {getattr(manifest.dims, k)}"
+                for k in ("num_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+                if getattr(served, k) != getattr(manifest.dims, k)
+            )
+            raise ArtifactError(f"{manifest_path}: MLA dims differ from the served model's config ({diffs})")
+        missing = [i for i in expected_layers(model_config) if i not in set(manifest.layer_ids())]
+        if missing:
+            first = missing[0]
+            raise ArtifactError(
+                f"layer {first}: no MLA artifacts (expected {artifacts_dir / layer_file_name(first)}); "
+                f"layers {_ranges(missing)} of the served model are missing from {manifest_path}"
+            )
+
+    fingerprints = []
+    if expected_fingerprint is not None:
+        fingerprints.append((expected_fingerprint, "the expected source fingerprint"))
+    if model_dir is not None:
+        conv = Path(model_dir) / CONVERT_MANIFEST_NAME
+        if conv.exists():
+            try:
+                fp = json.loads(conv.read_text()).get("source_fingerprint")
+            except (OSError, json.JSONDecodeError, AttributeError) as e:
+                raise ArtifactError(f"{conv}: cannot read ({e})") from None
+            if fp is not None:
+                fingerprints.append((str(fp), str(conv)))
+    for fp, origin in fingerprints:
+        if fp != manifest.source_fingerprint:
+            raise ArtifactError(
+                f"{manifest_path}: the artifacts were computed from another checkpoint (source fingerprint "
+                f"{manifest.source_fingerprint[:16]}... vs {fp[:16]}... in {origin}); use the mla/ "
+                "directory written with this model"
+            )
+
+    for layer in manifest.layer_ids():
+        entry = manifest.entry(layer)
+        path = artifacts_dir / entry.file
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise ArtifactError(f"layer {layer} ({path}): file is missing; re-run mla-convert") from None
+        if size != entry.size:
+            raise ArtifactError(
+                f"layer {layer} ({path}): file has {size} bytes, the manifest says {entry.size}; the "
+                "artifact is truncated or was replaced: re-run mla-convert"
+            )
+    return arts
