@@ -28,14 +28,34 @@ from mla_runtime.layout import split_kv_b_proj
 
 from . import __version__
 from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, open_source
-from .errors import OutputError, SourceError
+from .errors import ConvertError, OutputError, SourceError
+from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, write_manifest
-from .numerics import dequantize_block_fp8, quantize_channel_fp8, to_bf16
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
-from .safetensors_io import ShardWriter, WrittenFile, copy_file_atomic, write_bytes_atomic
+from .safetensors_io import (
+    ShardWriter,
+    WrittenFile,
+    copy_file_atomic,
+    nbytes_of,
+    read_chunks,
+    read_tensor,
+    write_bytes_atomic,
+)
 from .source import resolve_source
 
 ProgressFn = Callable[[int], None]  # called with source bytes processed
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    file: str  # relative to the source root
+    offset: int  # absolute byte offset in the file
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -45,80 +65,94 @@ class JobSpec:
     src_root: str
     out_dir: str
     job: ShardJob
-    inputs: dict[str, str]  # source tensor -> source file
-    sizes: dict[str, int]  # source tensor -> bytes (for progress)
+    sources: dict[str, SourceTensor]  # every source tensor the job reads, partner scales included
     scales: dict[str, str]  # FP8 weight -> its scale tensor
     block: tuple[int, int]
     fp8_max: float
     dims: MlaDims
+    device: str = "cpu"
+    kernels: str = "compile"  # compile (falls back to eager by itself) | eager
 
 
 class _Inputs:
-    """Lazily opened source shards; tensors are read one at a time and never cached."""
+    """Source files opened once per job; each tensor is read into fresh memory, never cached."""
 
-    def __init__(self, root: str, inputs: dict[str, str]):
-        self.root, self.inputs, self.handles = Path(root), inputs, {}
+    def __init__(self, spec: JobSpec):
+        self.root, self.sources, self.files = Path(spec.src_root), spec.sources, {}
+
+    def _file(self, rel: str):
+        if rel not in self.files:
+            try:
+                self.files[rel] = open(self.root / rel, "rb")
+            except OSError as e:
+                raise SourceError(f"{self.root / rel}: cannot open ({e.strerror or e})") from None
+        return self.files[rel]
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
+        t = self.sources[name]
+        return read_tensor(self._file(t.file), t.offset, t.dtype, t.shape, self.root / t.file, name)
 
-        rel = self.inputs[name]
-        if rel not in self.handles:
-            try:
-                self.handles[rel] = safe_open(str(self.root / rel), framework="pt")
-            except Exception as e:  # safetensors raises its own error types
-                raise SourceError(f"{self.root / rel}: cannot open ({e})") from None
-        try:
-            return self.handles[rel].get_tensor(name)
-        except Exception as e:
-            raise SourceError(f"{self.root / rel}: cannot read tensor {name!r} ({e})") from None
+    def chunks(self, name: str):
+        t = self.sources[name]
+        return read_chunks(self._file(t.file), t.offset, t.nbytes, self.root / t.file, name)
 
-
-def _dequantize(spec: JobSpec, inputs: _Inputs, name: str) -> torch.Tensor:
-    scale_name = spec.scales[name]
-    scale = inputs.get(scale_name)
-    if not torch.isfinite(scale).all():
-        raise SourceError(f"{spec.src_root}/{spec.inputs[scale_name]}: scale {scale_name!r} contains NaN or Inf")
-    return dequantize_block_fp8(inputs.get(name), scale, spec.block)
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
 
 
 def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
     """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds).
 
-    Returns (relative path, size, sha256) of every file written. Memory: one source tensor, its
-    fp32 dequant and its converted copy at a time.
+    Returns (relative path, size, sha256) of every file written. Memory: a few tensors at a time
+    (the one being converted and at most ShardWriter.QUEUE_DEPTH waiting to be written).
     """
+    kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels)
     out_dir = Path(spec.out_dir)
-    inputs = _Inputs(spec.src_root, spec.inputs)
+    inputs = _Inputs(spec)
     specs = {t.name: (t.dtype, t.shape) for t in spec.job.tensors}
     written: list[tuple[str, int, str]] = []
     pending_scale: torch.Tensor | None = None
-    with ShardWriter(out_dir / spec.job.file, specs) as writer:
-        for t in spec.job.tensors:
-            if t.op == COPY:
-                tensor = inputs.get(t.source)
-            elif t.op == FP8_SCALE:
-                tensor, pending_scale = pending_scale, None
-            else:
-                deq = _dequantize(spec, inputs, t.source)
-                layer = kv_b_layer_index(t.source)
-                if layer is not None:
-                    written.append(_write_mla_layer(out_dir, layer, deq, spec.dims))
-                if t.op == TO_BF16:
-                    tensor = to_bf16(deq)
-                elif t.op == TO_FP8:
-                    tensor, pending_scale = quantize_channel_fp8(deq, spec.fp8_max)
+    try:
+        with ShardWriter(out_dir / spec.job.file, specs, background=True) as writer:
+            for t in spec.job.tensors:
+                if t.op == COPY:
+                    writer.write_raw(t.name, inputs.chunks(t.source))
+                elif t.op == FP8_SCALE:
+                    writer.write(t.name, pending_scale)
+                    pending_scale = None
                 else:
-                    raise AssertionError(f"unknown op {t.op!r}")
-                del deq
-            writer.write(t.name, tensor)
-            if progress and t.op != FP8_SCALE:
-                scale = spec.scales.get(t.source)
-                progress(spec.sizes[t.source] + (spec.sizes[scale] if scale else 0))
-            del tensor
-        done = writer.commit()
+                    w, s = _fp8_inputs(spec, inputs, t.source)
+                    layer = kv_b_layer_index(t.source)
+                    if layer is not None:  # from the exact fp32 dequant of the source weight
+                        written.append(_write_mla_layer(out_dir, layer, kernels.dequant_fp32(w, s).cpu(), spec.dims))
+                    if t.op == TO_BF16:
+                        writer.write(t.name, kernels.to_bf16(w, s).cpu())
+                    elif t.op == TO_FP8:
+                        q, pending_scale = (x.cpu() for x in kernels.to_channel_fp8(w, s))
+                        writer.write(t.name, q)
+                    else:
+                        raise AssertionError(f"unknown op {t.op!r}")
+                    del w, s
+                if progress and t.op != FP8_SCALE:
+                    scale = spec.scales.get(t.source)
+                    progress(spec.sources[t.source].nbytes + (spec.sources[scale].nbytes if scale else 0))
+            done = writer.commit()
+    finally:
+        inputs.close()
     written.append((spec.job.file, done.size, done.sha256))
     return written
+
+
+def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    scale_name = spec.scales[name]
+    scale = inputs.get(scale_name)
+    if not torch.isfinite(scale).all():
+        raise SourceError(f"{spec.src_root}/{spec.sources[scale_name].file}: scale {scale_name!r} contains NaN or Inf")
+    weight = inputs.get(name)
+    if spec.device != "cpu":
+        weight, scale = weight.to(spec.device), scale.to(spec.device)
+    return weight, scale
 
 
 def _write_mla_layer(out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims) -> tuple[str, int, str]:
@@ -159,22 +193,33 @@ def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
     (out_dir / MLA_DIR_NAME).mkdir()
 
 
-def job_specs(plan: Plan, out_dir: Path) -> list[JobSpec]:
+def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "auto") -> list[JobSpec]:
     src = plan.source
     specs = []
     for job in plan.shards:
-        inputs = plan.inputs_of(job)
-        scales = {n: src.fp8[n].scale.name for n in inputs if n in src.fp8}
-        sizes = {n: src.info(n).nbytes for n in inputs}
+        sources = {}
+        for name, rel in plan.inputs_of(job).items():
+            info = src.info(name)
+            sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
+        scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
         specs.append(
-            JobSpec(str(src.root), str(out_dir), job, inputs, sizes, scales, src.block, plan.options.fp8_max, src.dims)
+            JobSpec(str(src.root), str(out_dir), job, sources, scales, src.block, plan.options.fp8_max, src.dims,
+                    device, kernels)  # fmt: skip
         )
     return specs
 
 
-def execute(plan: Plan, out_dir: Path, *, workers: int = 1, progress: ProgressFn | None = None) -> dict[str, dict]:
+def execute(
+    plan: Plan,
+    out_dir: Path,
+    *,
+    workers: int = 1,
+    device: str = "cpu",
+    kernels: str = "auto",
+    progress: ProgressFn | None = None,
+) -> dict[str, dict]:
     """Write every shard and MLA layer; returns {relative path: {size, sha256}}."""
-    specs = job_specs(plan, out_dir)
+    specs = job_specs(plan, out_dir, device, kernels)
     files: dict[str, dict] = {}
 
     def record(results):
@@ -193,7 +238,7 @@ def execute(plan: Plan, out_dir: Path, *, workers: int = 1, progress: ProgressFn
             for fut in cf.as_completed(futures):
                 record(fut.result())
                 if progress:
-                    progress(sum(futures[fut].sizes.values()))
+                    progress(sum(t.nbytes for t in futures[fut].sources.values()))
         except BaseException:
             for f in futures:
                 f.cancel()
@@ -242,6 +287,8 @@ def convert(
     workers: int = 1,
     overwrite: bool = False,
     dry_run: bool = False,
+    device: str = "cpu",
+    kernels: str = "auto",
     progress_factory: Callable[[int], ProgressFn] | None = None,
 ) -> dict:
     """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output)."""
@@ -249,15 +296,23 @@ def convert(
     src_root = resolve_source(str(source), revision)
     src = open_source(src_root)
     plan = make_plan(src, options)
-    summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers}
+    summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers, "device": device}
     if dry_run:
         return summary
+    _check_device(device)
+    try:
+        kernels, why = resolve_mode(kernels, sum(p.weight.nbytes for p in src.fp8.values()))
+    except ValueError as e:
+        raise ConvertError(f"--kernels: {e}") from None
+    chosen = select_kernels(src.block, options.fp8_max, device, kernels)
+    auto_chose_eager = kernels == "eager" and why != "requested"
+    summary |= {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, src.root, overwrite)
     fingerprint = src.fingerprint()
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     progress = progress_factory(summary["bytes_in"]) if progress_factory else None
-    files = execute(plan, out_dir, workers=workers, progress=progress)
+    files = execute(plan, out_dir, workers=workers, device=device, kernels=kernels, progress=progress)
     finalize(plan, out_dir, files)
     write_manifest(out_dir, COMPLETE, options.as_dict(), fingerprint, files)
     seconds = time.perf_counter() - t0
@@ -268,6 +323,13 @@ def convert(
         "gb_per_s": round(summary["bytes_in"] / seconds / 1e9, 3),
         "source_fingerprint": fingerprint,
     }
+
+
+def _check_device(device: str) -> None:
+    try:
+        torch.empty(1, device=device)
+    except Exception as e:  # unknown device string, or no such device on this host
+        raise ConvertError(f"--device {device!r} is not usable here ({type(e).__name__}: {e})") from None
 
 
 def load_source(source: str | Path, revision: str | None = None) -> SourceCheckpoint:

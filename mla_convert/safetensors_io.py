@@ -11,9 +11,12 @@ import hashlib
 import json
 import math
 import os
+import queue
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Iterable
 
 import torch
 
@@ -177,12 +180,22 @@ def partial_name(path: Path) -> Path:
 class ShardWriter:
     """Writes one safetensors file tensor by tensor, in the order the header lists them.
 
-    Usage: `with ShardWriter(path, specs) as w: for name in w.order: w.write(name, tensor)`.
-    Data goes to a hidden '.NAME.partial' file that is fsynced and renamed on success and removed
-    on any error, so a file under its final name is always complete.
+    Usage: `with ShardWriter(path, specs) as w: for name in w.order: w.write(name, tensor)`, then
+    `w.commit()`. Data goes to a hidden '.NAME.partial' file that is fsynced and renamed on commit
+    and removed on any error, so a file under its final name is always complete. With
+    `background=True` a thread writes and hashes while the caller computes the next tensor; at
+    most `QUEUE_DEPTH` tensors wait, so memory stays bounded.
     """
 
-    def __init__(self, path: Path, specs: dict[str, tuple[str, tuple[int, ...]]], metadata: dict | None = None):
+    QUEUE_DEPTH = 2
+
+    def __init__(
+        self,
+        path: Path,
+        specs: dict[str, tuple[str, tuple[int, ...]]],
+        metadata: dict | None = None,
+        background: bool = False,
+    ):
         self.path = Path(path)
         # The plan's order: a weight's channel scale follows the weight, so only that small scale
         # is held between two writes (safetensors readers do not need aligned offsets).
@@ -203,6 +216,9 @@ class ShardWriter:
         self._hash = hashlib.sha256()
         self._tmp = partial_name(self.path)
         self._f = None
+        self._queue: queue.Queue | None = queue.Queue(self.QUEUE_DEPTH) if background else None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def __enter__(self) -> "ShardWriter":
         try:
@@ -211,6 +227,9 @@ class ShardWriter:
         except BaseException:
             self.abort()
             raise
+        if self._queue is not None:
+            self._thread = threading.Thread(target=self._drain, name=f"write {self.path.name}", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -224,20 +243,64 @@ class ShardWriter:
             raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from None
         self._hash.update(data)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._put(item)
+                except BaseException as e:  # handed to the caller at its next write or commit
+                    self._error = e
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _emit(self, data) -> None:
+        if self._queue is None:
+            self._put(data)
+        else:
+            if self._error is not None:
+                self._stop_thread()
+            self._queue.put(data)
+
+    def _expect(self, name: str, dtype: str | None, shape: tuple[int, ...] | None) -> None:
         expected = self.order[self._next] if self._next < len(self.order) else None
         if name != expected:
             raise RuntimeError(f"{self.path}: wrote {name!r} out of order (expected {expected!r})")
-        dtype, shape = self._specs[name]
-        if TORCH_TO_ST.get(tensor.dtype) != dtype or tuple(tensor.shape) != tuple(shape):
-            raise RuntimeError(
-                f"{self.path}: tensor {name!r} is {tensor.dtype}{tuple(tensor.shape)}, planned {dtype}{tuple(shape)}"
-            )
-        self._put(tensor_bytes(tensor))
+        planned = self._specs[name]
+        if dtype is not None and (dtype != planned[0] or tuple(shape) != tuple(planned[1])):
+            raise RuntimeError(f"{self.path}: tensor {name!r} is {dtype}{tuple(shape)}, planned {planned[0]}{tuple(planned[1])}")
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        self._expect(name, TORCH_TO_ST.get(tensor.dtype, str(tensor.dtype)), tuple(tensor.shape))
+        self._emit(tensor_bytes(tensor))
+        self._next += 1
+
+    def write_raw(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        """Write a tensor's bytes as they come (a bit-exact copy needs no decoding)."""
+        self._expect(name, None, None)
+        expected = nbytes_of(*self._specs[name])
+        n = 0
+        for chunk in chunks:
+            n += len(chunk)
+            self._emit(chunk)
+        if n != expected:
+            raise RuntimeError(f"{self.path}: tensor {name!r} got {n} bytes, planned {expected}")
         self._next += 1
 
     def commit(self) -> WrittenFile:
+        try:
+            self._stop_thread()
+        except BaseException:
+            self.abort()
+            raise
         if self._next != len(self.order):
+            self.abort()
             raise RuntimeError(f"{self.path}: {len(self.order) - self._next} planned tensors were not written")
         try:
             self._f.flush()
@@ -250,9 +313,42 @@ class ShardWriter:
         return WrittenFile(self.path, self.total_size, self._hash.hexdigest())
 
     def abort(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         if self._f is not None and not self._f.closed:
             self._f.close()
         self._tmp.unlink(missing_ok=True)
+
+
+RAW_CHUNK = 16 * 1024 * 1024
+
+
+def read_tensor(f: BinaryIO, offset: int, dtype: str, shape: tuple[int, ...], path: Path, name: str) -> torch.Tensor:
+    """Read one tensor at an absolute file offset into fresh memory (freed with the tensor).
+
+    Unlike an mmap-backed tensor, nothing of the file stays resident after the tensor is released.
+    """
+    nbytes = nbytes_of(dtype, shape)
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        f.seek(offset)
+        got = f.readinto(memoryview(buf.numpy()))
+        if got != nbytes:
+            raise SourceError(f"{path}: tensor {name!r}: file ended after {got} of {nbytes} bytes (truncated?)")
+    return buf.view(DTYPES[dtype][0]).reshape(shape)
+
+
+def read_chunks(f: BinaryIO, offset: int, nbytes: int, path: Path, name: str) -> Iterable[bytes]:
+    f.seek(offset)
+    left = nbytes
+    while left:
+        chunk = f.read(min(RAW_CHUNK, left))
+        if not chunk:
+            raise SourceError(f"{path}: tensor {name!r}: file ended {left} bytes early (truncated?)")
+        left -= len(chunk)
+        yield chunk
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> WrittenFile:

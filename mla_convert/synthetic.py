@@ -50,15 +50,16 @@ class CheckpointSpec:
 
     @classmethod
     def r1_dims(cls, num_hidden_layers: int = 2, n_routed_experts: int = 16, num_shards: int = 4, **kw) -> "CheckpointSpec":
-        """True DeepSeek-R1 tensor shapes with fewer layers/experts (for benchmarks)."""
-        return cls(
+        """True DeepSeek-R1 tensor shapes with fewer layers/experts (for benchmarks); `kw` overrides."""
+        dims = dict(
             hidden_size=7168, num_hidden_layers=num_hidden_layers, first_k_dense_replace=1,
             num_nextn_predict_layers=0, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
             moe_intermediate_size=2048, n_routed_experts=n_routed_experts, n_shared_experts=1,
             num_experts_per_tok=min(8, n_routed_experts), n_group=1, topk_group=1, vocab_size=129280,
-            num_shards=num_shards, split_scale_of="model.layers.1.mlp.experts.1.down_proj.weight", **kw,
+            num_shards=num_shards, split_scale_of="model.layers.1.mlp.experts.1.down_proj.weight",
         )  # fmt: skip
+        return cls(**(dims | kw))
 
     def config(self) -> dict:
         cfg = {

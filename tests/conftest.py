@@ -35,3 +35,13 @@ def src_copy(tiny_src, tmp_path) -> Path:
 
 def load_json(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _eager_kernels_by_default():
+    """Compiling costs ~15 s a process; tests run eager unless they ask for compile explicitly
+    (tests/test_kernels.py proves the two bit-identical)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLA_CONVERT_KERNELS", "eager")
+    yield
+    mp.undo()

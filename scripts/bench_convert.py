@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""Benchmark: mla-convert vs `cp -r` (the I/O floor) vs a naive eager-torch converter.
+
+Builds a synthetic checkpoint at the true DeepSeek-R1 tensor shapes once (a dense layer and an MoE
+layer with --experts experts; attention; embeddings with --vocab rows), then runs each method in
+its own process, alternating, --reps times, and prints medians, GB/s of source bytes, the ratios
+and each process's peak RSS. Figures are only comparable within one run (shared, noisy machine).
+
+    python scripts/bench_convert.py --experts 32 --reps 3 --markdown bench.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def naive_convert(src: Path, out: Path, fmt: str) -> None:
+    """The public reference converters' algorithm on CPU: per shard load_file, dequantize every FP8
+    weight with its scale in eager torch, requantize per channel (or cast to bf16), save_file."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    out.mkdir(parents=True)
+    new_map = {}
+    for shard in sorted(set(index.values())):
+        tensors = load_file(src / shard)
+        result = {}
+        for name, t in tensors.items():
+            if name.endswith("_scale_inv"):
+                continue
+            if t.dtype != torch.float8_e4m3fn:
+                result[name] = t
+                continue
+            scale_name = name + "_scale_inv"
+            if scale_name in tensors:
+                s = tensors[scale_name]
+            else:  # scale in another shard
+                with safe_open(src / index[scale_name], "pt") as f:
+                    s = f.get_tensor(scale_name)
+            n, k = t.shape
+            s_full = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            x = t.to(torch.float32) * s_full
+            if fmt == "bf16":
+                result[name] = x.to(torch.bfloat16)
+            else:
+                scale = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=1e-12)
+                result[name] = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+                result[name[: -len(".weight")] + ".weight_scale"] = scale
+        save_file(result, out / shard, metadata={"format": "pt"})
+        new_map.update({k: shard for k in result})
+        del tensors, result
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": new_map}))
+
+
+def build(src: Path, experts: int, vocab: int, shards: int) -> None:
+    from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+
+    marker = src / ".bench-spec.json"
+    spec_key = {"experts": experts, "vocab": vocab, "shards": shards}
+    if not (marker.exists() and json.loads(marker.read_text()) == spec_key):
+        shutil.rmtree(src, ignore_errors=True)
+        t = time.perf_counter()
+        spec = CheckpointSpec.r1_dims(num_hidden_layers=2, n_routed_experts=experts, num_shards=shards, vocab_size=vocab)
+        write_checkpoint(src, spec)
+        marker.write_text(json.dumps(spec_key))
+        print(f"built {src} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+
+def run_measured(cmd: list[str], env=None) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one child process."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, default=Path("bench-out"))
+    ap.add_argument("--experts", type=int, default=24, help="routed experts in the MoE layer (size knob)")
+    ap.add_argument("--vocab", type=int, default=16384, help="embedding rows (R1: 129280)")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", type=int, nargs="*", default=[1], help="mla-convert --workers values to measure")
+    ap.add_argument("--formats", nargs="*", default=["channel-fp8", "bf16"])
+    ap.add_argument("--no-naive", action="store_true", help="skip the (slow) naive baseline")
+    ap.add_argument("--json", type=Path, help="write the results as JSON")
+    ap.add_argument("--markdown", type=Path, help="write the results as a markdown table")
+    ap.add_argument("--_build", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_naive", nargs=3, metavar=("SRC", "OUT", "FMT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._naive:
+        return naive_convert(Path(args._naive[0]), Path(args._naive[1]), args._naive[2])
+
+    src = args.workdir / "src"
+    if args._build:
+        return build(src, args.experts, args.vocab, args.shards)
+    # Built in a child: ru_maxrss survives fork+exec, so a big parent would inflate every figure.
+    subprocess.run([sys.executable, str(HERE), *sys.argv[1:], "--_build"], check=True)
+    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    out = args.workdir / "out"
+    methods: dict[str, list[str]] = {"cp -r + sync": ["sh", "-c", f"cp -r '{src}' '{out}' && sync"]}
+    for fmt in args.formats:
+        if not args.no_naive:
+            methods[f"naive eager {fmt}"] = [sys.executable, str(HERE), "--_naive", str(src), str(out), fmt]
+        for w in args.workers:
+            methods[f"mla-convert {fmt} w{w}"] = [
+                sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out),
+                "--format", fmt, "--workers", str(w), "--quiet",
+            ]  # fmt: skip
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    rss: dict[str, int] = {m: 0 for m in methods}
+    order = list(methods)
+    for rep in range(args.reps):
+        for name in order if rep % 2 == 0 else reversed(order):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"])
+            wall, peak = run_measured(methods[name])
+            times[name].append(wall)
+            rss[name] = max(rss[name], peak)
+            print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
+    shutil.rmtree(out, ignore_errors=True)
+
+    med = {m: statistics.median(v) for m, v in times.items()}
+    cp = med["cp -r + sync"]
+    rows = []
+    for m in methods:
+        fmt = next((f for f in args.formats if f in m), None)
+        naive = med.get(f"naive eager {fmt}")
+        rows.append({
+            "method": m, "median_s": round(med[m], 3), "gb_per_s": round(size / med[m] / 1e9, 3),
+            "x_cp": round(med[m] / cp, 2),
+            "naive_over_this": round(naive / med[m], 2) if naive and m.startswith("mla-convert") else None,
+            "peak_rss_gib": round(rss[m] / 2**30, 3), "runs_s": [round(x, 2) for x in times[m]],
+        })  # fmt: skip
+    largest = _largest_tensor_bytes(src)
+    result = {
+        "source_bytes": size, "experts": args.experts, "vocab": args.vocab, "shards": args.shards,
+        "reps": args.reps, "cpus": os.cpu_count(), "largest_tensor_bytes": largest,
+        "rss_target_gib": round((2**30 + 2 * largest) / 2**30, 3), "rows": rows,
+    }  # fmt: skip
+    md = _markdown(result)
+    print(md)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(md)
+
+
+def _largest_tensor_bytes(src: Path) -> int:
+    from mla_convert.safetensors_io import read_header
+
+    return max(t.nbytes for p in src.glob("*.safetensors") for t in read_header(p).tensors.values())
+
+
+def _markdown(r: dict) -> str:
+    lines = [
+        f"source: {r['source_bytes'] / 1e9:.2f} GB in {r['shards']} shards (R1 shapes, {r['experts']} experts, "
+        f"vocab {r['vocab']}); {r['reps']} reps, medians; {r['cpus']} CPUs; RSS target 1 GiB + 2x largest tensor "
+        f"= {r['rss_target_gib']:.2f} GiB",
+        "",
+        "| method | median s | GB/s | time / cp | naive / this | peak RSS GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        nv = f"{row['naive_over_this']:.1f}x" if row["naive_over_this"] else ""
+        lines.append(
+            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {nv} | {row['peak_rss_gib']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
