@@ -1,0 +1,279 @@
+"""`mla-convert verify`: prove a converted directory is complete, intact and numerically right.
+
+    report = verify("/data/R1-channel-fp8", source="/data/DeepSeek-R1", workers=4)
+    report["exit_code"]   # 0: every check passed, 1: a check failed
+
+Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
+mla-convert output, its manifest is unreadable, or --source cannot be opened.
+
+Five check groups (see verify_report.GROUP_TITLES). The header pass (verify_structure) runs first
+in this process; then every file is read once, front to back, by verify_stream (in worker processes
+with workers > 1), which hashes it and checks each tensor from the same buffer; the per-file hashes
+are then compared with the conversion manifest. Tolerances: verify_math.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from mla_runtime.format import MLA_DIR_NAME, layer_file_name
+
+from .checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
+from .errors import ConvertError, VerificationError
+from .manifest import COMPLETE, MANIFEST_NAME
+from .plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
+from .source import resolve_source
+from .verify_math import TOLERANCES
+from .verify_report import INTEGRITY, MLA, SOURCE, Tally, as_report
+from .verify_stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
+from .verify_structure import COPY_DTYPES, Layout, check_structure
+
+ProgressFactory = Callable[[int], Callable[[int], None]]
+
+
+def verify(
+    out_dir: str | Path,
+    source: str | Path | None = None,
+    *,
+    workers: int = 1,
+    progress_factory: ProgressFactory | None = None,
+) -> dict:
+    """Verify `out_dir` (an mla-convert output), optionally against its `source`. Returns the report."""
+    t0 = time.perf_counter()
+    if workers < 1:
+        raise VerificationError(f"--workers {workers}: must be at least 1")
+    root = Path(out_dir)
+    manifest = _read_conversion_manifest(root)
+    try:
+        options = Options(**{k: manifest["options"][k] for k in ("format", "target")},
+                          ignore=tuple(manifest["options"].get("ignore") or ()))  # fmt: skip
+    except (ConvertError, KeyError, TypeError) as e:
+        raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from None
+    src = _open_source(source) if source is not None else None
+    plan = make_plan(src, options) if src is not None else None
+
+    tally = Tally()
+    fingerprint = str(manifest.get("source_fingerprint"))
+    if src is not None:
+        _check_source_identity(root, src, plan, fingerprint, manifest, tally)
+    layout = check_structure(root, options.format, options.target, fingerprint, plan, tally)
+    tasks = _file_tasks(root, layout, manifest, options, src)
+    results = _run(tasks, root, workers, progress_factory)
+    for r in results.values():
+        tally.merge(r.tally)
+    _check_integrity(root, manifest, layout, results, tally)
+
+    skipped = {} if src is not None else {SOURCE: "no --source given"}
+    info = {
+        "dir": str(root),
+        "source": None if src is None else str(src.root),
+        "format": options.format,
+        "target": options.target,
+        "fp8_max": options.fp8_max,
+        "files": len(results),
+        "tensors": sum(len(h.tensors) for h in layout.headers.values()),
+        "mla_layers": len(layout.mla_headers),
+        "workers": workers,
+        "tolerances": TOLERANCES,
+    }
+    report = as_report(tally, skipped, info)
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    return report
+
+
+def _read_conversion_manifest(root: Path) -> dict:
+    if not root.exists():
+        raise VerificationError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise VerificationError(f"{root}: not a directory")
+    path = root / MANIFEST_NAME
+    if not path.exists():
+        hint = ""
+        try:
+            qc = json.loads((root / CONFIG_NAME).read_text()).get("quantization_config") or {}
+            if qc.get("quant_method") == "fp8":
+                hint = " (it looks like a block-FP8 source checkpoint: pass it as --source of its conversion)"
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise VerificationError(f"{root}: not an mla-convert output: no {MANIFEST_NAME}{hint}")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("tool") != "mla-convert" or not isinstance(manifest.get("files"), dict):
+        raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
+    return manifest
+
+
+def _open_source(source: str | Path) -> SourceCheckpoint:
+    try:
+        return open_source(resolve_source(str(source)))
+    except ConvertError as e:
+        raise VerificationError(f"--source: {e}") from None
+
+
+def _check_source_identity(root: Path, src: SourceCheckpoint, plan: Plan, fingerprint: str, manifest: dict, tally: Tally):
+    """The output was converted from this source, and its config.json is what the source implies."""
+    tally.expect(src.fingerprint() == fingerprint, SOURCE, "fingerprint", MANIFEST_NAME,
+                 expected=f"{src.fingerprint()} (fingerprint of --source)", found=fingerprint)  # fmt: skip
+    try:
+        config = json.loads((root / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return  # reported by the structure checks
+    keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
+    tally.expect(not keys, SOURCE, "config", CONFIG_NAME, expected="the source's config with the conversion's "
+                 "quantization_config", found=f"differs in {keys}")  # fmt: skip
+    for rel in src.side_files:
+        tally.expect(rel in manifest["files"] and (root / rel).is_file(), INTEGRITY, "side-file", rel,
+                     expected="copied from the source", found="missing")  # fmt: skip
+
+
+def _file_tasks(root: Path, lay: Layout, manifest: dict, options: Options, src: SourceCheckpoint | None) -> list[FileTask]:
+    common = dict(
+        root=str(root), fmt=options.format, fp8_max=options.fp8_max, block=src.block if src else None,
+        dims=lay.dims, rope_dim=int((lay.config or {}).get("qk_rope_head_dim") or 0),
+    )  # fmt: skip
+    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
+    rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
+    tasks = []
+    for rel in sorted(rels):
+        if rel in lay.headers:
+            jobs = {n: j for n, info in lay.headers[rel].tensors.items() if (j := _tensor_job(n, info, lay, src))}
+            tasks.append(FileTask(rel=rel, header=lay.headers[rel], tensors=jobs, **common))
+        elif rel in mla_files:
+            layer = mla_files[rel]
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src), **common))
+        else:
+            tasks.append(FileTask(rel=rel, header=None, **common))
+    return tasks
+
+
+def _matches(lay: Layout, name: str, info) -> bool:
+    """The header agrees with the expectation (else the structure check failed already)."""
+    exp = lay.expects.get(name)
+    if exp is None or info is None or info.shape != exp.shape:
+        return False
+    return info.dtype == exp.dtype or (exp.dtype is None and info.dtype in COPY_DTYPES)
+
+
+def _tensor_job(name: str, info, lay: Layout, src: SourceCheckpoint | None) -> TensorJob | None:
+    """What to check for a tensor beyond its values; None for one that does not match its
+    expectation (only its values are checked)."""
+    if not _matches(lay, name, info):
+        return None
+    exp = lay.expects[name]
+    scale_name = f"{name.rsplit('.', 1)[0]}.weight_scale" if exp.op == TO_FP8 else None
+    source = source_scale = None
+    if src is not None and exp.source is not None and exp.op != FP8_SCALE:
+        source = _src_ref(src, exp.source)
+        if exp.op in (TO_FP8, TO_BF16):
+            source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
+    return TensorJob(exp.op, _out_ref(lay, scale_name) if scale_name else None, scale_name, source, source_scale)
+
+
+def _mla_job(layer: int, lay: Layout, src: SourceCheckpoint | None) -> MlaJob:
+    kv_b = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+    ref = _out_ref(lay, kv_b)
+    usable = ref is not None and _matches(lay, kv_b, lay.headers[lay.weight_map[kv_b]].tensors[kv_b])
+    scale = _out_ref(lay, f"model.layers.{layer}.self_attn.kv_b_proj.weight_scale")
+    source = source_scale = None
+    if src is not None and kv_b in src.fp8:
+        source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
+    return MlaJob(layer, ref if usable else None, scale, source, source_scale)
+
+
+def _out_ref(lay: Layout, name: str) -> Ref | None:
+    rel = lay.weight_map.get(name)
+    hd = lay.headers.get(rel) if rel else None
+    return Ref.of(hd.path, hd, name) if hd else None
+
+
+def _src_ref(src: SourceCheckpoint, name: str) -> Ref:
+    rel = src.weight_map[name]
+    return Ref.of(src.root / rel, src.headers[rel], name)
+
+
+def _run(tasks: list[FileTask], root: Path, workers: int, progress_factory: ProgressFactory | None) -> dict[str, FileResult]:
+    sizes = {t.rel: _size(root / t.rel) for t in tasks}
+    advance = progress_factory(sum(sizes.values())) if progress_factory else None
+    results: dict[str, FileResult] = {}
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            done = [0]
+
+            def step(n, done=done):
+                done[0] += n
+                advance(n)
+
+            results[task.rel] = run_file_task(task, step if advance else None)
+            if advance:
+                advance(max(0, sizes[task.rel] - done[0]))
+        return results
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+        # Biggest files first, so one large shard does not start last.
+        futures = {pool.submit(run_file_task, t): t for t in sorted(tasks, key=lambda t: -sizes[t.rel])}
+        for fut in cf.as_completed(futures):
+            task = futures[fut]
+            results[task.rel] = fut.result()
+            if advance:
+                advance(sizes[task.rel])
+    return results
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str, FileResult], tally: Tally) -> None:
+    """Every file's size and sha256 as the manifests record them; no file missing or unlisted."""
+    status = manifest.get("status")
+    if not tally.expect(status == COMPLETE, INTEGRITY, "status", MANIFEST_NAME, expected=f"status {COMPLETE!r}",
+                        found=f"status {status!r}: the conversion did not finish"):  # fmt: skip
+        return
+    files: dict = manifest["files"]
+    for rel in sorted(files):
+        meta, r = files[rel], results.get(rel)
+        if r is None or r.size is None:
+            tally.fail(INTEGRITY, "missing-file", rel, expected=f"{meta.get('size')} bytes", found="missing")
+        elif r.sha256 is not None:
+            tally.expect(r.size == meta.get("size"), INTEGRITY, "size", rel, expected=meta.get("size"), found=r.size)
+            tally.expect(r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel,
+                         expected=meta.get("sha256"), found=r.sha256)  # fmt: skip
+    for rel in _files_on_disk(root):
+        if rel != MANIFEST_NAME:
+            tally.expect(rel in files, INTEGRITY, "unlisted-file", rel, expected="only files the manifest lists",
+                         found="a file the conversion did not write")  # fmt: skip
+    if lay.mla_manifest is not None:
+        for e in lay.mla_manifest.layers:
+            rel = f"{MLA_DIR_NAME}/{e.file}"
+            r = results.get(rel)
+            if r is not None and r.sha256 is not None:
+                tally.expect((r.size, r.sha256) == (e.size, e.sha256), INTEGRITY, "mla-manifest", rel,
+                             expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
+                             found=f"{r.size} bytes, sha256 {r.sha256}")  # fmt: skip
+    expected_layers = set(lay.mla_layers)
+    for i in sorted(expected_layers - set(lay.mla_headers)):
+        tally.fail(MLA, "artifact", f"{MLA_DIR_NAME}/{layer_file_name(i)}", f"layer {i}",
+                   expected="W_UK_T and W_UV of this layer", found="no readable artifact file")  # fmt: skip
+
+
+def _files_on_disk(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        out += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if not f.startswith(".")]
+    return sorted(out)
+

@@ -1,0 +1,107 @@
+"""The verification report: check groups, failures that name file and tensor, and worst-tensor stats.
+
+A `Tally` is filled by every part of `verify` (the header pass in the main process, each file's
+streaming pass in a worker) and merged; `as_report` turns the merged tally into the dict that the
+CLI prints as a table or as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+STRUCTURE, INTEGRITY, VALUES, SOURCE, MLA = GROUPS = ("structure", "integrity", "values", "source", "mla")
+GROUP_TITLES = {
+    STRUCTURE: "config, index, shard headers, tensor set, quantization_config, MLA manifest",
+    INTEGRITY: "file sizes and sha256 against the conversion manifest, side files",
+    VALUES: "no NaN/Inf, channel scales finite and > 0, FP8 values in range",
+    SOURCE: "every tensor against the exact fp32 dequant of --source",
+    MLA: "W_UK_T / W_UV against kv_b_proj, absorbed vs naive attention",
+}
+MAX_LISTED = 50  # failures listed per group (all are counted)
+MAX_WORST = 5  # worst converted tensors kept for the report
+
+
+@dataclass(frozen=True)
+class Failure:
+    group: str
+    check: str  # short id of the check, e.g. "sha256", "nan", "fp8-bound"
+    file: str | None = None  # relative to the verified directory (or to --source)
+    tensor: str | None = None
+    expected: str = ""
+    found: str = ""
+
+    def line(self) -> str:
+        where = " ".join(x for x in (self.file, repr(self.tensor) if self.tensor else None) if x)
+        return f"[{self.group}/{self.check}] {where or '-'}: expected {self.expected}; found {self.found}"
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """How far one converted tensor is from the exact fp32 dequant of its source tensor."""
+
+    file: str
+    tensor: str
+    op: str  # "fp8" | "bf16"
+    max_abs_err: float
+    rel_err: float  # ||converted - exact||_2 / ||exact||_2
+    cosine: float
+    bound_use: float  # max over elements of |err| / allowed error (<= 1 passes)
+
+
+@dataclass
+class Tally:
+    checked: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0))
+    failures: list[Failure] = field(default_factory=list)
+    worst: list[TensorStats] = field(default_factory=list)
+    bytes_read: int = 0
+
+    def ok(self, group: str, n: int = 1) -> None:
+        self.checked[group] += n
+
+    def fail(self, group: str, check: str, file=None, tensor=None, *, expected="", found="") -> None:
+        self.checked[group] += 1
+        self.failures.append(Failure(group, check, file, tensor, str(expected), str(found)))
+
+    def expect(self, cond: bool, group: str, check: str, file=None, tensor=None, *, expected="", found="") -> bool:
+        """Count one check; record a failure when `cond` is false. Returns `cond`."""
+        if cond:
+            self.ok(group)
+        else:
+            self.fail(group, check, file, tensor, expected=expected, found=found)
+        return cond
+
+    def add_stats(self, stats: TensorStats) -> None:
+        self.worst.append(stats)
+        self.worst.sort(key=lambda s: (-s.bound_use, -s.rel_err))
+        del self.worst[MAX_WORST:]
+
+    def merge(self, other: "Tally") -> None:
+        for g in GROUPS:
+            self.checked[g] += other.checked[g]
+        self.failures += other.failures
+        self.bytes_read += other.bytes_read
+        for s in other.worst:
+            self.add_stats(s)
+
+
+def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> dict:
+    """The full report: exit_code 0 when every check that ran passed, 1 otherwise."""
+    groups = {}
+    for g in GROUPS:
+        fails = [f for f in tally.failures if f.group == g]
+        groups[g] = {
+            "title": GROUP_TITLES[g],
+            "checked": tally.checked[g],
+            "failed": len(fails),
+            "skipped": skipped.get(g),
+            "failures": [asdict(f) | {"message": f.line()} for f in fails[:MAX_LISTED]],
+            "failures_not_listed": max(0, len(fails) - MAX_LISTED),
+        }
+    ok = not tally.failures
+    return info | {
+        "ok": ok,
+        "exit_code": 0 if ok else 1,
+        "groups": groups,
+        "worst_tensors": [asdict(s) for s in tally.worst],
+        "bytes_read": tally.bytes_read,
+    }

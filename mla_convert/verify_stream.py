@@ -1,0 +1,394 @@
+"""verify, data pass: one file read once, front to back.
+
+Every byte goes to sha256 (integrity) and each tensor is decoded from the same buffer for the value,
+source and MLA checks, so memory holds about one tensor of the file at a time. Source tensors
+(and a weight's channel scale stored elsewhere) are read on demand by offset, in row chunks; the
+comparisons run in row chunks too, so their working memory stays small.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
+from mla_runtime.layout import split_kv_b_proj
+
+from .numerics import dequantize_block_fp8, to_bf16
+from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
+from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
+from .verify_math import (
+    BF16_REL,
+    FUNCTIONAL_TOL_EXACT,
+    FUNCTIONAL_TOL_FP8,
+    ErrorStats,
+    Mismatches,
+    artifact_allowed_error,
+    fp8_allowed_error,
+    functional_error,
+    same_bits,
+    scale_limit,
+)
+from .verify_report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
+
+CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
+FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a tensor's bytes lie: a file, the absolute offset of its data, dtype and shape."""
+
+    path: str
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, path: Path, header: ShardHeader, name: str) -> "Ref | None":
+        t = header.tensors.get(name)
+        return None if t is None else cls(str(path), header.data_start + t.begin, t.dtype, t.shape)
+
+
+@dataclass(frozen=True)
+class TensorJob:
+    """What to check for one tensor beyond its values (absent: values only)."""
+
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, FP8_SCALE
+    scale: Ref | None = None  # TO_FP8: its channel scale, when it does not follow it in this file
+    scale_name: str | None = None  # TO_FP8: the name of its channel scale
+    source: Ref | None = None  # with --source: the source tensor
+    source_scale: Ref | None = None  # with --source, converted weights: the block scale_inv
+
+
+@dataclass(frozen=True)
+class MlaJob:
+    layer: int
+    kv_b: Ref | None  # the converted model's kv_b_proj weight
+    kv_b_scale: Ref | None  # ... and its channel scale (channel-FP8 output)
+    source: Ref | None = None  # with --source: the source kv_b_proj and its block scale
+    source_scale: Ref | None = None
+
+
+@dataclass(frozen=True)
+class FileTask:
+    root: str
+    rel: str
+    header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
+    fmt: str
+    fp8_max: float
+    block: tuple[int, int] | None = None  # the source's block size (with --source)
+    dims: MlaDims | None = None
+    rope_dim: int = 0
+    tensors: dict[str, TensorJob] = field(default_factory=dict)
+    mla: MlaJob | None = None
+
+
+@dataclass
+class FileResult:
+    rel: str
+    size: int | None  # None: the file is missing
+    sha256: str | None
+    tally: Tally
+
+
+class _ReadError(Exception):
+    pass
+
+
+class _Reader:
+    """Reads row ranges of tensors by offset (source tensors, partner scales); files stay open."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, int] = {}
+
+    def rows(self, ref: Ref, first: int = 0, count: int | None = None) -> torch.Tensor:
+        dtype, size = DTYPES[ref.dtype]
+        shape = ref.shape or (1,)
+        per_row = math.prod(shape[1:]) * size
+        count = shape[0] - first if count is None else count
+        nbytes = count * per_row
+        if ref.path not in self.files:
+            try:
+                self.files[ref.path] = os.open(ref.path, os.O_RDONLY)
+            except OSError as e:
+                raise _ReadError(f"{ref.path}: cannot open ({e.strerror or e})") from None
+        buf = bytearray(nbytes)
+        got = os.preadv(self.files[ref.path], [buf], ref.offset + first * per_row) if nbytes else 0
+        if got != nbytes:
+            raise _ReadError(f"{ref.path}: short read ({got} of {nbytes} bytes); the file is truncated")
+        return _decode(buf, dtype, (count, *shape[1:]))
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+
+
+def _decode(buf: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not buf:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
+def _row_chunks(n_rows: int, row_elems: int, align: int = 1):
+    step = max(align, (CHUNK_ELEMS // max(row_elems, 1)) // align * align)
+    for r0 in range(0, n_rows, step):
+        yield r0, min(n_rows, r0 + step)
+
+
+def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None) -> FileResult:
+    """Hash one file and check every tensor in it; never raises for a bad file (records it)."""
+    tally = Tally()
+    path = Path(task.root) / task.rel
+    h = hashlib.sha256()
+    size = 0
+    checks = _Checks(task, tally)
+    try:
+        with open(path, "rb") as f:
+            if task.header is not None:
+                prefix = f.read(task.header.data_start)
+                h.update(prefix)
+                size += len(prefix)
+                for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
+                    buf = _read_hashing(f, info.nbytes, h)
+                    size += len(buf)
+                    if len(buf) != info.nbytes:
+                        raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
+                    checks.tensor(info, buf)
+                    del buf
+                    if progress:
+                        progress(info.nbytes)
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        checks.finish()
+    except FileNotFoundError:
+        return FileResult(task.rel, None, None, tally)
+    except (OSError, _ReadError) as e:
+        tally.fail(INTEGRITY, "read", task.rel, expected="a readable file", found=str(e))
+        return FileResult(task.rel, size, None, tally)
+    finally:
+        checks.reader.close()
+    tally.bytes_read += size
+    return FileResult(task.rel, size, h.hexdigest(), tally)
+
+
+def _read_hashing(f, nbytes: int, h) -> bytearray:
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    pos = 0
+    while pos < nbytes:
+        got = f.readinto(view[pos : pos + HASH_CHUNK])
+        if not got:
+            break
+        h.update(view[pos : pos + got])
+        pos += got
+    return buf if pos == nbytes else buf[:pos]
+
+
+class _Checks:
+    """The per-tensor checks of one file, fed in file order."""
+
+    def __init__(self, task: FileTask, tally: Tally):
+        self.task, self.tally, self.rel = task, tally, task.rel
+        self.reader = _Reader()
+        self.pending: dict[str, tuple[TensorInfo, torch.Tensor]] = {}  # scale name -> its FP8 weight
+        self.artifacts: dict[str, torch.Tensor] = {}
+
+    def tensor(self, info: TensorInfo, buf: bytearray) -> None:
+        t = _decode(buf, DTYPES[info.dtype][0], info.shape)
+        self._values(info, t)
+        job = self.task.tensors.get(info.name)
+        if job is not None:
+            try:
+                self._role(info, t, job)
+            except _ReadError as e:
+                self.tally.fail(SOURCE if job.source else INTEGRITY, "read", self.rel, info.name, expected="readable input", found=str(e))
+        if self.task.mla is not None:
+            self.artifacts[info.name] = t
+
+    def finish(self) -> None:
+        for info, q in self.pending.values():  # scales that never streamed by (structure failures)
+            job = self.task.tensors[info.name]
+            if job.scale is not None:
+                self._compare_fp8(info, q, self.reader.rows(job.scale), job)
+        if self.task.mla is not None:
+            try:
+                self._mla(self.task.mla)
+            except _ReadError as e:
+                self.tally.fail(MLA, "read", self.rel, expected="readable kv_b_proj", found=str(e))
+
+    # --- values: no source needed ---------------------------------------------------------------
+
+    def _values(self, info: TensorInfo, t: torch.Tensor) -> None:
+        if info.dtype not in FLOAT_DTYPES or not t.numel():
+            return
+        if info.dtype == "F8_E4M3":
+            self._fp8_values(info, t)
+            return
+        flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
+        nonfinite = Mismatches()
+        for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
+            x = flat[r0:r1]
+            if not bool(torch.isfinite(x).all()):
+                nonfinite.add(x.float(), x.float(), ~torch.isfinite(x), r0)
+        self.tally.expect(not nonfinite.count, VALUES, "nan-inf", self.rel, info.name,
+                          expected="finite values", found=f"NaN/Inf in {nonfinite.text(t.numel())}")  # fmt: skip
+
+    def _fp8_values(self, info: TensorInfo, t: torch.Tensor) -> None:
+        """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes, and
+        max|row| / FP8_MAX scaling makes every non-zero row reach exactly FP8_MAX."""
+        fp8_max = self.task.fp8_max
+        top = int(torch.tensor(fp8_max).to(torch.float8_e4m3fn).view(torch.uint8))
+        flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
+        nan, out_of_range, rows = Mismatches(), Mismatches(), Mismatches()
+        for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
+            codes = flat[r0:r1].view(torch.uint8) & 0x7F
+            if bool((codes > top).any()):
+                x = flat[r0:r1].float()
+                nan.add(x, x, codes == 0x7F, r0)
+                out_of_range.add(x, x, (codes > top) & (codes != 0x7F), r0)
+            row_max = codes.amax(dim=1)
+            off = (row_max != top) & (row_max != 0)
+            if bool(off.any()):
+                rows.add(flat[r0:r1].float().abs().amax(dim=1), torch.full(off.shape, fp8_max), off, r0)
+        n = t.numel()
+        self.tally.expect(not nan.count, VALUES, "nan-inf", self.rel, info.name, expected="finite values", found=f"NaN in {nan.text(n)}")
+        self.tally.expect(not out_of_range.count, VALUES, "fp8-range", self.rel, info.name,
+                          expected=f"|w| <= {fp8_max:g}", found=out_of_range.text(n))  # fmt: skip
+        if t.dim() == 2:
+            self.tally.expect(not rows.count, VALUES, "fp8-row-max", self.rel, info.name,
+                              expected=f"max|row| = {fp8_max:g} (or an all-zero row)", found=f"rows off: {rows.text(t.shape[0])}")  # fmt: skip
+
+    def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+        if job.op == TO_FP8 and job.source is not None:
+            scale_info = self.task.header.tensors.get(job.scale_name)
+            if scale_info is not None and scale_info.begin > info.begin:
+                self.pending[job.scale_name] = (info, t)  # checked when its scale streams by
+            elif job.scale is not None:
+                self._compare_fp8(info, t, self.reader.rows(job.scale), job)
+        elif job.op == FP8_SCALE:
+            bad = ~(torch.isfinite(t) & (t > 0))
+            m = Mismatches()
+            m.add(t, t, bad)
+            self.tally.expect(not m.count, VALUES, "fp8-scale", self.rel, info.name,
+                              expected="finite scales > 0", found=m.text(t.numel()))  # fmt: skip
+            if info.name in self.pending:
+                w_info, q = self.pending.pop(info.name)
+                self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
+        elif job.op == TO_BF16 and job.source is not None:
+            self._compare_bf16(info, t, job)
+        elif job.op == COPY and job.source is not None:
+            self._compare_copy(info, t, job)
+
+    def _compare_fp8(self, info: TensorInfo, q: torch.Tensor, s: torch.Tensor, job: TensorJob) -> None:
+        """A channel-FP8 weight with its scale against the source: the FP8 bound element-wise, and
+        a scale no larger than max|row| / FP8_MAX allows (zero rows: any scale, the bound forces q = 0)."""
+        if job.source is None:
+            return
+        stats, bad, big_scale = ErrorStats(), Mismatches(), Mismatches()
+        for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
+            x = self._source_dequant(job, r0, r1)
+            sc = s[r0:r1]
+            found = q[r0:r1].float() * sc
+            ratio = stats.add(found, x, fp8_allowed_error(x, sc))
+            bad.add(found, x, ~(ratio <= 1), r0)
+            amax = x.abs().amax(dim=1, keepdim=True)
+            limit = scale_limit(amax, self.task.fp8_max)
+            big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
+        self.tally.expect(not bad.count, SOURCE, "fp8-bound", self.rel, info.name,
+                          expected="|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 (x: exact source dequant)",
+                          found=f"out of bound: {bad.text(q.numel())}")  # fmt: skip
+        self.tally.expect(not big_scale.count, SOURCE, "fp8-scale", self.rel, job.scale_name,
+                          expected="s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
+                          found=f"scale too large (value vs limit): {big_scale.text(q.shape[0])}")  # fmt: skip
+        self._record(info, "fp8", stats)
+
+    def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+        bn = self.task.block[0]
+        w = self.reader.rows(job.source, r0, r1 - r0)
+        g0, g1 = r0 // bn, math.ceil(r1 / bn)
+        return dequantize_block_fp8(w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block)
+
+    def _compare_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+        stats, bad = ErrorStats(), Mismatches()
+        for r0, r1 in _row_chunks(t.shape[0], t.shape[1], self.task.block[0]):
+            x = self._source_dequant(job, r0, r1)
+            want, got = to_bf16(x), t[r0:r1]
+            bad.add(got, want, ~same_bits(got, want), r0)
+            stats.add(got.float(), x, x.abs() * BF16_REL + 2.0**-133)  # stats only: bf16 rounding
+        self.tally.expect(not bad.count, SOURCE, "bf16-exact", self.rel, info.name,
+                          expected="bit-exact bf16(fp32 dequant of the source)", found=f"differs: {bad.text(t.numel())}")  # fmt: skip
+        self._record(info, "bf16", stats)
+
+    def _compare_copy(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+        if job.source.dtype != info.dtype or job.source.shape != info.shape:
+            self.tally.fail(SOURCE, "copy-exact", self.rel, info.name,
+                            expected=f"{job.source.dtype}{list(job.source.shape)} as in the source",
+                            found=f"{info.dtype}{list(info.shape)}")  # fmt: skip
+            return
+        flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
+        bad = Mismatches()
+        for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
+            want = self.reader.rows(job.source, r0, r1 - r0).reshape(r1 - r0, -1)
+            bad.add(flat[r0:r1], want, ~same_bits(flat[r0:r1], want), r0)
+        self.tally.expect(not bad.count, SOURCE, "copy-exact", self.rel, info.name,
+                          expected="bit-exact copy of the source tensor", found=f"differs: {bad.text(t.numel())}")  # fmt: skip
+
+    def _record(self, info: TensorInfo, op: str, st: ErrorStats) -> None:
+        self.tally.add_stats(TensorStats(self.rel, info.name, op, st.max_abs, st.rel_err, st.cosine, st.bound_use))
+
+    # --- MLA artifacts -----------------------------------------------------------------------------
+
+    def _mla(self, job: MlaJob) -> None:
+        dims, layer = self.task.dims, job.layer
+        uk, uv = self.artifacts.get(w_uk_t_name(layer)), self.artifacts.get(w_uv_name(layer))
+        for name, a, shape in ((w_uk_t_name(layer), uk, dims.w_uk_t_shape()), (w_uv_name(layer), uv, dims.w_uv_shape())):
+            if a is None or a.dtype != torch.bfloat16 or tuple(a.shape) != shape:
+                found = "missing" if a is None else f"{a.dtype}{list(a.shape)}"
+                self.tally.fail(MLA, "artifact", self.rel, name, expected=f"bfloat16{list(shape)}", found=found)
+                return
+        if job.source is not None:
+            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
+            exact, what = True, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
+        elif job.kv_b is not None and job.kv_b.dtype == "BF16":
+            x = self.reader.rows(job.kv_b)
+            exact, what = True, "split_kv_b_proj(the stored bf16 kv_b_proj)"
+        elif job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
+            s = self.reader.rows(job.kv_b_scale)
+            x = self.reader.rows(job.kv_b).float() * s
+            exact, what = False, "within the artifact bound of the stored channel-FP8 kv_b_proj"
+        else:
+            self.tally.fail(MLA, "reference", self.rel, f"layer {layer}", expected="a kv_b_proj to compare with",
+                            found="none usable (see the structure failures)")  # fmt: skip
+            return
+        if tuple(x.shape) != dims.kv_b_shape():
+            self.tally.fail(MLA, "reference", self.rel, f"layer {layer}", expected=f"kv_b_proj {list(dims.kv_b_shape())}", found=list(x.shape))
+            return
+        if exact:
+            ref = split_kv_b_proj(x, dims, torch.bfloat16)
+            for name, a, want in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref):
+                bad = Mismatches()
+                bad.add(a, want, ~same_bits(a, want))
+                self.tally.expect(not bad.count, MLA, "split-exact", self.rel, name, expected=f"bit-exact {what}",
+                                  found=f"differs: {bad.text(a.numel())}")  # fmt: skip
+        else:
+            ref = split_kv_b_proj(x, dims, torch.float32)
+            scale_layout = split_kv_b_proj(s.expand(x.shape), dims, torch.float32)
+            for name, a, want, sc in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref, scale_layout):
+                af = a.float()
+                bad = Mismatches()
+                bad.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)))
+                self.tally.expect(not bad.count, MLA, "split-bound", self.rel, name, expected=what,
+                                  found=f"out of bound: {bad.text(a.numel())}")  # fmt: skip
+        tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
+        err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
+        self.tally.expect(err <= tol, MLA, "functional", self.rel, f"layer {layer}",
+                          expected=f"absorbed decode == naive attention within relative error {tol:g}",
+                          found=f"relative error {err:.3g}")  # fmt: skip

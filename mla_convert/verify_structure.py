@@ -1,0 +1,384 @@
+"""verify, header pass: what a converted directory must contain, checked without reading tensor data.
+
+The expected tensor set comes from the plan of `--source` when one is given (exact: names, dtypes,
+shapes, files), else from what a DeepseekV3 config implies for the recorded format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mla_runtime.format import (
+    MLA_DIR_NAME,
+    ArtifactError,
+    MlaDims,
+    MlaManifest,
+    layer_file_name,
+    read_manifest as read_mla_manifest,
+    w_uk_t_name,
+    w_uv_name,
+)
+
+from .checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
+from .errors import SourceError
+from .output_config import FP8_FLAVOR_GAUDI2
+from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Plan
+from .safetensors_io import ShardHeader, read_header
+from .verify_report import MLA, STRUCTURE, Tally
+
+FP8_LINEAR = "fp8-linear"  # a linear DeepSeek ships in block FP8 (attention, MLP, experts)
+LINEAR = "linear"  # a linear that is never FP8 (lm_head, router gate, eh_proj, shared_head.head)
+OTHER = "other"  # embeddings, norms, biases
+COPY_DTYPES = ("BF16", "F16", "F32")  # what a copied tensor may be when no source says which
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One tensor the converted model must hold."""
+
+    name: str
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 (channel-FP8 weight) or FP8_SCALE
+    dtype: str | None  # safetensors dtype; None: any of COPY_DTYPES
+    shape: tuple[int, ...]
+    kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
+    source: str | None = None  # with --source: the source tensor it derives from
+    file: str | None = None  # with --source: the output shard the plan puts it in
+
+
+@dataclass
+class Layout:
+    """What the header pass learned; the streaming pass works from it."""
+
+    config: dict | None = None
+    dims: MlaDims | None = None
+    weight_map: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, ShardHeader] = field(default_factory=dict)  # model shards that parsed
+    expects: dict[str, Expect] = field(default_factory=dict)
+    mla_layers: list[int] = field(default_factory=list)  # layers that must have artifacts
+    mla_manifest: MlaManifest | None = None
+    mla_headers: dict[int, ShardHeader] = field(default_factory=dict)
+
+
+# --- what a DeepseekV3 config implies ------------------------------------------------------------
+
+
+def implied_tensors(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of a DeepseekV3ForCausalLM checkpoint: name -> (shape, kind), MTP layers included."""
+    h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+    p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    q_lora = cfg.get("q_lora_rank")
+    layers = cfg["num_hidden_layers"]
+    out: dict[str, tuple[tuple[int, ...], str]] = {
+        "model.embed_tokens.weight": ((vocab, h), OTHER),
+        "model.norm.weight": ((h,), OTHER),
+    }
+    if not cfg.get("tie_word_embeddings"):
+        out["lm_head.weight"] = ((vocab, h), LINEAR)
+
+    def mlp(prefix: str, inter: int) -> None:
+        out[prefix + "gate_proj.weight"] = ((inter, h), FP8_LINEAR)
+        out[prefix + "up_proj.weight"] = ((inter, h), FP8_LINEAR)
+        out[prefix + "down_proj.weight"] = ((h, inter), FP8_LINEAR)
+
+    experts = cfg.get("n_routed_experts") or 0
+    for i in range(layers + (cfg.get("num_nextn_predict_layers") or 0)):
+        pre = f"model.layers.{i}."
+        out[pre + "input_layernorm.weight"] = ((h,), OTHER)
+        out[pre + "post_attention_layernorm.weight"] = ((h,), OTHER)
+        a = pre + "self_attn."
+        if q_lora:
+            out[a + "q_a_proj.weight"] = ((q_lora, h), FP8_LINEAR)
+            out[a + "q_a_layernorm.weight"] = ((q_lora,), OTHER)
+            out[a + "q_b_proj.weight"] = ((n * (p + r), q_lora), FP8_LINEAR)
+        else:
+            out[a + "q_proj.weight"] = ((n * (p + r), h), FP8_LINEAR)
+        out[a + "kv_a_proj_with_mqa.weight"] = ((l + r, h), FP8_LINEAR)
+        out[a + "kv_a_layernorm.weight"] = ((l,), OTHER)
+        out[a + "kv_b_proj.weight"] = ((n * (p + v), l), FP8_LINEAR)
+        out[a + "o_proj.weight"] = ((h, n * v), FP8_LINEAR)
+        moe = experts and i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
+        if moe:
+            out[pre + "mlp.gate.weight"] = ((experts, h), LINEAR)
+            if cfg.get("topk_method") == "noaux_tc":
+                out[pre + "mlp.gate.e_score_correction_bias"] = ((experts,), OTHER)
+            for e in range(experts):
+                mlp(f"{pre}mlp.experts.{e}.", cfg["moe_intermediate_size"])
+            if cfg.get("n_shared_experts"):
+                mlp(pre + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+        else:
+            mlp(pre + "mlp.", cfg["intermediate_size"])
+        if i >= layers:  # the MTP layer's own modules
+            out[pre + "embed_tokens.weight"] = ((vocab, h), OTHER)
+            out[pre + "enorm.weight"] = ((h,), OTHER)
+            out[pre + "hnorm.weight"] = ((h,), OTHER)
+            out[pre + "eh_proj.weight"] = ((h, 2 * h), LINEAR)
+            out[pre + "shared_head.norm.weight"] = ((h,), OTHER)
+            out[pre + "shared_head.head.weight"] = ((vocab, h), LINEAR)
+    return out
+
+
+def ct_ignored(module: str, ignore: list[str]) -> bool:
+    """compressed-tensors semantics: 're:PATTERN' entries match with re.match, others by exact name."""
+    for entry in ignore:
+        if entry.startswith("re:"):
+            try:
+                if re.match(entry[3:], module):
+                    return True
+            except re.error:
+                continue
+        elif entry == module:
+            return True
+    return False
+
+
+def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Expect]:
+    out: dict[str, Expect] = {}
+    for name, (shape, kind) in implied_tensors(cfg).items():
+        module = module_of(name)
+        if kind != FP8_LINEAR:
+            out[name] = Expect(name, COPY, None, shape, kind)
+        elif fmt == "bf16" or ct_ignored(module, ignore):
+            out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
+        else:
+            out[name] = Expect(name, TO_FP8, "F8_E4M3", shape, kind)
+            scale = f"{module}.weight_scale"
+            out[scale] = Expect(scale, FP8_SCALE, "F32", (shape[0], 1), kind)
+    return out
+
+
+def expects_from_plan(plan: Plan) -> dict[str, Expect]:
+    kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
+    return {
+        t.name: Expect(t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file)
+        for job in plan.shards
+        for t in job.tensors
+    }
+
+
+# --- the header pass ------------------------------------------------------------------------------
+
+
+def check_structure(root: Path, fmt: str, target: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Layout:
+    """Run every header-only check, recording results in `tally`; return what the data pass needs."""
+    lay = Layout()
+    lay.config = _check_config(root, fmt, target, tally)
+    _check_index(root, lay, tally)
+    if lay.config is None:
+        return lay
+    lay.dims = MlaDims.from_model_config(lay.config)
+    try:
+        if plan is not None:
+            lay.expects = expects_from_plan(plan)
+        else:
+            ignore = (lay.config.get("quantization_config") or {}).get("ignore") or []
+            lay.expects = expects_from_config(lay.config, fmt, [str(x) for x in ignore])
+    except (KeyError, TypeError) as e:
+        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="every DeepseekV3 dimension", found=f"missing {e}")
+        return lay
+    _check_tensor_set(lay, tally)
+    if fmt == "channel-fp8":
+        _check_quantized_modules(lay, tally)
+    lay.mla_layers = sorted(
+        int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight")
+    )
+    _check_mla_manifest(root, lay, fmt, fingerprint, tally)
+    return lay
+
+
+def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | None:
+    try:
+        cfg = json.loads((root / CONFIG_NAME).read_bytes())
+    except FileNotFoundError:
+        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="config.json", found="missing")
+        return None
+    except (OSError, ValueError) as e:
+        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="valid JSON", found=str(e))
+        return None
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if not tally.expect(
+        isinstance(archs, list) and any(a in SUPPORTED_ARCHITECTURES for a in archs),
+        STRUCTURE, "config", CONFIG_NAME,
+        expected=f"architectures containing {SUPPORTED_ARCHITECTURES[0]}", found=repr(archs),
+    ):  # fmt: skip
+        return None
+    missing = [k for k in (*REQUIRED_CONFIG_KEYS, "vocab_size") if not isinstance(cfg.get(k), int)]
+    if not tally.expect(not missing, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=f"missing {missing}"):
+        return None
+    qc = cfg.get("quantization_config")
+    if fmt == "bf16":
+        tally.expect(qc is None, STRUCTURE, "quantization_config", CONFIG_NAME, expected="none (bf16 output)", found=repr(qc)[:200])
+        return cfg
+    problems = _channel_fp8_config_problems(qc, target)
+    tally.expect(
+        not problems, STRUCTURE, "quantization_config", CONFIG_NAME,
+        expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations",
+        found="; ".join(problems),
+    )  # fmt: skip
+    return cfg
+
+
+def _channel_fp8_config_problems(qc, target: str) -> list[str]:
+    if not isinstance(qc, dict):
+        return [f"quantization_config is {qc!r}"]
+    out = []
+    if qc.get("quant_method") != "compressed-tensors":
+        out.append(f"quant_method {qc.get('quant_method')!r}")
+    if qc.get("format") != "float-quantized":
+        out.append(f"format {qc.get('format')!r}")
+    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    if not groups:
+        out.append("no config_groups")
+    for g in groups:
+        w, a = g.get("weights") or {}, g.get("input_activations") or {}
+        want_w = {"type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False, "symmetric": True}
+        want_a = {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True}
+        out += [f"weights.{k} {w.get(k)!r}" for k, val in want_w.items() if w.get(k) != val]
+        out += [f"input_activations.{k} {a.get(k)!r}" for k, val in want_a.items() if a.get(k) != val]
+        if "Linear" not in (g.get("targets") or []):
+            out.append(f"targets {g.get('targets')!r} lack 'Linear'")
+    if not isinstance(qc.get("ignore", []), list):
+        out.append("ignore is not a list")
+    flavor = qc.get("fp8_dtype_flavor")
+    if (target == "gaudi2") != (flavor == FP8_FLAVOR_GAUDI2):
+        out.append(f"fp8_dtype_flavor {flavor!r} for target {target}")
+    return out
+
+
+def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
+    """The index and the shard headers agree exactly; headers are sane; total_size is right."""
+    try:
+        index = json.loads((root / INDEX_NAME).read_bytes())
+        weight_map = index["weight_map"]
+        assert isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())
+    except FileNotFoundError:
+        tally.fail(STRUCTURE, "index", INDEX_NAME, expected="the safetensors index", found="missing")
+        return
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        tally.fail(STRUCTURE, "index", INDEX_NAME, expected="a JSON object with a weight_map", found=repr(e))
+        return
+    lay.weight_map = weight_map
+    for rel in sorted(set(weight_map.values())):
+        if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
+            tally.fail(STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel))
+            continue
+        try:
+            lay.headers[rel] = read_header(root / rel)
+            tally.ok(STRUCTURE)
+        except SourceError as e:
+            found = "missing" if not (root / rel).exists() else str(e).replace(str(root / rel) + ": ", "")
+            tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=found)
+    for name, rel in sorted(weight_map.items()):
+        if rel in lay.headers:
+            tally.expect(name in lay.headers[rel].tensors, STRUCTURE, "index-vs-header", rel, name,
+                         expected="listed in the index and present in this shard", found="not in the shard")  # fmt: skip
+    for rel, hd in sorted(lay.headers.items()):
+        for name in hd.tensors:
+            tally.expect(weight_map.get(name) == rel, STRUCTURE, "index-vs-header", rel, name,
+                         expected="every tensor of the shard listed in the index",
+                         found="not in the index" if name not in weight_map else f"index says {weight_map[name]}")  # fmt: skip
+    for path in sorted(root.glob("*.safetensors")):
+        tally.expect(path.name in lay.headers or path.name in set(weight_map.values()), STRUCTURE, "index-vs-header",
+                     path.name, expected="every shard listed in the index", found="shard not in the index")  # fmt: skip
+    total = (index.get("metadata") or {}).get("total_size")
+    actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
+    if len(lay.headers) == len(set(weight_map.values())):
+        tally.expect(total == actual, STRUCTURE, "total_size", INDEX_NAME, expected=actual, found=total)
+
+
+def _check_tensor_set(lay: Layout, tally: Tally) -> None:
+    """Every implied tensor present with its dtype and shape; nothing else (no *_scale_inv)."""
+    for name, exp in lay.expects.items():
+        rel = lay.weight_map.get(name)
+        if rel is None:
+            tally.fail(STRUCTURE, "missing-tensor", None, name, expected=_describe(exp), found="not in the index")
+            continue
+        if exp.file is not None:
+            tally.expect(rel == exp.file, STRUCTURE, "tensor-file", rel, name, expected=f"in {exp.file}", found=f"in {rel}")
+        info = lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+        if info is None:
+            continue  # reported by the index/header checks
+        dtype_ok = info.dtype in COPY_DTYPES if exp.dtype is None else info.dtype == exp.dtype
+        tally.expect(
+            dtype_ok and info.shape == exp.shape, STRUCTURE, "dtype-shape", rel, name,
+            expected=_describe(exp), found=f"{info.dtype}{list(info.shape)}",
+        )  # fmt: skip
+    for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
+        if name not in lay.expects:
+            why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else "not implied by config.json"
+            tally.fail(STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why)
+
+
+def _describe(exp: Expect) -> str:
+    return f"{exp.dtype or '/'.join(COPY_DTYPES)}{list(exp.shape)}"
+
+
+def _check_quantized_modules(lay: Layout, tally: Tally) -> None:
+    """quantization_config agrees with the tensors: a linear it quantizes holds an FP8 weight and a
+    channel scale; a linear it ignores holds neither."""
+    ignore = [str(x) for x in ((lay.config.get("quantization_config") or {}).get("ignore") or [])]
+    modules = {module_of(n) for n, e in lay.expects.items() if e.kind in (FP8_LINEAR, LINEAR) and n.endswith(".weight")}
+    for module in sorted(modules):
+        w = _info(lay, f"{module}.weight")
+        if w is None:
+            continue  # missing: reported by the tensor set check
+        actual = w.dtype == "F8_E4M3" and _info(lay, f"{module}.weight_scale") is not None
+        claimed = not ct_ignored(module, ignore)
+        tally.expect(
+            claimed == actual, STRUCTURE, "quantization_config", CONFIG_NAME, module,
+            expected=f"{'quantized' if actual else 'in the ignore list'} (weight is {w.dtype})",
+            found="quantized per quantization_config" if claimed else "in the ignore list",
+        )  # fmt: skip
+    for entry in ignore:
+        if not entry.startswith("re:"):
+            tally.expect(entry in modules, STRUCTURE, "quantization_config", CONFIG_NAME, entry,
+                         expected="ignore entries that name linear modules", found="no such module")  # fmt: skip
+
+
+def _info(lay: Layout, name: str):
+    rel = lay.weight_map.get(name)
+    return lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+
+
+def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tally: Tally) -> None:
+    mla_root = root / MLA_DIR_NAME
+    try:
+        man = read_mla_manifest(mla_root)
+    except ArtifactError as e:
+        tally.fail(STRUCTURE, "mla-manifest", f"{MLA_DIR_NAME}/manifest.json", expected="a valid MLA manifest", found=str(e))
+        return
+    lay.mla_manifest = man
+    rel_manifest = f"{MLA_DIR_NAME}/manifest.json"
+    tally.expect(man.dims == lay.dims, STRUCTURE, "mla-manifest", rel_manifest, expected=lay.dims, found=man.dims)
+    tally.expect(man.layer_ids() == lay.mla_layers, STRUCTURE, "mla-manifest", rel_manifest,
+                 expected=f"layers {lay.mla_layers}", found=f"layers {man.layer_ids()}")  # fmt: skip
+    tally.expect(man.source_fingerprint == fingerprint, MLA, "fingerprint", rel_manifest,
+                 expected=f"source fingerprint {fingerprint} (the conversion manifest's)",
+                 found=man.source_fingerprint)  # fmt: skip
+    producer_fmt = man.producer.get("format")
+    if producer_fmt is not None:
+        tally.expect(producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt)
+    for entry in man.layers:
+        rel = f"{MLA_DIR_NAME}/{entry.file}"
+        if not tally.expect(entry.file == layer_file_name(entry.layer), STRUCTURE, "mla-manifest", rel_manifest,
+                            expected=layer_file_name(entry.layer), found=entry.file):  # fmt: skip
+            continue
+        try:
+            hd = read_header(root / rel)
+        except SourceError as e:
+            tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=str(e).split(": ", 1)[-1])
+            continue
+        lay.mla_headers[entry.layer] = hd
+        want = {
+            w_uk_t_name(entry.layer): ("BF16", man.dims.w_uk_t_shape()),
+            w_uv_name(entry.layer): ("BF16", man.dims.w_uv_shape()),
+        }
+        for name, (dtype, shape) in want.items():
+            t = hd.tensors.get(name)
+            tally.expect(t is not None and (t.dtype, t.shape) == (dtype, shape), STRUCTURE, "mla-artifact", rel, name,
+                         expected=f"{dtype}{list(shape)}", found="missing" if t is None else f"{t.dtype}{list(t.shape)}")  # fmt: skip
+        for name in sorted(set(hd.tensors) - set(want)):
+            tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")
