@@ -179,8 +179,10 @@ class MlaArtifacts:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in (w_uk_t_name(layer), w_uv_name(layer)):
+                    # get_slice maps the file and touches only these heads' bytes; the copy gives a
+                    # tensor of exactly this rank's size that does not keep the mapping alive.
                     part = f.get_slice(name)[start:end]
-                    out.append(part.to(device=device, dtype=dtype).contiguous())
+                    out.append(part.to(device=device, dtype=dtype, copy=True).contiguous())
         except ArtifactError:
             raise
         except Exception as e:  # safetensors raises its own error types

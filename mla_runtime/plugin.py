@@ -386,10 +386,16 @@ def reset() -> None:
 # --------------------------------------------------------------------------- spot check
 
 
-def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int) -> torch.Tensor | None:
-    """fp32 rows of kv_b_proj's weight as [rows, L], for the layouts known here; None otherwise."""
+def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int, num_rows: int) -> torch.Tensor | None:
+    """fp32 rows of kv_b_proj's weight [num_rows, num_cols] as [rows, L], for the layouts known here
+    (the checkpoint's [N, K] or a transposed [K, N] view, as vLLM's CPU FP8 linears keep it); None
+    for any other layout."""
     w = getattr(kv_b_proj, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] != num_cols or w.shape[0] < rows.stop:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device.type == "meta":
+        return None
+    if tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols:
+        w = w.T
+    if tuple(w.shape) != (num_rows, num_cols):
         return None
     if w.dtype in (torch.bfloat16, torch.float16, torch.float32):
         return w[rows].float()
@@ -421,10 +427,7 @@ def spot_check(kv_b_proj, w_uk_t: torch.Tensor, w_uv: torch.Tensor, *, where: st
     """
     heads, p, l = w_uk_t.shape
     v = w_uv.shape[2]
-    w = getattr(kv_b_proj, "weight", None)
-    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (heads * (p + v), l):
-        return False
-    served = _dequantized_rows(kv_b_proj, slice(0, p + v), l)
+    served = _dequantized_rows(kv_b_proj, slice(0, p + v), l, heads * (p + v))
     if served is None:
         return False
     ours = torch.cat([w_uk_t[0].float(), w_uv[0].float().T], dim=0).to(served.device)

@@ -1,0 +1,242 @@
+"""mla_runtime.artifacts: TP-sliced loads and refusal of corrupted or mismatched artifacts.
+
+Works on a real converter output: the tiny DeepSeek checkpoint with 8 heads, converted to bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from mla_convert.convert import convert
+from mla_convert.plan import Options
+from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_runtime import ArtifactError, open_artifacts
+from mla_runtime.artifacts import head_range
+from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
+from mla_runtime.layout import split_kv_b_proj
+
+HEADS = 8
+LAYERS = [0, 1, 2, 3]  # 3 decoder layers + the MTP layer
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """bf16 conversion of an 8-head tiny checkpoint (read-only; copy before changing)."""
+    base = tmp_path_factory.mktemp("rt")
+    src = write_checkpoint(base / "src", CheckpointSpec(num_attention_heads=HEADS))
+    convert(src, base / "out", Options(format="bf16"))
+    return base / "out"
+
+
+@pytest.fixture
+def served_copy(served, tmp_path) -> Path:
+    return Path(shutil.copytree(served, tmp_path / "out"))
+
+
+def full_tensors(mla_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with safe_open(str(mla_dir / f"layer-{layer:03d}.safetensors"), "pt") as f:
+        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
+
+
+def test_artifacts_are_the_split_of_the_served_bf16_kv_b_proj(served):
+    arts = open_artifacts(served / "mla", model_dir=served)
+    index = json.loads((served / "model.safetensors.index.json").read_text())["weight_map"]
+    for layer in LAYERS:
+        name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        with safe_open(str(served / index[name]), "pt") as f:
+            kv_b = f.get_tensor(name)
+        want_uk_t, want_uv = split_kv_b_proj(kv_b, arts.dims)
+        got_uk_t, got_uv = arts.load_layer(layer)
+        assert torch.equal(got_uk_t, want_uk_t) and torch.equal(got_uv, want_uv)
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 4, 8])
+def test_tp_slice_equals_slice_of_full_tensors(served, tp_size):
+    arts = open_artifacts(served / "mla", model_dir=served)
+    dims = arts.dims
+    per = HEADS // tp_size
+    for layer in LAYERS:
+        full_uk_t, full_uv = full_tensors(served / "mla", layer)
+        assert full_uk_t.shape == (HEADS, dims.qk_nope_head_dim, dims.kv_lora_rank)
+        parts_uk, parts_uv = [], []
+        for rank in range(tp_size):
+            uk_t, uv = arts.load_layer(layer, tp_rank=rank, tp_size=tp_size)
+            assert uk_t.shape == (per, dims.qk_nope_head_dim, dims.kv_lora_rank)
+            assert uv.shape == (per, dims.kv_lora_rank, dims.v_head_dim)
+            assert uk_t.is_contiguous() and uv.is_contiguous()
+            assert uk_t.dtype == uv.dtype == torch.bfloat16
+            # Only this rank's heads were materialized, not the whole tensor.
+            assert uk_t.untyped_storage().nbytes() == uk_t.numel() * 2
+            assert torch.equal(uk_t, full_uk_t[rank * per : (rank + 1) * per])
+            assert torch.equal(uv, full_uv[rank * per : (rank + 1) * per])
+            parts_uk.append(uk_t)
+            parts_uv.append(uv)
+        assert torch.equal(torch.cat(parts_uk), full_uk_t) and torch.equal(torch.cat(parts_uv), full_uv)
+
+
+def test_load_casts_to_the_requested_dtype(served):
+    arts = open_artifacts(served / "mla")
+    uk_t, uv = arts.load_layer(2, tp_rank=3, tp_size=4, dtype=torch.float32)
+    full_uk_t, full_uv = full_tensors(served / "mla", 2)
+    assert uk_t.dtype == torch.float32 and torch.equal(uk_t, full_uk_t[6:8].float())
+    assert torch.equal(uv, full_uv[6:8].float())
+
+
+@pytest.mark.parametrize("tp_size", [3, 5, 16])
+def test_tp_size_not_dividing_heads_is_a_clear_error(served, tp_size):
+    arts = open_artifacts(served / "mla")
+    with pytest.raises(ArtifactError) as e:
+        arts.load_layer(1, tp_rank=0, tp_size=tp_size)
+    msg = str(e.value)
+    assert f"tensor-parallel size {tp_size} does not divide the {HEADS} attention heads" in msg
+    assert "layer 1" in msg and "layer-001.safetensors" in msg
+
+
+def test_head_range():
+    assert head_range(128, 3, 8) == (48, 64)
+    with pytest.raises(ArtifactError, match="rank 8 of size 8"):
+        head_range(128, 8, 8)
+
+
+def test_truncated_layer_file_is_refused_naming_layer(served_copy):
+    path = served_copy / "mla" / "layer-002.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(ArtifactError) as e:
+        open_artifacts(served_copy / "mla", model_dir=served_copy)
+    assert "layer 2" in str(e.value) and "layer-002.safetensors" in str(e.value) and "truncated" in str(e.value)
+
+
+def _flip_and_open(served_copy, verify):
+    """Flip one bit inside layer 1's W_UV data: same size, same header."""
+    path = served_copy / "mla" / "layer-001.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x40  # inside W_UV's data: same size, same header
+    path.write_bytes(bytes(data))
+    return open_artifacts(served_copy / "mla", model_dir=served_copy, verify=verify)
+
+
+def test_bit_flip_is_found_by_sha256_mode_naming_layer(served_copy):
+    assert _flip_and_open(served_copy, "size").load_layer(1)  # the default mode cannot see a flipped bit
+    arts = open_artifacts(served_copy / "mla", model_dir=served_copy, verify="sha256")
+    arts.load_layer(0)  # other layers are fine
+    with pytest.raises(ArtifactError) as e:
+        arts.load_layer(1, tp_rank=1, tp_size=2)
+    assert "layer 1" in str(e.value) and "layer-001.safetensors" in str(e.value) and "sha256" in str(e.value)
+
+
+def test_sha256_mode_from_environment(served_copy, monkeypatch):
+    monkeypatch.setenv("MLA_RUNTIME_VERIFY", "sha256")
+    arts = _flip_and_open(served_copy, None)
+    with pytest.raises(ArtifactError, match="layer 1 .*sha256"):
+        arts.load_layer(1)
+
+
+def test_layer_file_holding_another_layer_is_refused(served_copy):
+    mla = served_copy / "mla"
+    shutil.copyfile(mla / "layer-002.safetensors", mla / "layer-001.safetensors")  # same size
+    arts = open_artifacts(mla, model_dir=served_copy)
+    with pytest.raises(ArtifactError) as e:
+        arts.load_layer(1)
+    assert "layer 1" in str(e.value) and "model.layers.1.self_attn.W_UK_T" in str(e.value)
+
+
+def test_missing_layer_in_manifest_is_refused_naming_layer(served_copy):
+    path = served_copy / "mla" / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["layers"] = [e for e in doc["layers"] if e["layer"] != 2]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError) as e:
+        open_artifacts(served_copy / "mla", model_dir=served_copy)
+    assert "layer 2" in str(e.value) and "layer-002.safetensors" in str(e.value)
+    arts = open_artifacts(served_copy / "mla")  # without the served config: refused at load time
+    with pytest.raises(ArtifactError, match=r"layer 2: no MLA artifacts .*layer-002\.safetensors"):
+        arts.load_layer(2)
+
+
+def test_missing_layer_file_is_refused_naming_layer(served_copy):
+    (served_copy / "mla" / "layer-000.safetensors").unlink()
+    with pytest.raises(ArtifactError, match=r"layer 0 \(.*layer-000\.safetensors\): file is missing"):
+        open_artifacts(served_copy / "mla")
+
+
+def test_artifacts_of_another_checkpoint_are_refused(served_copy):
+    path = served_copy / "mla-convert-manifest.json"
+    doc = json.loads(path.read_text())
+    doc["source_fingerprint"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match="another checkpoint"):
+        open_artifacts(served_copy / "mla", model_dir=served_copy)
+    with pytest.raises(ArtifactError, match="another checkpoint"):
+        open_artifacts(served_copy / "mla", expected_fingerprint="1" * 64)
+
+
+def test_dims_differing_from_served_config_are_refused(served):
+    config = json.loads((served / "config.json").read_text())
+    config["num_attention_heads"] = 16
+    with pytest.raises(ArtifactError, match="num_heads: served 16 vs artifacts 8"):
+        open_artifacts(served / "mla", model_config=config)
+    config = json.loads((served / "config.json").read_text())
+    config["kv_lora_rank"] = 256
+    with pytest.raises(ArtifactError, match="kv_lora_rank: served 256 vs artifacts 512"):
+        open_artifacts(served / "mla", model_config=config)
+
+
+def test_served_layer_dims_are_checked_per_rank(served):
+    arts = open_artifacts(served / "mla")
+    arts.check_served_dims(layer=1, num_heads=2, tp_size=4, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+    with pytest.raises(ArtifactError) as e:
+        arts.check_served_dims(layer=1, num_heads=4, tp_size=4, qk_nope_head_dim=128, v_head_dim=128,
+                               kv_lora_rank=512)  # fmt: skip
+    assert "layer 1" in str(e.value) and "layer-001.safetensors" in str(e.value) and "2 per rank" in str(e.value)
+    with pytest.raises(ArtifactError, match="layer 3 .*v_head_dim=64, the artifacts 128"):
+        arts.check_served_dims(layer=3, num_heads=8, tp_size=1, qk_nope_head_dim=128, v_head_dim=64, kv_lora_rank=512)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(format_version=2), "format_version 2 is not supported"),
+        (lambda d: d.update(dtype="float16"), "dtype 'float16'"),
+        (lambda d: d.update(format="other"), "format is 'other'"),
+        (lambda d: d["layers"][0].update(file="../x.safetensors"), "must be a plain file name"),
+    ],
+)
+def test_malformed_manifest_is_refused(served_copy, edit, message):
+    path = served_copy / "mla" / "manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match=message):
+        open_artifacts(served_copy / "mla")
+
+
+def test_no_artifacts_directory(tmp_path):
+    with pytest.raises(ArtifactError, match="no such directory"):
+        open_artifacts(tmp_path / "nope")
+    (tmp_path / "mla").mkdir()
+    with pytest.raises(ArtifactError, match="no MLA manifest"):
+        open_artifacts(tmp_path / "mla")
+
+
+def test_runtime_imports_no_cli_or_converter_packages():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mla_runtime, mla_runtime.artifacts, mla_runtime.plugin; "
+        "bad = [m for m in ('typer', 'rich', 'mla_convert', 'vllm', 'transformers') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dims_type():
+    assert MlaDims(8, 128, 128, 512).w_uk_t_shape(2) == (2, 128, 512)
