@@ -1,0 +1,141 @@
+"""The plugin's hook on upstream MLAAttention, without vLLM: a module shaped like vLLM's
+mla_attention (a module-level split_kv_b_proj called from MLAAttention.process_weights_after_loading,
+which then stores the transposes). The real engine is exercised in test_vllm_engine.py."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from mla_runtime import ArtifactError, plugin
+from mla_runtime.format import MlaDims
+
+from mla_test_utils import write_artifacts
+
+DIMS = MlaDims(num_heads=4, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+
+FAKE_UPSTREAM = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+    def split_kv_b_proj(kv_b_proj, out_dtype, kv_lora_rank, num_heads, qk_nope_head_dim, v_head_dim):
+        global split_calls
+        split_calls += 1
+        w = kv_b_proj.weight.to(out_dtype).T
+        w = w.view(kv_lora_rank, num_heads, qk_nope_head_dim + v_head_dim)
+        return w.split([qk_nope_head_dim, v_head_dim], dim=-1)
+
+    split_calls = 0
+
+    class MLAAttention(nn.Module):
+        def __init__(self, kv_b_proj, prefix, num_heads=4):
+            super().__init__()
+            self.kv_b_proj, self.layer_name, self.num_heads = kv_b_proj, prefix, num_heads
+            self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank = 128, 128, 512
+            self.after = []
+
+        def process_weights_after_loading(self, act_dtype):
+            self.after.append("impl")  # what comes before the split keeps running
+            W_UK, W_UV = split_kv_b_proj(self.kv_b_proj, act_dtype, self.kv_lora_rank, self.num_heads,
+                                         self.qk_nope_head_dim, self.v_head_dim)
+            self.W_UV = W_UV.transpose(0, 1)
+            self.W_UK_T = W_UK.permute(1, 2, 0)
+            self.after.append("scales")  # ... and what comes after it
+    '''
+)
+
+
+@pytest.fixture
+def upstream(monkeypatch):
+    mod = types.ModuleType("fake_mla_attention")
+    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)
+    monkeypatch.setitem(sys.modules, "fake_mla_attention", mod)
+    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
+        monkeypatch.delenv(var, raising=False)
+    plugin.reset()
+    assert plugin.wrap_upstream(mod.MLAAttention, mod) is True
+    assert plugin.wrap_upstream(mod.MLAAttention, mod) is False  # idempotent
+    yield mod
+    plugin.reset()
+
+
+def _layers(mod, tmp_path, n=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    weights = {i: torch.randn(DIMS.kv_b_shape(), generator=gen) * 0.02 for i in range(n)}
+    model_dir = tmp_path / "model"
+    write_artifacts(model_dir / "mla", weights, DIMS)
+    ctx: dict = {}
+    layers = []
+    for i in range(n):
+        kv_b = nn.Module()
+        kv_b.weight = nn.Parameter(weights[i].to(torch.bfloat16), requires_grad=False)
+        layer = mod.MLAAttention(kv_b, f"model.layers.{i}.self_attn.attn")
+        layer._vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(model=str(model_dir)),
+            compilation_config=SimpleNamespace(static_forward_context=ctx),
+        )
+        ctx[layer.layer_name] = layer
+        layers.append(layer)
+    return layers, model_dir
+
+
+def test_split_is_taken_from_artifacts_and_the_rest_runs(upstream, tmp_path, caplog):
+    layers, model_dir = _layers(upstream, tmp_path)
+    reference = []
+    for layer in layers:  # what the unwrapped method computes
+        twin = upstream.MLAAttention(layer.kv_b_proj, "twin")
+        upstream.MLAAttention.process_weights_after_loading.__wrapped__(twin, torch.bfloat16)
+        reference.append(twin)
+    calls_before = upstream.split_calls
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        for layer in layers:
+            layer.process_weights_after_loading(torch.bfloat16)
+    assert upstream.split_calls == calls_before  # vLLM's split never ran
+    assert upstream.split_kv_b_proj.__name__ == "split_kv_b_proj"  # and is back in place
+    for layer, ref in zip(layers, reference):
+        assert layer.after == ["impl", "scales"]
+        assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
+        assert layer.W_UK_T.is_contiguous() and layer.W_UV.is_contiguous()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
+    assert lines == [lines[0]] and f"of 3/3 MLA layers from {model_dir / 'mla'}" in lines[0]
+
+
+def test_split_error_names_layer_and_restores_the_module(upstream, tmp_path):
+    layers, model_dir = _layers(upstream, tmp_path)
+    (model_dir / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)  # wrong size
+    with pytest.raises(ArtifactError, match=r"layer 1 \(.*layer-001\.safetensors\)"):
+        layers[0].process_weights_after_loading(torch.bfloat16)  # refused when the artifacts are opened
+    assert upstream.split_kv_b_proj.__name__ == "split_kv_b_proj"
+
+
+def test_fallback_recomputes_with_a_warning(upstream, tmp_path, monkeypatch, caplog):
+    layers, model_dir = _layers(upstream, tmp_path)
+    (model_dir / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)
+    monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        for layer in layers:
+            layer.process_weights_after_loading(torch.bfloat16)
+    assert upstream.split_calls == 3  # all recomputed: the artifacts could not be opened
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "layer 1" in warnings[0].getMessage()
+    info = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime: loaded")]
+    assert len(info) == 1 and "0/3" in info[0] and "3 recomputed by vLLM" in info[0]
+
+
+def test_env_dir_and_model_without_artifacts(upstream, tmp_path, monkeypatch):
+    layers, model_dir = _layers(upstream, tmp_path)
+    (model_dir / "mla").rename(tmp_path / "moved")
+    layers[0].process_weights_after_loading(torch.bfloat16)
+    assert upstream.split_calls == 1 and plugin.summary() == []
+    plugin.reset()
+    monkeypatch.setenv("MLA_RUNTIME_DIR", str(tmp_path / "moved"))
+    layers[1].process_weights_after_loading(torch.bfloat16)
+    assert upstream.split_calls == 1 and plugin.summary()[0]["loaded"] == 1
