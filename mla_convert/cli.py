@@ -115,6 +115,10 @@ def _print_summary(summary: dict, title: str) -> None:
     ]
     if "seconds" in summary:
         rows += [("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)")]
+    if "verify" in summary:
+        v = summary["verify"]
+        verdict = "pass" if v["ok"] else f"FAIL ({v['failed']} failed)"
+        rows += [("verify --source", f"{verdict}: {v['checks']} checks in {v['seconds']:.2f} s")]
     for k, v in rows:
         table.add_row(k, v)
     _console().print(table)
@@ -175,17 +179,89 @@ def demo(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it and report. Works offline."""
+    """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it, verify it and report. Works offline."""
     from .convert import convert, ensure_empty_dir
     from .plan import Options
     from .synthetic import write_checkpoint
+    from .verify import verify
 
     with _errors_to_exit():
         root = Path(out) if out else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
         ensure_empty_dir(root, overwrite)
         src = write_checkpoint(root / "source")
         summary = convert(src, root / f"converted-{format}", Options(format=format, target=target))
-    _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted")
+        report = verify(summary["out"], src)
+        summary["verify"] = {
+            "ok": report["ok"],
+            "checks": sum(g["checked"] for g in report["groups"].values()),
+            "failed": sum(g["failed"] for g in report["groups"].values()),
+            "seconds": report["seconds"],
+        }
+    _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted and verified")
+    if not report["ok"]:
+        _print_verify_report(report, quiet=True)  # the failures, one per line
+        raise typer.Exit(1)
+
+
+@app.command("verify")
+def verify_cmd(
+    dir: Annotated[Path, typer.Argument(help="A directory written by mla-convert deepseek-r1.")],
+    source: Annotated[
+        Optional[str],
+        typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Files checked in parallel (processes).")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON on stdout.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
+
+    Exit code 0: every check passed; 1: a check failed; 2: verification could not run."""
+    from .verify import verify
+
+    with _errors_to_exit():
+        with _byte_progress(not (quiet or json_out), "verifying") as progress:
+            report = verify(dir, source, workers=workers, progress_factory=progress)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        _print_verify_report(report, quiet)
+    raise typer.Exit(report["exit_code"])
+
+
+def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
+    """A table of the check groups; then each failure on one line (all of them also with --quiet)."""
+    from rich.table import Table
+
+    groups = report["groups"]
+    if not quiet:
+        table = Table(title=f"verify {report['dir']} ({report['format']} / {report['target']})")
+        for col in ("group", "checks", "failed", "result"):
+            table.add_column(col)
+        for name, g in groups.items():
+            result = f"skipped: {g['skipped']}" if g["skipped"] else "[red]FAIL" if g["failed"] else "[green]pass"
+            table.add_row(name, str(g["checked"]), str(g["failed"]), result)
+        _console().print(table)
+        if report["worst_tensors"]:
+            worst = Table(title="worst tensors against the source")
+            worst.add_column("tensor", overflow="fold")
+            for col in ("op", "max abs err", "rel err", "cosine", "of bound"):
+                worst.add_column(col)
+            for s in report["worst_tensors"]:
+                worst.add_row(s["tensor"], s["op"], f"{s['max_abs_err']:.3g}", f"{s['rel_err']:.3g}",
+                              f"{s['cosine']:.6f}", f"{s['bound_use']:.0%}")  # fmt: skip
+            _console().print(worst)
+    for name, g in groups.items():
+        for f in g["failures"][: None if quiet else listed]:
+            typer.echo(f["message"], err=True)
+        more = g["failed"] - (len(g["failures"][:listed]) if not quiet else len(g["failures"]))
+        if more > 0:
+            typer.echo(f"[{name}] ... and {more} more failures (--json lists {len(g['failures'])})", err=True)
+    if not quiet:
+        total = sum(g["checked"] for g in groups.values())
+        failed = sum(g["failed"] for g in groups.values())
+        verdict = "[green]PASS" if report["ok"] else f"[red]FAIL: {failed} of {total} checks failed"
+        _console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
 
 
 def main() -> None:

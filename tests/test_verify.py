@@ -1,0 +1,439 @@
+"""`mla-convert verify`: the clean tiny conversion passes; each corruption fails the right check and
+names the right file or tensor; a directory that is not a conversion cannot be verified (exit 2)."""
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from mla_convert.cli import app
+from mla_convert.convert import convert
+from mla_convert.errors import VerificationError
+from mla_convert.manifest import MANIFEST_NAME
+from mla_convert.numerics import quantize_channel_fp8
+from mla_convert.plan import Options
+from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.verify import verify
+from mla_convert.verify_math import fp8_allowed_error, functional_error
+from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
+
+FP8, BF16 = "channel-fp8", "bf16"
+INDEX = "model.safetensors.index.json"
+runner = CliRunner()
+
+
+# --- fixtures and helpers -------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: torch's intra-op threads only add sync cost, and on a loaded 2-core machine
+    their spin-waits make each verify run 10-20x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory) -> dict:
+    """Conversions of a different checkpoint (another seed): the source of stale artifacts."""
+    base = tmp_path_factory.mktemp("other")
+    src = write_checkpoint(base / "src", CheckpointSpec(seed=1))
+    for fmt in (FP8, BF16):
+        convert(src, base / fmt, Options(format=fmt))
+    return {fmt: base / fmt for fmt in (FP8, BF16)}
+
+
+@pytest.fixture(params=[FP8, BF16])
+def out(request, converted, tmp_path) -> Path:
+    """A private copy of a clean conversion, in both formats."""
+    return Path(shutil.copytree(converted[request.param], tmp_path / "out"))
+
+
+@pytest.fixture
+def fp8_out(converted, tmp_path) -> Path:
+    return Path(shutil.copytree(converted[FP8], tmp_path / "out"))
+
+
+def run(path, source=None, *extra) -> tuple[int, dict]:
+    args = ["verify", str(path), "--json", *extra] + (["--source", str(source)] if source else [])
+    res = runner.invoke(app, args)
+    assert res.exit_code in (0, 1), (res.exit_code, res.stdout, res.stderr)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def failures(report: dict, group: str | None = None) -> list[dict]:
+    return [f for g, v in report["groups"].items() if group in (None, g) for f in v["failures"]]
+
+
+def assert_fails(report: dict, group: str, check: str, file=None, tensor=None) -> None:
+    """verify failed, and among its failures is (group, check) naming `file` and/or `tensor`."""
+    assert report["exit_code"] == 1 and not report["ok"]
+    hits = [
+        f for f in failures(report, group)
+        if f["check"] == check and file in (None, f["file"]) and tensor in (None, f["tensor"])
+    ]  # fmt: skip
+    assert hits, f"no {group}/{check} failure for {file} {tensor}; got:\n" + "\n".join(
+        f["message"] for f in failures(report)
+    )
+
+
+def fix_hash(root: Path, rel: str) -> None:
+    """Make the manifests agree with a file changed on purpose, so only the other checks can tell."""
+    data = (root / rel).read_bytes()
+    entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if rel.startswith("mla/layer-"):
+        mla = json.loads((root / "mla/manifest.json").read_text())
+        for e in mla["layers"]:
+            if f"mla/{e['file']}" == rel:
+                e.update(entry)
+        (root / "mla/manifest.json").write_text(json.dumps(mla, indent=2))
+        fix_hash(root, "mla/manifest.json")
+    man = json.loads((root / MANIFEST_NAME).read_text())
+    man["files"][rel] = entry
+    (root / MANIFEST_NAME).write_text(json.dumps(man, indent=2))
+
+
+def shard_of(root: Path, tensor: str) -> str:
+    return json.loads((root / INDEX).read_text())["weight_map"][tensor]
+
+
+def data_offset(path: Path, tensor: str) -> tuple[int, int]:
+    """Absolute (begin, end) of a tensor's bytes in a safetensors file."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    b, e = json.loads(raw[8 : 8 + n])[tensor]["data_offsets"]
+    return 8 + n + b, 8 + n + e
+
+
+def patch_bytes(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def rewrite(path: Path, change) -> None:
+    """Load a safetensors file, let `change(tensors)` edit the dict, write it back."""
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def kv_b(layer: int) -> str:
+    return f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+
+
+def mla_rel(layer: int) -> str:
+    return f"mla/layer-{layer:03d}.safetensors"
+
+
+# --- the clean conversion passes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [FP8, BF16])
+def test_clean_conversion_passes(converted, tiny_src, fmt):
+    for source in (None, tiny_src):
+        code, report = run(converted[fmt], source)
+        assert code == 0 and report["ok"], "\n".join(f["message"] for f in failures(report))
+        for g, v in report["groups"].items():
+            assert v["checked"] > 0 or (g == "source" and source is None), g
+    assert report["groups"]["source"]["checked"] > 100
+    worst = report["worst_tensors"][0]
+    assert worst["op"] == ("fp8" if fmt == FP8 else "bf16") and worst["bound_use"] <= 1 and worst["cosine"] > 0.999
+
+
+def test_table_and_parallel_workers(converted, tiny_src):
+    res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(tiny_src), "--workers", "2"])
+    assert res.exit_code == 0, res.stderr
+    for word in ("structure", "integrity", "values", "source", "mla", "worst tensors", "PASS"):
+        assert word in res.stdout
+    assert runner.invoke(app, ["verify", str(converted[BF16]), "--quiet"]).stdout == ""
+
+
+# --- integrity ----------------------------------------------------------------------------------
+
+
+def test_byte_flipped_in_shard_data(fp8_out, tiny_src):
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    rel = shard_of(fp8_out, name)
+    begin, end = data_offset(fp8_out / rel, name)
+    pos = (begin + end) // 2
+    byte = (fp8_out / rel).read_bytes()[pos]
+    patch_bytes(fp8_out / rel, pos, bytes([byte ^ 0x10]))
+    _, report = run(fp8_out)
+    assert_fails(report, "integrity", "sha256", file=rel)
+    _, report = run(fp8_out, tiny_src)  # the source comparison says which tensor
+    assert_fails(report, "source", "fp8-bound", file=rel, tensor=name)
+
+
+def test_shard_truncated(out):
+    rel = "model-00003-of-00004.safetensors"
+    data = (out / rel).read_bytes()
+    (out / rel).write_bytes(data[:-1000])
+    _, report = run(out)
+    assert_fails(report, "integrity", "size", file=rel)
+    assert_fails(report, "structure", "header", file=rel)
+    assert "truncated" in next(f["found"] for f in failures(report, "structure") if f["check"] == "header")
+
+
+def test_side_file_missing(out):
+    for rel in ("tokenizer.json", "figures/notes.txt"):
+        (out / rel).unlink()
+    _, report = run(out)
+    assert_fails(report, "integrity", "missing-file", file="tokenizer.json")
+    assert_fails(report, "integrity", "missing-file", file="figures/notes.txt")
+
+
+def test_incomplete_conversion_fails(fp8_out):
+    man = json.loads((fp8_out / MANIFEST_NAME).read_text())
+    man["status"] = "incomplete"
+    (fp8_out / MANIFEST_NAME).write_text(json.dumps(man))
+    _, report = run(fp8_out)
+    assert_fails(report, "integrity", "status", file=MANIFEST_NAME)
+
+
+# --- structure ----------------------------------------------------------------------------------
+
+
+def test_tensor_dropped_from_index(out):
+    name = "model.layers.2.mlp.experts.4.up_proj.weight"
+    index = json.loads((out / INDEX).read_text())
+    rel = index["weight_map"].pop(name)
+    (out / INDEX).write_text(json.dumps(index))
+    fix_hash(out, INDEX)
+    _, report = run(out)
+    assert_fails(report, "structure", "index-vs-header", file=rel, tensor=name)
+    assert_fails(report, "structure", "missing-tensor", tensor=name)
+    assert not failures(report, "integrity")
+
+
+def test_tensor_added_to_shard_but_not_index(out):
+    rel = "model-00002-of-00004.safetensors"
+    extra = "model.layers.1.self_attn.extra.weight"
+    rewrite(out / rel, lambda t: t.__setitem__(extra, torch.ones(4, 4, dtype=torch.bfloat16)))
+    fix_hash(out, rel)
+    _, report = run(out)
+    assert_fails(report, "structure", "index-vs-header", file=rel, tensor=extra)
+    assert not failures(report, "integrity")
+
+
+def test_quantization_config_claims_an_unquantized_layer(fp8_out):
+    cfg = json.loads((fp8_out / "config.json").read_text())
+    cfg["quantization_config"]["ignore"].remove("model.layers.1.mlp.gate")
+    (fp8_out / "config.json").write_text(json.dumps(cfg, indent=2))
+    fix_hash(fp8_out, "config.json")
+    _, report = run(fp8_out)
+    assert_fails(report, "structure", "quantization_config", file="config.json", tensor="model.layers.1.mlp.gate")
+
+
+def test_ignore_pattern_dropped_from_config(tiny_src, tmp_path):
+    """Experts left in bf16 by --ignore, then the pattern removed: the config now claims FP8 experts."""
+    out = tmp_path / "out"
+    convert(tiny_src, out, Options(ignore=(r"model\.layers\.2\.mlp\.experts",)))
+    assert run(out)[0] == 0
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] = [e for e in cfg["quantization_config"]["ignore"] if not e.startswith("re:")]
+    (out / "config.json").write_text(json.dumps(cfg))
+    fix_hash(out, "config.json")
+    _, report = run(out)
+    assert_fails(report, "structure", "quantization_config", tensor="model.layers.2.mlp.experts.0.down_proj")
+    assert_fails(report, "structure", "dtype-shape", tensor="model.layers.2.mlp.experts.0.up_proj.weight")
+
+
+# --- values and numerics ------------------------------------------------------------------------
+
+
+def test_weight_scale_doubled(fp8_out, tiny_src):
+    name = "model.layers.2.mlp.experts.5.gate_proj.weight_scale"
+    rel = shard_of(fp8_out, name)
+    rewrite(fp8_out / rel, lambda t: t.__setitem__(name, t[name] * 2))
+    fix_hash(fp8_out, rel)
+    assert run(fp8_out)[0] == 0  # no check without the source can see a consistent rescale...
+    _, report = run(fp8_out, tiny_src)  # ...the source comparison does
+    assert_fails(report, "source", "fp8-bound", file=rel, tensor=name.replace("_scale", ""))
+    assert_fails(report, "source", "fp8-scale", file=rel, tensor=name)
+    assert [f["group"] for f in failures(report)] == ["source", "source"]
+
+
+def test_kv_b_proj_scale_doubled_caught_by_mla_without_source(fp8_out):
+    name = kv_b(1) + "_scale"
+    rel = shard_of(fp8_out, name)
+    rewrite(fp8_out / rel, lambda t: t.__setitem__(name, t[name] * 2))
+    fix_hash(fp8_out, rel)
+    _, report = run(fp8_out)
+    assert_fails(report, "mla", "split-bound", file=mla_rel(1), tensor=w_uk_t_name(1))
+
+
+def test_nan_written_into_a_weight(out, tiny_src):
+    name = "model.layers.0.mlp.down_proj.weight"
+    rel = shard_of(out, name)
+    begin, _ = data_offset(out / rel, name)
+    fp8 = json.loads((out / MANIFEST_NAME).read_text())["options"]["format"] == FP8
+    patch_bytes(out / rel, begin + 10, b"\x7f" if fp8 else struct.pack("<H", 0x7FC0))
+    fix_hash(out, rel)
+    _, report = run(out)
+    assert_fails(report, "values", "nan-inf", file=rel, tensor=name)
+    _, report = run(out, tiny_src)
+    assert_fails(report, "source", "fp8-bound" if fp8 else "bf16-exact", file=rel, tensor=name)
+
+
+def test_fp8_values_beyond_the_target_range(fp8_out):
+    """A gaudi3 (max 448) conversion relabelled gaudi2 (max 240)."""
+    man = json.loads((fp8_out / MANIFEST_NAME).read_text())
+    man["options"]["target"] = "gaudi2"
+    (fp8_out / MANIFEST_NAME).write_text(json.dumps(man))
+    _, report = run(fp8_out)
+    assert_fails(report, "values", "fp8-range", tensor="model.layers.0.self_attn.q_a_proj.weight")
+    assert_fails(report, "structure", "quantization_config", file="config.json")
+
+
+# --- MLA artifacts ------------------------------------------------------------------------------
+
+
+def test_w_uv_of_two_layers_swapped(out, tiny_src):
+    a, b = load_file(out / mla_rel(1)), load_file(out / mla_rel(2))
+    a[w_uv_name(1)], b[w_uv_name(2)] = b[w_uv_name(2)], a[w_uv_name(1)]
+    for layer, tensors in ((1, a), (2, b)):
+        save_file(tensors, out / mla_rel(layer), metadata={"format": "pt"})
+        fix_hash(out, mla_rel(layer))
+    exact = json.loads((out / MANIFEST_NAME).read_text())["options"]["format"] == BF16
+    _, report = run(out)
+    for layer in (1, 2):
+        assert_fails(report, "mla", "split-exact" if exact else "split-bound", file=mla_rel(layer), tensor=w_uv_name(layer))
+        assert_fails(report, "mla", "functional", file=mla_rel(layer), tensor=f"layer {layer}")
+    assert {f["group"] for f in failures(report)} == {"mla"}
+    _, report = run(out, tiny_src)
+    assert_fails(report, "mla", "split-exact", file=mla_rel(2), tensor=w_uv_name(2))
+
+
+def test_w_uk_t_stored_transposed(fp8_out):
+    rewrite(fp8_out / mla_rel(0), lambda t: t.__setitem__(w_uk_t_name(0), t[w_uk_t_name(0)].transpose(1, 2).contiguous()))
+    fix_hash(fp8_out, mla_rel(0))
+    _, report = run(fp8_out)
+    assert_fails(report, "structure", "mla-artifact", file=mla_rel(0), tensor=w_uk_t_name(0))
+    assert_fails(report, "mla", "artifact", file=mla_rel(0), tensor=w_uk_t_name(0))
+
+
+def test_w_uk_t_transposed_data_under_the_right_shape(fp8_out):
+    def scramble(t):
+        w = t[w_uk_t_name(3)]
+        t[w_uk_t_name(3)] = w.transpose(1, 2).contiguous().view(w.shape)
+
+    rewrite(fp8_out / mla_rel(3), scramble)
+    fix_hash(fp8_out, mla_rel(3))
+    _, report = run(fp8_out)
+    assert_fails(report, "mla", "split-bound", file=mla_rel(3), tensor=w_uk_t_name(3))
+    assert_fails(report, "mla", "functional", file=mla_rel(3))
+
+
+@pytest.mark.parametrize("with_source", [False, True])
+def test_artifact_from_a_different_checkpoint(out, other, tiny_src, with_source):
+    fmt = json.loads((out / MANIFEST_NAME).read_text())["options"]["format"]
+    shutil.copy(other[fmt] / mla_rel(2), out / mla_rel(2))
+    fix_hash(out, mla_rel(2))
+    _, report = run(out, tiny_src if with_source else None)
+    check = "split-exact" if with_source or fmt == BF16 else "split-bound"
+    assert_fails(report, "mla", check, file=mla_rel(2), tensor=w_uk_t_name(2))
+    assert_fails(report, "mla", check, file=mla_rel(2), tensor=w_uv_name(2))
+    assert_fails(report, "mla", "functional", file=mla_rel(2))
+    assert {f["group"] for f in failures(report)} == {"mla"}
+
+
+def test_mla_dir_from_another_conversion(fp8_out, other):
+    """A whole mla/ directory left from a checkpoint of the same shapes: the source fingerprint
+    (headers only) cannot tell them apart, the values do."""
+    shutil.rmtree(fp8_out / "mla")
+    shutil.copytree(other[FP8] / "mla", fp8_out / "mla")
+    for rel in [*(mla_rel(i) for i in range(4)), "mla/manifest.json"]:
+        fix_hash(fp8_out, rel)
+    _, report = run(fp8_out)
+    for layer in range(4):
+        assert_fails(report, "mla", "split-bound", file=mla_rel(layer), tensor=w_uk_t_name(layer))
+
+
+def test_mla_manifest_of_another_source(fp8_out):
+    mla = json.loads((fp8_out / "mla/manifest.json").read_text())
+    mla["source_fingerprint"] = "0" * 64
+    (fp8_out / "mla/manifest.json").write_text(json.dumps(mla))
+    fix_hash(fp8_out, "mla/manifest.json")
+    _, report = run(fp8_out)
+    assert_fails(report, "mla", "fingerprint", file="mla/manifest.json")
+
+
+def test_source_from_another_checkpoint(converted, other, tiny_src, tmp_path):
+    _, report = run(converted[FP8], other[FP8].parent / "src")  # same shapes, other values
+    assert_fails(report, "source", "copy-exact", tensor="model.embed_tokens.weight")
+    assert_fails(report, "source", "fp8-bound", tensor=kv_b(0))
+    src = Path(shutil.copytree(tiny_src, tmp_path / "src"))  # same values, another config
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["rope_theta"] = 50000
+    (src / "config.json").write_text(json.dumps(cfg))
+    _, report = run(converted[FP8], src)
+    assert_fails(report, "source", "fingerprint", file=MANIFEST_NAME)
+    assert_fails(report, "source", "config", file="config.json")
+
+
+# --- cannot run: exit 2 ---------------------------------------------------------------------------
+
+
+def test_not_a_conversion_exits_2(tiny_src, tmp_path):
+    cases = {
+        tiny_src: "looks like a block-FP8 source checkpoint",
+        tmp_path / "missing": "no such directory",
+        tmp_path: "not an mla-convert output",
+    }
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / MANIFEST_NAME).write_text("{not json")
+    cases[tmp_path / "junk"] = "unreadable conversion manifest"
+    for path, reason in cases.items():
+        res = runner.invoke(app, ["verify", str(path)])
+        assert res.exit_code == 2, (path, res.stdout, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and reason in lines[0], res.stderr
+        with pytest.raises(VerificationError):
+            verify(path)
+
+
+def test_unusable_source_exits_2(converted, tmp_path):
+    res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(converted[BF16])])
+    assert res.exit_code == 2 and res.stderr.strip().startswith("error: --source:"), res.stderr
+
+
+# --- the yardsticks themselves ----------------------------------------------------------------
+
+
+def test_fp8_bound_holds_and_is_tight():
+    """The converter's quantizer meets the documented bound on rows spanning e4m3's normal and
+    subnormal ranges (and zero rows), and uses most of it: the bound is not loose."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1024, generator=g) * torch.logspace(-12, 0, 1024)  # down into e4m3 subnormals and below
+    x[3] = 0
+    for fp8_max in (448.0, 240.0):
+        q, s = quantize_channel_fp8(x, fp8_max)
+        ratio = ((q.float() * s - x).abs() / fp8_allowed_error(x, s)).max()
+        assert 0.9 < ratio <= 1
+
+
+def test_functional_reference_agrees_with_the_documented_layout():
+    """absorbed(W_UK_T, W_UV) == naive(kv_b_proj) when the artifacts are laid out as vllm-gaudi's
+    HPUMLAAttention builds them (transpose, view [L, N, P+V], split, permute), written here anew."""
+    dims = MlaDims(num_heads=3, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=16)
+    w = torch.randn(3 * 14, 16, dtype=torch.float64)
+    w_uk, w_uv = w.T.reshape(16, 3, 14).split([8, 6], dim=-1)
+    uk_t, uv = w_uk.permute(1, 2, 0).contiguous(), w_uv.transpose(0, 1).contiguous()
+    assert functional_error(uk_t, uv, w, dims, rope_dim=4, seed=0) < 1e-12
+    assert functional_error(uk_t, uv.flip(0), w, dims, rope_dim=4, seed=0) > 0.1  # heads swapped
+
+
+def test_report_lists_tolerances_and_counts(converted):
+    _, report = run(converted[FP8])
+    assert set(report["tolerances"]) == {"channel_fp8", "bf16", "copied", "mla_artifacts", "mla_functional"}
+    assert report["groups"]["source"]["skipped"] == "no --source given"
+    assert report["mla_layers"] == 4 and report["files"] == len(json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"])
