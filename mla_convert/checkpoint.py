@@ -12,7 +12,7 @@ from pathlib import Path
 from mla_runtime.format import MlaDims
 
 from .errors import SourceError
-from .safetensors_io import ShardHeader, TensorInfo, read_header
+from .safetensors_io import ShardHeader, TensorInfo, read_header, read_tensor
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
@@ -250,3 +250,20 @@ def _side_files(root: Path, headers: dict[str, ShardHeader]) -> tuple[str, ...]:
                 continue
             out.append(rel)
     return tuple(out)
+
+
+def check_scale_values(src: SourceCheckpoint) -> None:
+    """Read every block scale (~0.02% of the bytes) and refuse NaN/Inf before anything is written."""
+    import torch
+
+    by_file: dict[str, list[TensorInfo]] = {}
+    for pair in src.fp8.values():
+        by_file.setdefault(pair.scale_file, []).append(pair.scale)
+    for rel, infos in sorted(by_file.items()):
+        path = src.root / rel
+        start = src.headers[rel].data_start
+        with open(path, "rb") as f:
+            for info in sorted(infos, key=lambda i: i.begin):
+                scale = read_tensor(f, start + info.begin, info.dtype, info.shape, path, info.name)
+                if not torch.isfinite(scale).all():
+                    raise SourceError(f"{path}: scale {info.name!r} contains NaN or Inf")

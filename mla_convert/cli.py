@@ -55,7 +55,7 @@ def _errors_to_exit():
     except ConvertError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted; the output directory is incomplete", 130)
+        _fail("interrupted; the output directory is incomplete (finish it with --resume)", 130)
     except (typer.Exit, typer.Abort):
         raise
     except Exception as e:  # a bug: keep it to one line, traceback on request
@@ -114,7 +114,10 @@ def _print_summary(summary: dict, title: str) -> None:
         ("disk needed", _gb(summary["disk_needed"])),
     ]
     if "seconds" in summary:
-        rows += [("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)")]
+        rows += [
+            ("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)"),
+            ("kernels", f"{summary['kernels']} on {summary['device']} ({summary['kernels_reason']})"),
+        ]
     if "verify" in summary:
         v = summary["verify"]
         verdict = "pass" if v["ok"] else f"FAIL ({v['failed']} failed)"
@@ -144,6 +147,23 @@ def deepseek_r1(
     workers: WorkersOpt = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")] = False,
     overwrite: OverwriteOpt = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
+            "Refused if the source or options differ.",
+        ),
+    ] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical.")
+    ] = "cpu",
+    kernels: Annotated[
+        str,
+        typer.Option(
+            "--kernels", help="auto: torch.compile when it works (checked bit-identical), else eager; or compile / eager."
+        ),
+    ] = "auto",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -156,7 +176,7 @@ def deepseek_r1(
         with _byte_progress(not (quiet or json_out or dry_run), "converting") as progress:
             summary = convert(
                 source, out, options, revision=revision, workers=workers, overwrite=overwrite,
-                dry_run=dry_run, progress_factory=progress,
+                dry_run=dry_run, resume=resume, device=device, kernels=kernels, progress_factory=progress,
             )  # fmt: skip
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 
@@ -265,6 +285,11 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
 
 
 def main() -> None:
+    import signal
+
+    # Hitting a file size limit (ulimit -f) then fails the write with EFBIG, which becomes a clean
+    # error with the partial file removed, instead of the default SIGXFSZ core dump.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     app(prog_name="mla-convert")
 
 

@@ -27,10 +27,11 @@ from mla_runtime.format import (
 from mla_runtime.layout import split_kv_b_proj
 
 from . import __version__
-from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, open_source
+from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import resolve_mode, select_kernels
-from .manifest import COMPLETE, INCOMPLETE, write_manifest
+from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
+from .resume import Journal, completed_jobs, crash_point
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .safetensors_io import (
     ShardWriter,
@@ -115,7 +116,9 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
     pending_scale: torch.Tensor | None = None
     try:
         with ShardWriter(out_dir / spec.job.file, specs, background=True) as writer:
-            for t in spec.job.tensors:
+            for i, t in enumerate(spec.job.tensors):
+                if i == len(spec.job.tensors) // 2:
+                    crash_point(f"shard-write:{spec.job.file}")
                 if t.op == COPY:
                     writer.write_raw(t.name, inputs.chunks(t.source))
                 elif t.op == FP8_SCALE:
@@ -183,12 +186,20 @@ def ensure_empty_dir(path: Path, overwrite: bool) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
+def check_out_dir_location(out_dir: Path, src_root: Path) -> None:
     out_real, src_real = out_dir.resolve(), src_root.resolve()
     if out_real == src_real or src_real in out_real.parents:
         raise OutputError(f"{out_dir}: --out is the source or inside it; pick a directory outside {src_root}")
     if out_real in src_real.parents:
         raise OutputError(f"{out_dir}: --out contains the source {src_root}; pick a directory outside it")
+
+
+def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
+    check_out_dir_location(out_dir, src_root)
+    if not overwrite and (out_dir / MANIFEST_NAME).exists():
+        status = (read_manifest(out_dir) or {}).get("status")
+        if status != COMPLETE:
+            raise OutputError(f"{out_dir}: holds an unfinished conversion; pass --resume to finish it, or --overwrite")
     ensure_empty_dir(out_dir, overwrite)
     (out_dir / MLA_DIR_NAME).mkdir()
 
@@ -213,22 +224,30 @@ def execute(
     plan: Plan,
     out_dir: Path,
     *,
+    skip: set[str] = frozenset(),
     workers: int = 1,
     device: str = "cpu",
-    kernels: str = "auto",
+    kernels: str = "compile",
     progress: ProgressFn | None = None,
+    on_job_done: Callable[[str, list], None] | None = None,
 ) -> dict[str, dict]:
-    """Write every shard and MLA layer; returns {relative path: {size, sha256}}."""
-    specs = job_specs(plan, out_dir, device, kernels)
+    """Write every shard and MLA layer of the jobs not in `skip`; returns {relative path: {size, sha256}}.
+
+    `on_job_done(job_file, files)` runs in this process once a job's files are all in place.
+    """
+    specs = [s for s in job_specs(plan, out_dir, device, kernels) if s.job.file not in skip]
     files: dict[str, dict] = {}
 
-    def record(results):
+    def record(spec: JobSpec, results) -> None:
         for rel, size, sha in results:
             files[rel] = {"size": size, "sha256": sha}
+        if on_job_done:
+            on_job_done(spec.job.file, results)
+        crash_point(f"after-job:{spec.job.file}")
 
     if workers <= 1:
         for spec in specs:
-            record(run_shard_job(spec, progress))
+            record(spec, run_shard_job(spec, progress))
         return files
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started can hang
@@ -236,7 +255,7 @@ def execute(
         futures = {pool.submit(run_shard_job, spec): spec for spec in specs}
         try:
             for fut in cf.as_completed(futures):
-                record(fut.result())
+                record(futures[fut], fut.result())
                 if progress:
                     progress(sum(t.nbytes for t in futures[fut].sources.values()))
         except BaseException:
@@ -259,6 +278,7 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    crash_point("index")
     record(INDEX_NAME, write_bytes_atomic(out_dir / INDEX_NAME, _json_bytes(index)))
     layers = tuple(
         LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
@@ -271,6 +291,7 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
         producer={"tool": "mla-convert", "version": __version__, "format": plan.options.format},
     )
     rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
+    crash_point("mla-manifest")
     record(rel, write_bytes_atomic(out_dir / rel, manifest.to_json().encode()))
 
 
@@ -287,6 +308,7 @@ def convert(
     workers: int = 1,
     overwrite: bool = False,
     dry_run: bool = False,
+    resume: bool = False,
     device: str = "cpu",
     kernels: str = "auto",
     progress_factory: Callable[[int], ProgressFn] | None = None,
@@ -296,6 +318,7 @@ def convert(
     src_root = resolve_source(str(source), revision)
     src = open_source(src_root)
     plan = make_plan(src, options)
+    check_scale_values(src)
     summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers, "device": device}
     if dry_run:
         return summary
@@ -308,13 +331,30 @@ def convert(
     auto_chose_eager = kernels == "eager" and why != "requested"
     summary |= {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
     out_dir = Path(out_dir)
-    prepare_out_dir(out_dir, src.root, overwrite)
     fingerprint = src.fingerprint()
+    done: dict[str, list] = {}
+    if resume and out_dir.exists() and any(out_dir.iterdir()):
+        check_out_dir_location(out_dir, src.root)
+        outputs = {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in plan.shards}
+        done = completed_jobs(out_dir, options.as_dict(), fingerprint, outputs)
+        (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
+    else:
+        prepare_out_dir(out_dir, src.root, overwrite)
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
+    journal = Journal(out_dir)
     progress = progress_factory(summary["bytes_in"]) if progress_factory else None
-    files = execute(plan, out_dir, workers=workers, device=device, kernels=kernels, progress=progress)
+    if progress:
+        progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
+    files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
+    files |= execute(
+        plan, out_dir, skip=set(done), workers=workers, device=device, kernels=kernels, progress=progress,
+        on_job_done=journal.record,
+    )  # fmt: skip
     finalize(plan, out_dir, files)
+    crash_point("final-manifest")
     write_manifest(out_dir, COMPLETE, options.as_dict(), fingerprint, files)
+    journal.remove()
+    summary |= {"resumed_jobs": len(done)}
     seconds = time.perf_counter() - t0
     return summary | {
         "status": COMPLETE,

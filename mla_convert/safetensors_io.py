@@ -128,7 +128,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_len: int) -> TensorI
     if not isinstance(entry, dict):
         raise SourceError(f"{path}: tensor {name!r}: header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise SourceError(f"{path}: tensor {name!r}: unsupported dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise SourceError(f"{path}: tensor {name!r}: bad shape {shape!r}")
