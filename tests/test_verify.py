@@ -145,8 +145,18 @@ def test_clean_conversion_passes(converted, tiny_src, fmt):
         for g, v in report["groups"].items():
             assert v["checked"] > 0 or (g == "source" and source is None), g
     assert report["groups"]["source"]["checked"] > 100
+    on_disk = sum(p.stat().st_size for p in converted[fmt].rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    assert report["bytes_read"] == on_disk  # every file the manifest lists streamed exactly once
     worst = report["worst_tensors"][0]
     assert worst["op"] == ("fp8" if fmt == FP8 else "bf16") and worst["bound_use"] <= 1 and worst["cosine"] > 0.999
+
+
+def test_gaudi2_conversion_passes(tiny_src, tmp_path):
+    out = tmp_path / "g2"
+    convert(tiny_src, out, Options(target="gaudi2"))
+    code, report = run(out, tiny_src)
+    assert code == 0, "\n".join(f["message"] for f in failures(report))
+    assert report["fp8_max"] == 240
 
 
 def test_table_and_parallel_workers(converted, tiny_src):
@@ -417,7 +427,7 @@ def test_fp8_bound_holds_and_is_tight():
     x[3] = 0
     for fp8_max in (448.0, 240.0):
         q, s = quantize_channel_fp8(x, fp8_max)
-        ratio = ((q.float() * s - x).abs() / fp8_allowed_error(x, s)).max()
+        ratio = ((q.float() * s - x).abs() / fp8_allowed_error(x.abs(), s)).max()
         assert 0.9 < ratio <= 1
 
 
