@@ -144,8 +144,10 @@ def _checked_member(root: Path, rel: str, what: str) -> Path:
     return path
 
 
-def open_source(root: str | Path) -> SourceCheckpoint:
-    """Read and validate a source checkpoint from headers only. Raises SourceError."""
+def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None = None) -> SourceCheckpoint:
+    """Read and validate a source checkpoint from headers only. Raises SourceError.
+
+    `remote_headers` (file -> header) stands in for shards not downloaded yet (--stream)."""
     root = Path(root)
     if not root.is_dir():
         raise SourceError(f"{root}: not a directory")
@@ -171,6 +173,9 @@ def open_source(root: str | Path) -> SourceCheckpoint:
     headers: dict[str, ShardHeader] = {}
     for rel in files:
         path = _checked_member(root, rel, "shard")
+        if remote_headers and rel in remote_headers:
+            headers[rel] = remote_headers[rel]
+            continue
         if not path.is_file():
             raise SourceError(f"{path}: shard named in {INDEX_NAME} does not exist")
         headers[rel] = read_header(path)

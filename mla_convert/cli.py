@@ -144,6 +144,14 @@ def deepseek_r1(
         ),
     ] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Hub source: download each shard just before it is converted and delete it after, so the disk "
+            "holds the output plus a few source shards (not the whole source).",
+        ),
+    ] = False,
     workers: WorkersOpt = 1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")] = False,
     overwrite: OverwriteOpt = False,
@@ -173,10 +181,15 @@ def deepseek_r1(
 
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        if quiet or json_out:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
         with _byte_progress(not (quiet or json_out or dry_run), "converting") as progress:
             summary = convert(
                 source, out, options, revision=revision, workers=workers, overwrite=overwrite,
-                dry_run=dry_run, resume=resume, device=device, kernels=kernels, progress_factory=progress,
+                dry_run=dry_run, resume=resume, stream=stream, device=device, kernels=kernels,
+                progress_factory=progress,
             )  # fmt: skip
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 

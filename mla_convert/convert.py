@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import functools
 import json
 import multiprocessing
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,7 @@ from mla_runtime.format import (
 )
 from mla_runtime.layout import split_kv_b_proj
 
-from . import __version__
+from . import __version__, hub
 from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import resolve_mode, select_kernels
@@ -42,7 +45,7 @@ from .safetensors_io import (
     read_tensor,
     write_bytes_atomic,
 )
-from .source import resolve_source
+from .source import is_hub_source, resolve_source
 
 ProgressFn = Callable[[int], None]  # called with source bytes processed
 
@@ -201,7 +204,6 @@ def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
         if status != COMPLETE:
             raise OutputError(f"{out_dir}: holds an unfinished conversion; pass --resume to finish it, or --overwrite")
     ensure_empty_dir(out_dir, overwrite)
-    (out_dir / MLA_DIR_NAME).mkdir()
 
 
 def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "auto") -> list[JobSpec]:
@@ -230,10 +232,13 @@ def execute(
     kernels: str = "compile",
     progress: ProgressFn | None = None,
     on_job_done: Callable[[str, list], None] | None = None,
+    inputs_ready: Callable[[JobSpec], None] | None = None,
 ) -> dict[str, dict]:
-    """Write every shard and MLA layer of the jobs not in `skip`; returns {relative path: {size, sha256}}.
+    """Write every shard and MLA layer of the jobs not in `skip`, in plan order; returns
+    {relative path: {size, sha256}}.
 
-    `on_job_done(job_file, files)` runs in this process once a job's files are all in place.
+    `inputs_ready(spec)` blocks until a job's source files are there (--stream); at most `workers`
+    jobs run at once. `on_job_done(job_file, files)` runs here once a job's files are all in place.
     """
     specs = [s for s in job_specs(plan, out_dir, device, kernels) if s.job.file not in skip]
     files: dict[str, dict] = {}
@@ -247,19 +252,34 @@ def execute(
 
     if workers <= 1:
         for spec in specs:
+            if inputs_ready:
+                inputs_ready(spec)
             record(spec, run_shard_job(spec, progress))
         return files
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started can hang
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
-        futures = {pool.submit(run_shard_job, spec): spec for spec in specs}
-        try:
-            for fut in cf.as_completed(futures):
-                record(futures[fut], fut.result())
+        running: dict[cf.Future, JobSpec] = {}
+
+        def collect() -> None:
+            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in finished:
+                spec = running.pop(fut)
+                record(spec, fut.result())
                 if progress:
-                    progress(sum(t.nbytes for t in futures[fut].sources.values()))
+                    progress(sum(t.nbytes for t in spec.sources.values()))
+
+        try:
+            for spec in specs:
+                if inputs_ready:
+                    inputs_ready(spec)
+                while len(running) >= workers:
+                    collect()
+                running[pool.submit(run_shard_job, spec)] = spec
+            while running:
+                collect()
         except BaseException:
-            for f in futures:
+            for f in running:
                 f.cancel()
             raise
     return files
@@ -309,19 +329,68 @@ def convert(
     overwrite: bool = False,
     dry_run: bool = False,
     resume: bool = False,
+    stream: bool = False,
     device: str = "cpu",
     kernels: str = "auto",
     progress_factory: Callable[[int], ProgressFn] | None = None,
 ) -> dict:
-    """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output)."""
+    """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output).
+
+    Stages: resolve and validate the source (headers only) -> plan -> prepare --out (fresh, or
+    resume) -> shard jobs (journaled) -> side files, config, index, MLA manifest -> manifest
+    'complete'. With `stream`, shards of a Hub source are downloaded just in time and deleted
+    once converted.
+    """
     t0 = time.perf_counter()
-    src_root = resolve_source(str(source), revision)
-    src = open_source(src_root)
-    plan = make_plan(src, options)
-    check_scale_values(src)
-    summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers, "device": device}
-    if dry_run:
-        return summary
+    out_dir = Path(out_dir)
+    source = str(source)
+    remote = is_hub_source(source) and (stream or dry_run)
+    if stream and not is_hub_source(source):
+        raise ConvertError(f"--stream needs a Hub repo id; {source!r} is a local directory")
+    if remote and hub.offline():
+        if stream:
+            raise ConvertError("--stream downloads shards as it goes; it cannot run with HF_HUB_OFFLINE=1")
+        remote = False
+    repo = None
+    with contextlib.ExitStack() as cleanup:
+        if remote:
+            repo = hub.list_repo(source, revision)
+            if dry_run:
+                staging = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mla-convert-plan-")))
+            else:
+                if not (resume and out_dir.is_dir()):
+                    ensure_empty_dir(out_dir, overwrite)
+                staging = out_dir / hub.STAGING_DIR_NAME
+            src = open_source(staging, remote_headers=hub.prepare_staging(repo, staging))
+        else:
+            src = open_source(resolve_source(source, revision))
+            check_scale_values(src)
+        plan = make_plan(src, options)
+        summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers, "device": device}
+        if repo is not None:
+            summary |= _hub_summary(repo, plan, workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
+        if dry_run:
+            return summary
+        return summary | _run(plan, out_dir, repo, t0, overwrite=overwrite, resume=resume, workers=workers,
+                              device=device, kernels=kernels, progress_factory=progress_factory)  # fmt: skip
+
+
+def _hub_summary(repo: "hub.HubRepo", plan: Plan, workers: int) -> dict:
+    shard_sizes = sorted((f.size or 0 for p, f in repo.files.items() if p.endswith(".safetensors")), reverse=True)
+    out = plan.summary()["disk_needed"]
+    return {
+        "hub_commit": repo.commit,
+        "download_bytes": sum(f.size or 0 for f in repo.files.values()),
+        # Download then convert: the whole source and the output side by side.
+        "disk_needed_download_then_convert": out + sum(shard_sizes),
+        # --stream: the output plus the shards of the jobs in flight and prefetched (and a partner).
+        "disk_needed_stream": out + sum(shard_sizes[: workers + 2]),
+    }
+
+
+def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels, progress_factory) -> dict:
+    src, options = plan.source, plan.options
+    stream = repo is not None
     _check_device(device)
     try:
         kernels, why = resolve_mode(kernels, sum(p.weight.nbytes for p in src.fp8.values()))
@@ -329,38 +398,52 @@ def convert(
         raise ConvertError(f"--kernels: {e}") from None
     chosen = select_kernels(src.block, options.fp8_max, device, kernels)
     auto_chose_eager = kernels == "eager" and why != "requested"
-    summary |= {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
-    out_dir = Path(out_dir)
+    result = {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
+
     fingerprint = src.fingerprint()
     done: dict[str, list] = {}
-    if resume and out_dir.exists() and any(out_dir.iterdir()):
-        check_out_dir_location(out_dir, src.root)
+    if resume and (out_dir / MANIFEST_NAME).exists():
+        if not stream:
+            check_out_dir_location(out_dir, src.root)
         outputs = {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in plan.shards}
         done = completed_jobs(out_dir, options.as_dict(), fingerprint, outputs)
-        (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
-    else:
+    elif not stream:
         prepare_out_dir(out_dir, src.root, overwrite)
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
+    (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
-    progress = progress_factory(summary["bytes_in"]) if progress_factory else None
+    progress = progress_factory(plan.summary()["bytes_in"]) if progress_factory else None
     if progress:
         progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
-    files |= execute(
-        plan, out_dir, skip=set(done), workers=workers, device=device, kernels=kernels, progress=progress,
-        on_job_done=journal.record,
-    )  # fmt: skip
+    run = functools.partial(execute, plan, out_dir, skip=set(done), workers=workers, device=device,
+                            kernels=kernels, progress=progress)  # fmt: skip
+    if stream:
+        todo = [(j.file, sorted(set(plan.inputs_of(j).values()))) for j in plan.shards if j.file not in done]
+        with hub.ShardStreamer(repo, src.root, todo, ahead=workers) as streamer:
+            needs = dict(todo)
+
+            def job_done(job_file, results):
+                journal.record(job_file, results)
+                streamer.release(job_file, needs[job_file])
+
+            files |= run(on_job_done=job_done, inputs_ready=lambda spec: streamer.wait_for(spec.job.file))
+        result |= {"peak_source_bytes_on_disk": streamer.peak_on_disk}
+    else:
+        files |= run(on_job_done=journal.record)
     finalize(plan, out_dir, files)
     crash_point("final-manifest")
     write_manifest(out_dir, COMPLETE, options.as_dict(), fingerprint, files)
     journal.remove()
-    summary |= {"resumed_jobs": len(done)}
+    if stream:
+        hub.remove_staging(src.root)
     seconds = time.perf_counter() - t0
-    return summary | {
+    return result | {
         "status": COMPLETE,
+        "resumed_jobs": len(done),
         "files": len(files),
         "seconds": round(seconds, 3),
-        "gb_per_s": round(summary["bytes_in"] / seconds / 1e9, 3),
+        "gb_per_s": round(plan.summary()["bytes_in"] / seconds / 1e9, 3),
         "source_fingerprint": fingerprint,
     }
 

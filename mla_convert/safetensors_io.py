@@ -85,17 +85,28 @@ def read_header(path: Path) -> ShardHeader:
         file_size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
-            if len(head) < 8:
-                raise SourceError(f"{path}: truncated safetensors file ({file_size} bytes, no header)")
-            (n,) = struct.unpack("<Q", head)
-            if n == 0 or n > MAX_HEADER_BYTES or 8 + n > file_size:
-                raise SourceError(
-                    f"{path}: corrupt safetensors header length {n} (file is {file_size} bytes); "
-                    "the file is truncated or not a safetensors file"
-                )
+            n = header_length(path, head, file_size)
             raw = f.read(n)
     except OSError as e:
         raise SourceError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_header(path, raw, file_size)
+
+
+def header_length(path: Path, first8: bytes, file_size: int) -> int:
+    """The JSON header length from a file's first 8 bytes, checked against the file size."""
+    if len(first8) < 8:
+        raise SourceError(f"{path}: truncated safetensors file ({file_size} bytes, no header)")
+    (n,) = struct.unpack("<Q", first8[:8])
+    if n == 0 or n > MAX_HEADER_BYTES or 8 + n > file_size:
+        raise SourceError(
+            f"{path}: corrupt safetensors header length {n} (file is {file_size} bytes); "
+            "the file is truncated or not a safetensors file"
+        )
+    return n
+
+
+def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
+    """Validate the JSON header `raw` of a safetensors file of `file_size` bytes (local or remote)."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -105,7 +116,7 @@ def read_header(path: Path) -> ShardHeader:
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
         raise SourceError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
-    data_start = 8 + n
+    data_start = 8 + len(raw)
     data_len = file_size - data_start
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():

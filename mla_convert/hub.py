@@ -1,0 +1,272 @@
+"""Hub sources through huggingface_hub: resolve a repo id to one commit, list its files with size
+and sha256, read shard headers by range request, download shards and check their sha256, and
+stream shards for --stream (fetch in plan order, delete each once nothing pending needs it).
+
+Token, cache, endpoint and offline mode are huggingface_hub's own (HF_TOKEN, HF_HOME,
+HF_ENDPOINT, HF_HUB_OFFLINE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import CONFIG_NAME, INDEX_NAME
+from .errors import SourceError
+from .safetensors_io import HASH_CHUNK, ShardHeader, header_length, parse_header
+
+STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int | None
+    sha256: str | None  # the Hub records it for LFS (large) files
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    repo_id: str
+    commit: str
+    files: dict[str, RemoteFile]
+
+    def label(self, filename: str) -> str:
+        return f"{self.repo_id}@{self.commit[:12]}/{filename}"
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None):
+    """huggingface_hub's exceptions -> one-line SourceErrors that say what to do."""
+    from huggingface_hub import errors
+
+    try:
+        yield
+    except errors.GatedRepoError:
+        raise SourceError(f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)") from None
+    except errors.RepositoryNotFoundError:
+        raise SourceError(f"{repo_id}: repository not found on the Hub (or no access: log in with hf auth login)") from None
+    except errors.RevisionNotFoundError:
+        raise SourceError(f"{repo_id}: revision {revision!r} not found") from None
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+        raise SourceError(
+            f"{repo_id}: not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline or HF_HUB_OFFLINE=1); download it first or pass a local directory"
+        ) from None
+    except errors.HfHubHTTPError as e:
+        raise SourceError(f"{repo_id}: Hub request failed: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # connection refused, DNS, ...
+        raise SourceError(f"{repo_id}: cannot reach the Hub ({type(e).__name__}: {e})") from None
+
+
+def offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def list_repo(repo_id: str, revision: str | None) -> HubRepo:
+    """One commit of the repo and its files with sizes and sha256 (one API call)."""
+    from huggingface_hub import HfApi
+
+    with hub_errors(repo_id, revision):
+        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    files = {
+        s.rfilename: RemoteFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None) for s in (info.siblings or [])
+    }
+    return HubRepo(repo_id, info.sha, files)
+
+
+def snapshot(repo: HubRepo, allow_patterns=None, ignore_patterns=None, local_dir: Path | None = None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo.repo_id, repo.commit):
+        return Path(
+            snapshot_download(
+                repo.repo_id, revision=repo.commit, allow_patterns=allow_patterns,
+                ignore_patterns=ignore_patterns, local_dir=local_dir,
+            )  # fmt: skip
+        )
+
+
+def cached_snapshot(repo_id: str, revision: str | None) -> Path:
+    """Offline: the cached snapshot as is (nothing to check it against)."""
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo_id, revision):
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+
+
+def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader:
+    """A shard's header by two range requests; errors name `local_path`, where it will live."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    size = repo.files[filename].size if filename in repo.files else None
+    if size is None:
+        raise SourceError(f"{repo.label(filename)}: not in the repository's file list")
+    url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
+    headers = build_hf_headers()
+
+    def get_range(start: int, end: int) -> bytes:
+        with hub_errors(repo.repo_id, repo.commit):
+            r = get_session().get(url, headers={**headers, "range": f"bytes={start}-{end}"}, follow_redirects=True)
+            hf_raise_for_status(r)
+        return r.content[: end - start + 1]
+
+    n = header_length(local_path, get_range(0, 7), size)
+    return parse_header(local_path, get_range(8, 8 + n - 1), size)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
+    """None if `path` has the size and sha256 the Hub lists for `filename`, else what differs."""
+    expected = repo.files.get(filename)
+    if expected is None:
+        return "not in the repository's file list"
+    size = path.stat().st_size
+    if expected.size is not None and size != expected.size:
+        return f"size {size}, the Hub lists {expected.size}"
+    if expected.sha256 and (got := sha256_of(path)) != expected.sha256:
+        return f"sha256 {got[:16]}..., the Hub lists {expected.sha256[:16]}..."
+    return None
+
+
+def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -> Path:
+    """Download (or take from the cache) and check size + sha256; a bad copy is fetched once more,
+    a second bad copy is refused, never converted."""
+    from huggingface_hub import hf_hub_download
+
+    for attempt in range(2):
+        with hub_errors(repo.repo_id, repo.commit):
+            path = Path(
+                hf_hub_download(repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0)
+            )
+        problem = check_file(repo, filename, path)
+        if problem is None:
+            return path
+        _discard(path)
+    raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+def _discard(path: Path) -> None:
+    """Remove a bad download, and its cache blob when `path` is a cache symlink."""
+    real = path.resolve()
+    path.unlink(missing_ok=True)
+    if real != path:
+        real.unlink(missing_ok=True)
+
+
+def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
+    """Before converting from a downloaded snapshot: every shard's size and sha256 against the
+    Hub's list; a corrupted one is re-fetched (once) rather than converted."""
+    for rel in files:
+        if check_file(repo, rel, root / rel) is not None:
+            fetch_checked(repo, rel)
+
+
+class ShardStreamer:
+    """Downloads the shards each job needs, in job order, at most `ahead` jobs ahead of the
+    conversion, and deletes a shard once no pending job needs it."""
+
+    def __init__(self, repo: HubRepo, staging: Path, jobs: list[tuple[str, list[str]]], ahead: int = 1):
+        self.repo, self.staging, self.jobs = repo, staging, jobs
+        self.users: dict[str, int] = {}
+        for _, files in jobs:
+            for f in files:
+                self.users[f] = self.users.get(f, 0) + 1
+        self.ready: dict[str, threading.Event] = {job: threading.Event() for job, _ in jobs}
+        self.slots = threading.Semaphore(ahead + 1)
+        self.lock = threading.Lock()
+        self.fetched: set[str] = set()
+        self.on_disk = 0
+        self.peak_on_disk = 0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="mla-convert download", daemon=True)
+
+    def __enter__(self) -> "ShardStreamer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.slots.release()
+        self.thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            for job, files in self.jobs:
+                self.slots.acquire()
+                if self.stop.is_set():
+                    return
+                for f in files:
+                    if f not in self.fetched:
+                        fetch_checked(self.repo, f, local_dir=self.staging)
+                        with self.lock:
+                            self.fetched.add(f)
+                            self.on_disk += (self.staging / f).stat().st_size
+                            self.peak_on_disk = max(self.peak_on_disk, self.on_disk)
+                self.ready[job].set()
+        except BaseException as e:  # handed to the converting thread in wait_for
+            self.error = e
+            for ev in self.ready.values():
+                ev.set()
+
+    def wait_for(self, job: str) -> None:
+        self.ready[job].wait()
+        if self.error is not None:
+            raise self.error
+
+    def release(self, job: str, files: list[str]) -> None:
+        """`job` is durably written: free its slot and delete shards nothing pending needs."""
+        with self.lock:
+            for f in files:
+                self.users[f] -= 1
+                if self.users[f] == 0 and f in self.fetched:
+                    path = self.staging / f
+                    self.on_disk -= path.stat().st_size
+                    path.unlink()
+        self.slots.release()
+
+
+def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
+    """Small files (config, index, tokenizer, code, ...) into `staging`; shard headers by range
+    request. Returns file -> header for every shard the index names."""
+    import json
+
+    staging.mkdir(parents=True, exist_ok=True)
+    snapshot(repo, ignore_patterns=["*.safetensors"], local_dir=staging)
+    for name in (CONFIG_NAME,):
+        if not (staging / name).exists():
+            raise SourceError(f"{repo.label(name)}: the repository has no {name}")
+    index_path = staging / INDEX_NAME
+    if index_path.exists():
+        try:
+            shards = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from None
+    else:
+        shards = ["model.safetensors"]
+    headers = {}
+    for rel in shards:
+        if not isinstance(rel, str) or os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise SourceError(f"{repo.label(INDEX_NAME)}: shard {rel!r} must be a relative path inside the repository")
+        headers[rel] = remote_header(repo, rel, staging / rel)
+    return headers
+
+
+def remove_staging(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
