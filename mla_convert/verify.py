@@ -19,8 +19,8 @@ import json
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -53,8 +53,10 @@ def verify(
     root = Path(out_dir)
     manifest = _read_conversion_manifest(root)
     try:
-        options = Options(**{k: manifest["options"][k] for k in ("format", "target")},
-                          ignore=tuple(manifest["options"].get("ignore") or ()))  # fmt: skip
+        options = Options(
+            **{k: manifest["options"][k] for k in ("format", "target")},
+            ignore=tuple(manifest["options"].get("ignore") or ()),
+        )
     except (ConvertError, KeyError, TypeError) as e:
         raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from None
     src = _open_source(source) if source is not None else None
@@ -108,7 +110,11 @@ def _read_conversion_manifest(root: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("tool") != "mla-convert" or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("tool") != "mla-convert"
+        or not isinstance(manifest.get("files"), dict)
+    ):
         raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
     return manifest
 
@@ -120,27 +126,53 @@ def _open_source(source: str | Path) -> SourceCheckpoint:
         raise VerificationError(f"--source: {e}") from None
 
 
-def _check_source_identity(root: Path, src: SourceCheckpoint, plan: Plan, fingerprint: str, manifest: dict, tally: Tally):
+def _check_source_identity(
+    root: Path, src: SourceCheckpoint, plan: Plan, fingerprint: str, manifest: dict, tally: Tally
+):
     """The output was converted from this source, and its config.json is what the source implies."""
-    tally.expect(src.fingerprint() == fingerprint, SOURCE, "fingerprint", MANIFEST_NAME,
-                 expected=f"{src.fingerprint()} (fingerprint of --source)", found=fingerprint)  # fmt: skip
+    tally.expect(
+        src.fingerprint() == fingerprint,
+        SOURCE,
+        "fingerprint",
+        MANIFEST_NAME,
+        expected=f"{src.fingerprint()} (fingerprint of --source)",
+        found=fingerprint,
+    )
     try:
         config = json.loads((root / CONFIG_NAME).read_text())
     except (OSError, ValueError):
         return  # reported by the structure checks
     keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
-    tally.expect(not keys, SOURCE, "config", CONFIG_NAME, expected="the source's config with the conversion's "
-                 "quantization_config", found=f"differs in {keys}")  # fmt: skip
+    tally.expect(
+        not keys,
+        SOURCE,
+        "config",
+        CONFIG_NAME,
+        expected="the source's config with the conversion's quantization_config",
+        found=f"differs in {keys}",
+    )
     for rel in src.side_files:
-        tally.expect(rel in manifest["files"] and (root / rel).is_file(), INTEGRITY, "side-file", rel,
-                     expected="copied from the source", found="missing")  # fmt: skip
+        tally.expect(
+            rel in manifest["files"] and (root / rel).is_file(),
+            INTEGRITY,
+            "side-file",
+            rel,
+            expected="copied from the source",
+            found="missing",
+        )
 
 
-def _file_tasks(root: Path, lay: Layout, manifest: dict, options: Options, src: SourceCheckpoint | None) -> list[FileTask]:
-    common = dict(
-        root=str(root), fmt=options.format, fp8_max=options.fp8_max, block=src.block if src else None,
-        dims=lay.dims, rope_dim=int((lay.config or {}).get("qk_rope_head_dim") or 0),
-    )  # fmt: skip
+def _file_tasks(
+    root: Path, lay: Layout, manifest: dict, options: Options, src: SourceCheckpoint | None
+) -> list[FileTask]:
+    common = {
+        "root": str(root),
+        "fmt": options.format,
+        "fp8_max": options.fp8_max,
+        "block": src.block if src else None,
+        "dims": lay.dims,
+        "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
+    }
     mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
     rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
     tasks = []
@@ -201,7 +233,9 @@ def _src_ref(src: SourceCheckpoint, name: str) -> Ref:
     return Ref.of(src.root / rel, src.headers[rel], name)
 
 
-def _run(tasks: list[FileTask], root: Path, workers: int, progress_factory: ProgressFactory | None) -> dict[str, FileResult]:
+def _run(
+    tasks: list[FileTask], root: Path, workers: int, progress_factory: ProgressFactory | None
+) -> dict[str, FileResult]:
     sizes = {t.rel: _size(root / t.rel) for t in tasks}
     advance = progress_factory(sum(sizes.values())) if progress_factory else None
     results: dict[str, FileResult] = {}
@@ -219,7 +253,9 @@ def _run(tasks: list[FileTask], root: Path, workers: int, progress_factory: Prog
         return results
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+    with cf.ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=torch.set_num_threads, initargs=(threads,)
+    ) as pool:
         # Biggest files first, so one large shard does not start last.
         futures = {pool.submit(run_file_task, t): t for t in sorted(tasks, key=lambda t: -sizes[t.rel])}
         for fut in cf.as_completed(futures):
@@ -240,8 +276,14 @@ def _size(path: Path) -> int:
 def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str, FileResult], tally: Tally) -> None:
     """Every file's size and sha256 as the manifests record them; no file missing or unlisted."""
     status = manifest.get("status")
-    if not tally.expect(status == COMPLETE, INTEGRITY, "status", MANIFEST_NAME, expected=f"status {COMPLETE!r}",
-                        found=f"status {status!r}: the conversion did not finish"):  # fmt: skip
+    if not tally.expect(
+        status == COMPLETE,
+        INTEGRITY,
+        "status",
+        MANIFEST_NAME,
+        expected=f"status {COMPLETE!r}",
+        found=f"status {status!r}: the conversion did not finish",
+    ):
         return
     files: dict = manifest["files"]
     for rel in sorted(files):
@@ -250,24 +292,42 @@ def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str,
             tally.fail(INTEGRITY, "missing-file", rel, expected=f"{meta.get('size')} bytes", found="missing")
         elif r.sha256 is not None:
             tally.expect(r.size == meta.get("size"), INTEGRITY, "size", rel, expected=meta.get("size"), found=r.size)
-            tally.expect(r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel,
-                         expected=meta.get("sha256"), found=r.sha256)  # fmt: skip
+            tally.expect(
+                r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel, expected=meta.get("sha256"), found=r.sha256
+            )
     for rel in _files_on_disk(root):
         if rel != MANIFEST_NAME:
-            tally.expect(rel in files, INTEGRITY, "unlisted-file", rel, expected="only files the manifest lists",
-                         found="a file the conversion did not write")  # fmt: skip
+            tally.expect(
+                rel in files,
+                INTEGRITY,
+                "unlisted-file",
+                rel,
+                expected="only files the manifest lists",
+                found="a file the conversion did not write",
+            )
     if lay.mla_manifest is not None:
         for e in lay.mla_manifest.layers:
             rel = f"{MLA_DIR_NAME}/{e.file}"
             r = results.get(rel)
             if r is not None and r.sha256 is not None:
-                tally.expect((r.size, r.sha256) == (e.size, e.sha256), INTEGRITY, "mla-manifest", rel,
-                             expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
-                             found=f"{r.size} bytes, sha256 {r.sha256}")  # fmt: skip
+                tally.expect(
+                    (r.size, r.sha256) == (e.size, e.sha256),
+                    INTEGRITY,
+                    "mla-manifest",
+                    rel,
+                    expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
+                    found=f"{r.size} bytes, sha256 {r.sha256}",
+                )
     expected_layers = set(lay.mla_layers)
     for i in sorted(expected_layers - set(lay.mla_headers)):
-        tally.fail(MLA, "artifact", f"{MLA_DIR_NAME}/{layer_file_name(i)}", f"layer {i}",
-                   expected="W_UK_T and W_UV of this layer", found="no readable artifact file")  # fmt: skip
+        tally.fail(
+            MLA,
+            "artifact",
+            f"{MLA_DIR_NAME}/{layer_file_name(i)}",
+            f"layer {i}",
+            expected="W_UK_T and W_UV of this layer",
+            found="no readable artifact file",
+        )
 
 
 def _files_on_disk(root: Path) -> list[str]:
@@ -276,4 +336,3 @@ def _files_on_disk(root: Path) -> list[str]:
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         out += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if not f.startswith(".")]
     return sorted(out)
-

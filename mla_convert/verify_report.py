@@ -75,7 +75,7 @@ class Tally:
         self.worst.sort(key=lambda s: (-s.bound_use, -s.rel_err))
         del self.worst[MAX_WORST:]
 
-    def merge(self, other: "Tally") -> None:
+    def merge(self, other: Tally) -> None:
         for g in GROUPS:
             self.checked[g] += other.checked[g]
         self.failures += other.failures

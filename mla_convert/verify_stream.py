@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -29,8 +29,8 @@ from .verify_math import (
     FUNCTIONAL_TOL_FP8,
     ErrorStats,
     Mismatches,
-    bits_equal,
     artifact_allowed_error,
+    bits_equal,
     fp8_allowed_error,
     functional_error,
     same_bits,
@@ -52,7 +52,7 @@ class Ref:
     shape: tuple[int, ...]
 
     @classmethod
-    def of(cls, path: Path, header: ShardHeader, name: str) -> "Ref | None":
+    def of(cls, path: Path, header: ShardHeader, name: str) -> Ref | None:
         t = header.tensors.get(name)
         return None if t is None else cls(str(path), header.data_start + t.begin, t.dtype, t.shape)
 
@@ -210,7 +210,14 @@ class _Checks:
             try:
                 self._role(info, t, job)
             except _ReadError as e:
-                self.tally.fail(SOURCE if job.source else INTEGRITY, "read", self.rel, info.name, expected="readable input", found=str(e))
+                self.tally.fail(
+                    SOURCE if job.source else INTEGRITY,
+                    "read",
+                    self.rel,
+                    info.name,
+                    expected="readable input",
+                    found=str(e),
+                )
         if self.task.mla is not None:
             self.artifacts[info.name] = t
 
@@ -239,8 +246,15 @@ class _Checks:
             x = flat[r0:r1]
             if not bool(torch.isfinite(x).all()):
                 nonfinite.add(x.float(), x.float(), ~torch.isfinite(x), r0)
-        self.tally.expect(not nonfinite.count, VALUES, "nan-inf", self.rel, info.name,
-                          expected="finite values", found=f"NaN/Inf in {nonfinite.text(t.numel())}")  # fmt: skip
+        self.tally.expect(
+            not nonfinite.count,
+            VALUES,
+            "nan-inf",
+            self.rel,
+            info.name,
+            expected="finite values",
+            found=f"NaN/Inf in {nonfinite.text(t.numel())}",
+        )
 
     def _fp8_values(self, info: TensorInfo, t: torch.Tensor) -> None:
         """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes, and
@@ -260,12 +274,34 @@ class _Checks:
             if bool(off.any()):
                 rows.add(flat[r0:r1].float().abs().amax(dim=1), torch.full(off.shape, fp8_max), off, r0)
         n = t.numel()
-        self.tally.expect(not nan.count, VALUES, "nan-inf", self.rel, info.name, expected="finite values", found=f"NaN in {nan.text(n)}")
-        self.tally.expect(not out_of_range.count, VALUES, "fp8-range", self.rel, info.name,
-                          expected=f"|w| <= {fp8_max:g}", found=out_of_range.text(n))  # fmt: skip
+        self.tally.expect(
+            not nan.count,
+            VALUES,
+            "nan-inf",
+            self.rel,
+            info.name,
+            expected="finite values",
+            found=f"NaN in {nan.text(n)}",
+        )
+        self.tally.expect(
+            not out_of_range.count,
+            VALUES,
+            "fp8-range",
+            self.rel,
+            info.name,
+            expected=f"|w| <= {fp8_max:g}",
+            found=out_of_range.text(n),
+        )
         if t.dim() == 2:
-            self.tally.expect(not rows.count, VALUES, "fp8-row-max", self.rel, info.name,
-                              expected=f"max|row| = {fp8_max:g} (or an all-zero row)", found=f"rows off: {rows.text(t.shape[0])}")  # fmt: skip
+            self.tally.expect(
+                not rows.count,
+                VALUES,
+                "fp8-row-max",
+                self.rel,
+                info.name,
+                expected=f"max|row| = {fp8_max:g} (or an all-zero row)",
+                found=f"rows off: {rows.text(t.shape[0])}",
+            )
 
     def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         if job.op == TO_FP8 and job.source is not None:
@@ -278,8 +314,15 @@ class _Checks:
             bad = ~(torch.isfinite(t) & (t > 0))
             m = Mismatches()
             m.add(t, t, bad)
-            self.tally.expect(not m.count, VALUES, "fp8-scale", self.rel, info.name,
-                              expected="finite scales > 0", found=m.text(t.numel()))  # fmt: skip
+            self.tally.expect(
+                not m.count,
+                VALUES,
+                "fp8-scale",
+                self.rel,
+                info.name,
+                expected="finite scales > 0",
+                found=m.text(t.numel()),
+            )
             if info.name in self.pending:
                 w_info, q = self.pending.pop(info.name)
                 self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
@@ -305,12 +348,24 @@ class _Checks:
             amax = abs_x.amax(dim=1, keepdim=True)
             limit = scale_limit(amax, self.task.fp8_max)
             big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
-        self.tally.expect(not bad.count, SOURCE, "fp8-bound", self.rel, info.name,
-                          expected="|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 (x: exact source dequant)",
-                          found=f"out of bound: {bad.text(q.numel())}")  # fmt: skip
-        self.tally.expect(not big_scale.count, SOURCE, "fp8-scale", self.rel, job.scale_name,
-                          expected="s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
-                          found=f"scale too large (value vs limit): {big_scale.text(q.shape[0])}")  # fmt: skip
+        self.tally.expect(
+            not bad.count,
+            SOURCE,
+            "fp8-bound",
+            self.rel,
+            info.name,
+            expected="|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 (x: exact source dequant)",
+            found=f"out of bound: {bad.text(q.numel())}",
+        )
+        self.tally.expect(
+            not big_scale.count,
+            SOURCE,
+            "fp8-scale",
+            self.rel,
+            job.scale_name,
+            expected="s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
+            found=f"scale too large (value vs limit): {big_scale.text(q.shape[0])}",
+        )
         self._record(info, "fp8", stats)
 
     def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
@@ -327,15 +382,27 @@ class _Checks:
             if not bits_equal(got, want):
                 bad.add(got, want, ~same_bits(got, want), r0)
             stats.add(got.float(), x, x.abs() * BF16_REL + 2.0**-133)  # stats only: bf16 rounding
-        self.tally.expect(not bad.count, SOURCE, "bf16-exact", self.rel, info.name,
-                          expected="bit-exact bf16(fp32 dequant of the source)", found=f"differs: {bad.text(t.numel())}")  # fmt: skip
+        self.tally.expect(
+            not bad.count,
+            SOURCE,
+            "bf16-exact",
+            self.rel,
+            info.name,
+            expected="bit-exact bf16(fp32 dequant of the source)",
+            found=f"differs: {bad.text(t.numel())}",
+        )
         self._record(info, "bf16", stats)
 
     def _compare_copy(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         if job.source.dtype != info.dtype or job.source.shape != info.shape:
-            self.tally.fail(SOURCE, "copy-exact", self.rel, info.name,
-                            expected=f"{job.source.dtype}{list(job.source.shape)} as in the source",
-                            found=f"{info.dtype}{list(info.shape)}")  # fmt: skip
+            self.tally.fail(
+                SOURCE,
+                "copy-exact",
+                self.rel,
+                info.name,
+                expected=f"{job.source.dtype}{list(job.source.shape)} as in the source",
+                found=f"{info.dtype}{list(info.shape)}",
+            )
             return
         flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
         bad = Mismatches()
@@ -343,8 +410,15 @@ class _Checks:
             want = self.reader.rows(job.source, r0, r1 - r0).reshape(r1 - r0, -1)
             if not bits_equal(flat[r0:r1], want):
                 bad.add(flat[r0:r1], want, ~same_bits(flat[r0:r1], want), r0)
-        self.tally.expect(not bad.count, SOURCE, "copy-exact", self.rel, info.name,
-                          expected="bit-exact copy of the source tensor", found=f"differs: {bad.text(t.numel())}")  # fmt: skip
+        self.tally.expect(
+            not bad.count,
+            SOURCE,
+            "copy-exact",
+            self.rel,
+            info.name,
+            expected="bit-exact copy of the source tensor",
+            found=f"differs: {bad.text(t.numel())}",
+        )
 
     def _record(self, info: TensorInfo, op: str, st: ErrorStats) -> None:
         self.tally.add_stats(TensorStats(self.rel, info.name, op, st.max_abs, st.rel_err, st.cosine, st.bound_use))
@@ -354,7 +428,10 @@ class _Checks:
     def _mla(self, job: MlaJob) -> None:
         dims, layer = self.task.dims, job.layer
         uk, uv = self.artifacts.get(w_uk_t_name(layer)), self.artifacts.get(w_uv_name(layer))
-        for name, a, shape in ((w_uk_t_name(layer), uk, dims.w_uk_t_shape()), (w_uv_name(layer), uv, dims.w_uv_shape())):
+        for name, a, shape in (
+            (w_uk_t_name(layer), uk, dims.w_uk_t_shape()),
+            (w_uv_name(layer), uv, dims.w_uv_shape()),
+        ):
             if a is None or a.dtype != torch.bfloat16 or tuple(a.shape) != shape:
                 found = "missing" if a is None else f"{a.dtype}{list(a.shape)}"
                 self.tally.fail(MLA, "artifact", self.rel, name, expected=f"bfloat16{list(shape)}", found=found)
@@ -370,19 +447,39 @@ class _Checks:
             x = self.reader.rows(job.kv_b).float() * s
             exact, what = False, "within the artifact bound of the stored channel-FP8 kv_b_proj"
         else:
-            self.tally.fail(MLA, "reference", self.rel, f"layer {layer}", expected="a kv_b_proj to compare with",
-                            found="none usable (see the structure failures)")  # fmt: skip
+            self.tally.fail(
+                MLA,
+                "reference",
+                self.rel,
+                f"layer {layer}",
+                expected="a kv_b_proj to compare with",
+                found="none usable (see the structure failures)",
+            )
             return
         if tuple(x.shape) != dims.kv_b_shape():
-            self.tally.fail(MLA, "reference", self.rel, f"layer {layer}", expected=f"kv_b_proj {list(dims.kv_b_shape())}", found=list(x.shape))
+            self.tally.fail(
+                MLA,
+                "reference",
+                self.rel,
+                f"layer {layer}",
+                expected=f"kv_b_proj {list(dims.kv_b_shape())}",
+                found=list(x.shape),
+            )
             return
         if exact:
             ref = split_kv_b_proj(x, dims, torch.bfloat16)
             for name, a, want in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref):
                 bad = Mismatches()
                 bad.add(a, want, ~same_bits(a, want))
-                self.tally.expect(not bad.count, MLA, "split-exact", self.rel, name, expected=f"bit-exact {what}",
-                                  found=f"differs: {bad.text(a.numel())}")  # fmt: skip
+                self.tally.expect(
+                    not bad.count,
+                    MLA,
+                    "split-exact",
+                    self.rel,
+                    name,
+                    expected=f"bit-exact {what}",
+                    found=f"differs: {bad.text(a.numel())}",
+                )
         else:
             ref = split_kv_b_proj(x, dims, torch.float32)
             scale_layout = split_kv_b_proj(s.expand(x.shape), dims, torch.float32)
@@ -390,10 +487,23 @@ class _Checks:
                 af = a.float()
                 bad = Mismatches()
                 bad.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)))
-                self.tally.expect(not bad.count, MLA, "split-bound", self.rel, name, expected=what,
-                                  found=f"out of bound: {bad.text(a.numel())}")  # fmt: skip
+                self.tally.expect(
+                    not bad.count,
+                    MLA,
+                    "split-bound",
+                    self.rel,
+                    name,
+                    expected=what,
+                    found=f"out of bound: {bad.text(a.numel())}",
+                )
         tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
         err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
-        self.tally.expect(err <= tol, MLA, "functional", self.rel, f"layer {layer}",
-                          expected=f"absorbed decode == naive attention within relative error {tol:g}",
-                          found=f"relative error {err:.3g}")  # fmt: skip
+        self.tally.expect(
+            err <= tol,
+            MLA,
+            "functional",
+            self.rel,
+            f"layer {layer}",
+            expected=f"absorbed decode == naive attention within relative error {tol:g}",
+            found=f"relative error {err:.3g}",
+        )

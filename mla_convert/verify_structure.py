@@ -18,9 +18,11 @@ from mla_runtime.format import (
     MlaDims,
     MlaManifest,
     layer_file_name,
-    read_manifest as read_mla_manifest,
     w_uk_t_name,
     w_uv_name,
+)
+from mla_runtime.format import (
+    read_manifest as read_mla_manifest,
 )
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
@@ -153,7 +155,9 @@ def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Exp
 def expects_from_plan(plan: Plan) -> dict[str, Expect]:
     kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
     return {
-        t.name: Expect(t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file)
+        t.name: Expect(
+            t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file
+        )
         for job in plan.shards
         for t in job.tensors
     }
@@ -182,9 +186,7 @@ def check_structure(root: Path, fmt: str, target: str, fingerprint: str, plan: P
     _check_tensor_set(lay, tally)
     if fmt == "channel-fp8":
         _check_quantized_modules(lay, tally)
-    lay.mla_layers = sorted(
-        int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight")
-    )
+    lay.mla_layers = sorted(int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight"))
     _check_mla_manifest(root, lay, fmt, fingerprint, tally)
     return lay
 
@@ -201,23 +203,38 @@ def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | Non
     archs = cfg.get("architectures") if isinstance(cfg, dict) else None
     if not tally.expect(
         isinstance(archs, list) and any(a in SUPPORTED_ARCHITECTURES for a in archs),
-        STRUCTURE, "config", CONFIG_NAME,
-        expected=f"architectures containing {SUPPORTED_ARCHITECTURES[0]}", found=repr(archs),
-    ):  # fmt: skip
+        STRUCTURE,
+        "config",
+        CONFIG_NAME,
+        expected=f"architectures containing {SUPPORTED_ARCHITECTURES[0]}",
+        found=repr(archs),
+    ):
         return None
     missing = [k for k in (*REQUIRED_CONFIG_KEYS, "vocab_size") if not isinstance(cfg.get(k), int)]
-    if not tally.expect(not missing, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=f"missing {missing}"):
+    if not tally.expect(
+        not missing, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=f"missing {missing}"
+    ):
         return None
     qc = cfg.get("quantization_config")
     if fmt == "bf16":
-        tally.expect(qc is None, STRUCTURE, "quantization_config", CONFIG_NAME, expected="none (bf16 output)", found=repr(qc)[:200])
+        tally.expect(
+            qc is None,
+            STRUCTURE,
+            "quantization_config",
+            CONFIG_NAME,
+            expected="none (bf16 output)",
+            found=repr(qc)[:200],
+        )
         return cfg
     problems = _channel_fp8_config_problems(qc, target)
     tally.expect(
-        not problems, STRUCTURE, "quantization_config", CONFIG_NAME,
+        not problems,
+        STRUCTURE,
+        "quantization_config",
+        CONFIG_NAME,
         expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations",
         found="; ".join(problems),
-    )  # fmt: skip
+    )
     return cfg
 
 
@@ -263,7 +280,9 @@ def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
     lay.weight_map = weight_map
     for rel in sorted(set(weight_map.values())):
         if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
-            tally.fail(STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel))
+            tally.fail(
+                STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel)
+            )
             continue
         try:
             lay.headers[rel] = read_header(root / rel)
@@ -273,16 +292,35 @@ def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
             tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=found)
     for name, rel in sorted(weight_map.items()):
         if rel in lay.headers:
-            tally.expect(name in lay.headers[rel].tensors, STRUCTURE, "index-vs-header", rel, name,
-                         expected="listed in the index and present in this shard", found="not in the shard")  # fmt: skip
+            tally.expect(
+                name in lay.headers[rel].tensors,
+                STRUCTURE,
+                "index-vs-header",
+                rel,
+                name,
+                expected="listed in the index and present in this shard",
+                found="not in the shard",
+            )
     for rel, hd in sorted(lay.headers.items()):
         for name in hd.tensors:
-            tally.expect(weight_map.get(name) == rel, STRUCTURE, "index-vs-header", rel, name,
-                         expected="every tensor of the shard listed in the index",
-                         found="not in the index" if name not in weight_map else f"index says {weight_map[name]}")  # fmt: skip
+            tally.expect(
+                weight_map.get(name) == rel,
+                STRUCTURE,
+                "index-vs-header",
+                rel,
+                name,
+                expected="every tensor of the shard listed in the index",
+                found="not in the index" if name not in weight_map else f"index says {weight_map[name]}",
+            )
     for path in sorted(root.glob("*.safetensors")):
-        tally.expect(path.name in lay.headers or path.name in set(weight_map.values()), STRUCTURE, "index-vs-header",
-                     path.name, expected="every shard listed in the index", found="shard not in the index")  # fmt: skip
+        tally.expect(
+            path.name in lay.headers or path.name in set(weight_map.values()),
+            STRUCTURE,
+            "index-vs-header",
+            path.name,
+            expected="every shard listed in the index",
+            found="shard not in the index",
+        )
     total = (index.get("metadata") or {}).get("total_size")
     actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
     if len(lay.headers) == len(set(weight_map.values())):
@@ -297,19 +335,28 @@ def _check_tensor_set(lay: Layout, tally: Tally) -> None:
             tally.fail(STRUCTURE, "missing-tensor", None, name, expected=_describe(exp), found="not in the index")
             continue
         if exp.file is not None:
-            tally.expect(rel == exp.file, STRUCTURE, "tensor-file", rel, name, expected=f"in {exp.file}", found=f"in {rel}")
+            tally.expect(
+                rel == exp.file, STRUCTURE, "tensor-file", rel, name, expected=f"in {exp.file}", found=f"in {rel}"
+            )
         info = lay.headers[rel].tensors.get(name) if rel in lay.headers else None
         if info is None:
             continue  # reported by the index/header checks
         dtype_ok = info.dtype in COPY_DTYPES if exp.dtype is None else info.dtype == exp.dtype
         tally.expect(
-            dtype_ok and info.shape == exp.shape, STRUCTURE, "dtype-shape", rel, name,
-            expected=_describe(exp), found=f"{info.dtype}{list(info.shape)}",
-        )  # fmt: skip
+            dtype_ok and info.shape == exp.shape,
+            STRUCTURE,
+            "dtype-shape",
+            rel,
+            name,
+            expected=_describe(exp),
+            found=f"{info.dtype}{list(info.shape)}",
+        )
     for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
         if name not in lay.expects:
             why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else "not implied by config.json"
-            tally.fail(STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why)
+            tally.fail(
+                STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why
+            )
 
 
 def _describe(exp: Expect) -> str:
@@ -328,14 +375,25 @@ def _check_quantized_modules(lay: Layout, tally: Tally) -> None:
         actual = w.dtype == "F8_E4M3" and _info(lay, f"{module}.weight_scale") is not None
         claimed = not ct_ignored(module, ignore)
         tally.expect(
-            claimed == actual, STRUCTURE, "quantization_config", CONFIG_NAME, module,
+            claimed == actual,
+            STRUCTURE,
+            "quantization_config",
+            CONFIG_NAME,
+            module,
             expected=f"{'quantized' if actual else 'in the ignore list'} (weight is {w.dtype})",
             found="quantized per quantization_config" if claimed else "in the ignore list",
-        )  # fmt: skip
+        )
     for entry in ignore:
         if not entry.startswith("re:"):
-            tally.expect(entry in modules, STRUCTURE, "quantization_config", CONFIG_NAME, entry,
-                         expected="ignore entries that name linear modules", found="no such module")  # fmt: skip
+            tally.expect(
+                entry in modules,
+                STRUCTURE,
+                "quantization_config",
+                CONFIG_NAME,
+                entry,
+                expected="ignore entries that name linear modules",
+                found="no such module",
+            )
 
 
 def _info(lay: Layout, name: str):
@@ -348,23 +406,44 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
     try:
         man = read_mla_manifest(mla_root)
     except ArtifactError as e:
-        tally.fail(STRUCTURE, "mla-manifest", f"{MLA_DIR_NAME}/manifest.json", expected="a valid MLA manifest", found=str(e))
+        tally.fail(
+            STRUCTURE, "mla-manifest", f"{MLA_DIR_NAME}/manifest.json", expected="a valid MLA manifest", found=str(e)
+        )
         return
     lay.mla_manifest = man
     rel_manifest = f"{MLA_DIR_NAME}/manifest.json"
     tally.expect(man.dims == lay.dims, STRUCTURE, "mla-manifest", rel_manifest, expected=lay.dims, found=man.dims)
-    tally.expect(man.layer_ids() == lay.mla_layers, STRUCTURE, "mla-manifest", rel_manifest,
-                 expected=f"layers {lay.mla_layers}", found=f"layers {man.layer_ids()}")  # fmt: skip
-    tally.expect(man.source_fingerprint == fingerprint, MLA, "fingerprint", rel_manifest,
-                 expected=f"source fingerprint {fingerprint} (the conversion manifest's)",
-                 found=man.source_fingerprint)  # fmt: skip
+    tally.expect(
+        man.layer_ids() == lay.mla_layers,
+        STRUCTURE,
+        "mla-manifest",
+        rel_manifest,
+        expected=f"layers {lay.mla_layers}",
+        found=f"layers {man.layer_ids()}",
+    )
+    tally.expect(
+        man.source_fingerprint == fingerprint,
+        MLA,
+        "fingerprint",
+        rel_manifest,
+        expected=f"source fingerprint {fingerprint} (the conversion manifest's)",
+        found=man.source_fingerprint,
+    )
     producer_fmt = man.producer.get("format")
     if producer_fmt is not None:
-        tally.expect(producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt)
+        tally.expect(
+            producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt
+        )
     for entry in man.layers:
         rel = f"{MLA_DIR_NAME}/{entry.file}"
-        if not tally.expect(entry.file == layer_file_name(entry.layer), STRUCTURE, "mla-manifest", rel_manifest,
-                            expected=layer_file_name(entry.layer), found=entry.file):  # fmt: skip
+        if not tally.expect(
+            entry.file == layer_file_name(entry.layer),
+            STRUCTURE,
+            "mla-manifest",
+            rel_manifest,
+            expected=layer_file_name(entry.layer),
+            found=entry.file,
+        ):
             continue
         try:
             hd = read_header(root / rel)
@@ -378,7 +457,14 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
         }
         for name, (dtype, shape) in want.items():
             t = hd.tensors.get(name)
-            tally.expect(t is not None and (t.dtype, t.shape) == (dtype, shape), STRUCTURE, "mla-artifact", rel, name,
-                         expected=f"{dtype}{list(shape)}", found="missing" if t is None else f"{t.dtype}{list(t.shape)}")  # fmt: skip
+            tally.expect(
+                t is not None and (t.dtype, t.shape) == (dtype, shape),
+                STRUCTURE,
+                "mla-artifact",
+                rel,
+                name,
+                expected=f"{dtype}{list(shape)}",
+                found="missing" if t is None else f"{t.dtype}{list(t.shape)}",
+            )
         for name in sorted(set(hd.tensors) - set(want)):
             tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")

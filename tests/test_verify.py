@@ -77,9 +77,10 @@ def assert_fails(report: dict, group: str, check: str, file=None, tensor=None) -
     """verify failed, and among its failures is (group, check) naming `file` and/or `tensor`."""
     assert report["exit_code"] == 1 and not report["ok"]
     hits = [
-        f for f in failures(report, group)
+        f
+        for f in failures(report, group)
         if f["check"] == check and file in (None, f["file"]) and tensor in (None, f["tensor"])
-    ]  # fmt: skip
+    ]
     assert hits, f"no {group}/{check} failure for {file} {tensor}; got:\n" + "\n".join(
         f["message"] for f in failures(report)
     )
@@ -316,7 +317,9 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
     exact = json.loads((out / MANIFEST_NAME).read_text())["options"]["format"] == BF16
     _, report = run(out)
     for layer in (1, 2):
-        assert_fails(report, "mla", "split-exact" if exact else "split-bound", file=mla_rel(layer), tensor=w_uv_name(layer))
+        assert_fails(
+            report, "mla", "split-exact" if exact else "split-bound", file=mla_rel(layer), tensor=w_uv_name(layer)
+        )
         assert_fails(report, "mla", "functional", file=mla_rel(layer), tensor=f"layer {layer}")
     assert {f["group"] for f in failures(report)} == {"mla"}
     _, report = run(out, tiny_src)
@@ -324,7 +327,9 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
 
 
 def test_w_uk_t_stored_transposed(fp8_out):
-    rewrite(fp8_out / mla_rel(0), lambda t: t.__setitem__(w_uk_t_name(0), t[w_uk_t_name(0)].transpose(1, 2).contiguous()))
+    rewrite(
+        fp8_out / mla_rel(0), lambda t: t.__setitem__(w_uk_t_name(0), t[w_uk_t_name(0)].transpose(1, 2).contiguous())
+    )
     fix_hash(fp8_out, mla_rel(0))
     _, report = run(fp8_out)
     assert_fails(report, "structure", "mla-artifact", file=mla_rel(0), tensor=w_uk_t_name(0))
@@ -446,4 +451,6 @@ def test_report_lists_tolerances_and_counts(converted):
     _, report = run(converted[FP8])
     assert set(report["tolerances"]) == {"channel_fp8", "bf16", "copied", "mla_artifacts", "mla_functional"}
     assert report["groups"]["source"]["skipped"] == "no --source given"
-    assert report["mla_layers"] == 4 and report["files"] == len(json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"])
+    assert report["mla_layers"] == 4 and report["files"] == len(
+        json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"]
+    )
