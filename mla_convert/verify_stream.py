@@ -246,15 +246,7 @@ class _Checks:
             x = flat[r0:r1]
             if not bool(torch.isfinite(x).all()):
                 nonfinite.add(x.float(), x.float(), ~torch.isfinite(x), r0)
-        self.tally.expect(
-            not nonfinite.count,
-            VALUES,
-            "nan-inf",
-            self.rel,
-            info.name,
-            expected="finite values",
-            found=f"NaN/Inf in {nonfinite.text(t.numel())}",
-        )
+        self._verdict(nonfinite, VALUES, "nan-inf", info.name, "finite values", t.numel(), "NaN/Inf in ")
 
     def _fp8_values(self, info: TensorInfo, t: torch.Tensor) -> None:
         """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes, and
@@ -274,33 +266,17 @@ class _Checks:
             if bool(off.any()):
                 rows.add(flat[r0:r1].float().abs().amax(dim=1), torch.full(off.shape, fp8_max), off, r0)
         n = t.numel()
-        self.tally.expect(
-            not nan.count,
-            VALUES,
-            "nan-inf",
-            self.rel,
-            info.name,
-            expected="finite values",
-            found=f"NaN in {nan.text(n)}",
-        )
-        self.tally.expect(
-            not out_of_range.count,
-            VALUES,
-            "fp8-range",
-            self.rel,
-            info.name,
-            expected=f"|w| <= {fp8_max:g}",
-            found=out_of_range.text(n),
-        )
+        self._verdict(nan, VALUES, "nan-inf", info.name, "finite values", n, "NaN in ")
+        self._verdict(out_of_range, VALUES, "fp8-range", info.name, f"|w| <= {fp8_max:g}", n)
         if t.dim() == 2:
-            self.tally.expect(
-                not rows.count,
+            self._verdict(
+                rows,
                 VALUES,
                 "fp8-row-max",
-                self.rel,
                 info.name,
-                expected=f"max|row| = {fp8_max:g} (or an all-zero row)",
-                found=f"rows off: {rows.text(t.shape[0])}",
+                f"max|row| = {fp8_max:g} (or an all-zero row)",
+                t.shape[0],
+                "rows off: ",
             )
 
     def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
@@ -314,15 +290,7 @@ class _Checks:
             bad = ~(torch.isfinite(t) & (t > 0))
             m = Mismatches()
             m.add(t, t, bad)
-            self.tally.expect(
-                not m.count,
-                VALUES,
-                "fp8-scale",
-                self.rel,
-                info.name,
-                expected="finite scales > 0",
-                found=m.text(t.numel()),
-            )
+            self._verdict(m, VALUES, "fp8-scale", info.name, "finite scales > 0", t.numel())
             if info.name in self.pending:
                 w_info, q = self.pending.pop(info.name)
                 self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
@@ -348,23 +316,23 @@ class _Checks:
             amax = abs_x.amax(dim=1, keepdim=True)
             limit = scale_limit(amax, self.task.fp8_max)
             big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
-        self.tally.expect(
-            not bad.count,
+        self._verdict(
+            bad,
             SOURCE,
             "fp8-bound",
-            self.rel,
             info.name,
-            expected="|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 (x: exact source dequant)",
-            found=f"out of bound: {bad.text(q.numel())}",
+            "|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 (x: exact source dequant)",
+            q.numel(),
+            "out of bound: ",
         )
-        self.tally.expect(
-            not big_scale.count,
+        self._verdict(
+            big_scale,
             SOURCE,
             "fp8-scale",
-            self.rel,
             job.scale_name,
-            expected="s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
-            found=f"scale too large (value vs limit): {big_scale.text(q.shape[0])}",
+            "s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
+            q.shape[0],
+            "scale too large (value vs limit): ",
         )
         self._record(info, "fp8", stats)
 
@@ -382,14 +350,8 @@ class _Checks:
             if not bits_equal(got, want):
                 bad.add(got, want, ~same_bits(got, want), r0)
             stats.add(got.float(), x, x.abs() * BF16_REL + 2.0**-133)  # stats only: bf16 rounding
-        self.tally.expect(
-            not bad.count,
-            SOURCE,
-            "bf16-exact",
-            self.rel,
-            info.name,
-            expected="bit-exact bf16(fp32 dequant of the source)",
-            found=f"differs: {bad.text(t.numel())}",
+        self._verdict(
+            bad, SOURCE, "bf16-exact", info.name, "bit-exact bf16(fp32 dequant of the source)", t.numel(), "differs: "
         )
         self._record(info, "bf16", stats)
 
@@ -410,14 +372,14 @@ class _Checks:
             want = self.reader.rows(job.source, r0, r1 - r0).reshape(r1 - r0, -1)
             if not bits_equal(flat[r0:r1], want):
                 bad.add(flat[r0:r1], want, ~same_bits(flat[r0:r1], want), r0)
+        self._verdict(
+            bad, SOURCE, "copy-exact", info.name, "bit-exact copy of the source tensor", t.numel(), "differs: "
+        )
+
+    def _verdict(self, bad: Mismatches, group, check, tensor, expected: str, total: int, what: str = "") -> None:
+        """Record one check over a tensor: it passed when `bad` counted no element."""
         self.tally.expect(
-            not bad.count,
-            SOURCE,
-            "copy-exact",
-            self.rel,
-            info.name,
-            expected="bit-exact copy of the source tensor",
-            found=f"differs: {bad.text(t.numel())}",
+            not bad.count, group, check, self.rel, tensor, expected=expected, found=what + bad.text(total)
         )
 
     def _record(self, info: TensorInfo, op: str, st: ErrorStats) -> None:
@@ -471,15 +433,7 @@ class _Checks:
             for name, a, want in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref):
                 bad = Mismatches()
                 bad.add(a, want, ~same_bits(a, want))
-                self.tally.expect(
-                    not bad.count,
-                    MLA,
-                    "split-exact",
-                    self.rel,
-                    name,
-                    expected=f"bit-exact {what}",
-                    found=f"differs: {bad.text(a.numel())}",
-                )
+                self._verdict(bad, MLA, "split-exact", name, f"bit-exact {what}", a.numel(), "differs: ")
         else:
             ref = split_kv_b_proj(x, dims, torch.float32)
             scale_layout = split_kv_b_proj(s.expand(x.shape), dims, torch.float32)
@@ -487,15 +441,7 @@ class _Checks:
                 af = a.float()
                 bad = Mismatches()
                 bad.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)))
-                self.tally.expect(
-                    not bad.count,
-                    MLA,
-                    "split-bound",
-                    self.rel,
-                    name,
-                    expected=what,
-                    found=f"out of bound: {bad.text(a.numel())}",
-                )
+                self._verdict(bad, MLA, "split-bound", name, what, a.numel(), "out of bound: ")
         tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
         err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
         self.tally.expect(
