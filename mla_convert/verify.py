@@ -213,19 +213,18 @@ def _tensor_job(name: str, info, lay: Layout, src: SourceCheckpoint | None) -> T
 
 def _mla_job(layer: int, lay: Layout, src: SourceCheckpoint | None) -> MlaJob:
     kv_b = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
-    ref = _out_ref(lay, kv_b)
-    usable = ref is not None and _matches(lay, kv_b, lay.headers[lay.weight_map[kv_b]].tensors[kv_b])
-    scale = _out_ref(lay, f"model.layers.{layer}.self_attn.kv_b_proj.weight_scale")
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
-    return MlaJob(layer, ref if usable else None, scale, source, source_scale)
+    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, f"{kv_b}_scale"), source, source_scale)
 
 
 def _out_ref(lay: Layout, name: str) -> Ref | None:
-    rel = lay.weight_map.get(name)
-    hd = lay.headers.get(rel) if rel else None
-    return Ref.of(hd.path, hd, name) if hd else None
+    """Where an output tensor lies, if its header matches what it should be."""
+    hd = lay.headers.get(lay.weight_map.get(name, ""))
+    if hd is None or not _matches(lay, name, hd.tensors.get(name)):
+        return None
+    return Ref.of(hd.path, hd, name)
 
 
 def _src_ref(src: SourceCheckpoint, name: str) -> Ref:
