@@ -235,6 +235,38 @@ def test_tensor_added_to_shard_but_not_index(out):
     assert not failures(report, "integrity")
 
 
+def test_trailing_bytes_after_the_last_tensor(out):
+    rel = "model-00004-of-00004.safetensors"
+    with open(out / rel, "ab") as f:
+        f.write(b"\0" * 64)
+    fix_hash(out, rel)
+    _, report = run(out)
+    assert_fails(report, "structure", "header", file=rel)
+    assert "trailing bytes" in next(f["found"] for f in failures(report) if f["check"] == "header")
+
+
+def test_wrong_total_size(out):
+    index = json.loads((out / INDEX).read_text())
+    index["metadata"]["total_size"] += 1
+    (out / INDEX).write_text(json.dumps(index))
+    fix_hash(out, INDEX)
+    _, report = run(out)
+    assert_fails(report, "structure", "total_size", file=INDEX)
+
+
+def test_leftover_block_scale(fp8_out):
+    rel = "model-00001-of-00004.safetensors"
+    name = "model.layers.0.self_attn.o_proj.weight_scale_inv"
+    rewrite(fp8_out / rel, lambda t: t.__setitem__(name, torch.ones(2, 4)))
+    index = json.loads((fp8_out / INDEX).read_text())
+    index["weight_map"][name] = rel
+    (fp8_out / INDEX).write_text(json.dumps(index))
+    for r in (rel, INDEX):
+        fix_hash(fp8_out, r)
+    _, report = run(fp8_out)
+    assert_fails(report, "structure", "unexpected-tensor", file=rel, tensor=name)
+
+
 def test_quantization_config_claims_an_unquantized_layer(fp8_out):
     cfg = json.loads((fp8_out / "config.json").read_text())
     cfg["quantization_config"]["ignore"].remove("model.layers.1.mlp.gate")
