@@ -238,7 +238,7 @@ def demo(
 
 @app.command("verify")
 def verify_cmd(
-    dir: Annotated[Path, typer.Argument(help="A directory written by mla-convert deepseek-r1.")],
+    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert deepseek-r1.")],
     source: Annotated[
         Optional[str],
         typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),
