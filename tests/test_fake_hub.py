@@ -1,0 +1,307 @@
+"""The real `huggingface_hub` client against `FakeHub` (tests/fake_hub.py), serving the tiny checkpoint."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
+from huggingface_hub import HfApi, errors, hf_hub_download, snapshot_download
+
+REPO = "deepseek-ai/Tiny-R1"
+SHARD = "model-00002-of-00004.safetensors"
+
+
+def sha256_of(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def git_sha1_of(path) -> str:
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def repo_files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def hub(fake_hub, tiny_src):  # noqa: F811
+    fake_hub.add_repo(REPO, tiny_src)
+    return fake_hub
+
+
+def test_fixture_points_the_client_at_the_server(hub, tmp_path):
+    from huggingface_hub import constants
+
+    assert os.environ["HF_ENDPOINT"] == hub.endpoint == constants.ENDPOINT
+    assert hub.endpoint.startswith("http://127.0.0.1:") and hub.port > 0
+    assert os.environ["HF_HUB_CACHE"] == constants.HF_HUB_CACHE == str(hub.cache_dir)
+    assert hub.cache_dir.is_relative_to(tmp_path)
+    assert os.environ["HF_HUB_DISABLE_XET"] == "1" and constants.HF_HUB_DISABLE_XET
+    assert os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1" and constants.HF_HUB_DISABLE_TELEMETRY
+    assert "HF_TOKEN" not in os.environ and not constants.HF_HUB_OFFLINE
+    assert huggingface_hub.hf_api.api.endpoint == hub.endpoint  # huggingface_hub.model_info & co
+
+
+def test_snapshot_download_is_byte_identical_and_fetches_each_file_once(hub, tiny_src):
+    path = Path(snapshot_download(REPO))
+    src, got = repo_files(tiny_src), repo_files(path)
+    assert sorted(got) == sorted(src)
+    for name, p in src.items():
+        assert got[name].read_bytes() == p.read_bytes(), name
+    assert path.is_relative_to(hub.cache_dir) and path.name == hub.commit_sha(REPO)
+    assert hub.count(kind="info") == 1 and hub.count(kind="tree") == 1
+    assert all(hub.downloads(REPO, name) == 1 for name in src)
+    assert not any(r.method == "HEAD" and r.status >= 400 for r in hub.requests)
+
+    # Again: the revision is re-resolved (one info call), nothing is downloaded again.
+    before = len(hub.requests)
+    assert Path(snapshot_download(REPO)) == path
+    assert [r.kind for r in hub.requests[before:]] == ["info"]
+
+
+def test_listings_give_size_and_sha256(hub, tiny_src):
+    api = HfApi()
+    src = repo_files(tiny_src)
+    sha = hub.commit_sha(REPO)
+
+    # Recommended: one paginated GET of the tree at a commit; lfs.sha256 for LFS files, blob_id (git sha1) else.
+    tree = list(api.list_repo_tree(REPO, revision=sha, recursive=True))
+    files = {e.path: e for e in tree if isinstance(e, huggingface_hub.hf_api.RepoFile)}
+    folders = {e.path for e in tree if isinstance(e, huggingface_hub.hf_api.RepoFolder)}
+    assert sorted(files) == sorted(src) and folders == {"figures"}
+    for name, p in src.items():
+        e = files[name]
+        assert e.size == p.stat().st_size
+        if name.endswith(".safetensors"):
+            assert e.lfs is not None and e.lfs.sha256 == sha256_of(p) and e.lfs.size == e.size
+        else:
+            assert e.lfs is None and e.blob_id == git_sha1_of(p)
+
+    assert [e.path for e in api.list_repo_tree(REPO, "figures")] == ["figures/notes.txt"]
+
+    # model_info(files_metadata=True): the same from siblings, plus the commit sha.
+    info = api.model_info(REPO, files_metadata=True)
+    assert info.sha == sha
+    sib = {s.rfilename: s for s in info.siblings}
+    assert sorted(sib) == sorted(src)
+    for name, p in src.items():
+        assert sib[name].size == p.stat().st_size
+        assert (sib[name].lfs.sha256 if name.endswith(".safetensors") else sib[name].lfs) == (
+            sha256_of(p) if name.endswith(".safetensors") else None
+        )
+
+    # get_paths_info: chosen paths only (a missing one is skipped, as on the Hub).
+    got = api.get_paths_info(REPO, [SHARD, "config.json", "figures", "nope.bin"], revision="main")
+    by_path = {e.path: e for e in got}
+    assert set(by_path) == {SHARD, "config.json", "figures"}
+    assert by_path[SHARD].lfs.sha256 == sha256_of(tiny_src / SHARD)
+
+    # expand=True pages at 50 entries on the Hub; follow the Link header across pages.
+    hub.tree_expand_page_size = 4
+    hub.reset_requests()
+    expanded = list(api.list_repo_tree(REPO, recursive=True, expand=True))
+    assert {e.path for e in expanded} == set(src) | folders
+    assert hub.count(kind="tree") == -(-len(expanded) // 4) > 1
+    assert all(e.last_commit.oid == sha for e in expanded)
+
+
+def test_hf_hub_download_then_cache(hub, tiny_src):
+    p = Path(hf_hub_download(REPO, SHARD))
+    assert p.read_bytes() == (tiny_src / SHARD).read_bytes()
+    assert hub.downloads(REPO, SHARD) == 1
+    # The blob is named after the ETag: the sha256 for an LFS file.
+    assert p.resolve().name == sha256_of(tiny_src / SHARD)
+
+    # By branch: one HEAD to check the commit, no second GET.
+    before = len(hub.requests)
+    assert Path(hf_hub_download(REPO, SHARD)) == p
+    assert [(r.method, r.kind) for r in hub.requests[before:]] == [("HEAD", "resolve")]
+    # By commit sha: no request at all.
+    before = len(hub.requests)
+    assert Path(hf_hub_download(REPO, SHARD, revision=hub.commit_sha(REPO))) == p
+    assert len(hub.requests) == before
+    assert hub.downloads(REPO, SHARD) == 1
+
+
+def test_download_to_local_dir_and_again_after_deleting_it(hub, tiny_src, tmp_path):
+    # The shape of a streaming conversion: fetch one shard into a work dir, use it, delete it.
+    p = Path(hf_hub_download(REPO, SHARD, local_dir=tmp_path / "work"))
+    assert p == tmp_path / "work" / SHARD and p.read_bytes() == (tiny_src / SHARD).read_bytes()
+    p.unlink()
+    again = Path(hf_hub_download(REPO, SHARD, local_dir=tmp_path / "work"))
+    assert again.read_bytes() == (tiny_src / SHARD).read_bytes()
+    assert hub.downloads(REPO, SHARD) == 2
+    assert not (hub.cache_dir / "models--deepseek-ai--Tiny-R1" / "blobs").exists()
+
+
+def test_offline_mode(hub, tiny_src):
+    path = Path(snapshot_download(REPO))
+    hub.set_offline()
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    hub.reset_requests()
+    assert Path(snapshot_download(REPO)) == path
+    assert Path(hf_hub_download(REPO, "config.json")) == path / "config.json"
+    assert hub.requests == []
+
+    hub.add_repo("deepseek-ai/Never-Downloaded", tiny_src)
+    with pytest.raises(errors.LocalEntryNotFoundError, match="HF_HUB_OFFLINE"):
+        snapshot_download("deepseek-ai/Never-Downloaded")
+    with pytest.raises(errors.LocalEntryNotFoundError):
+        hf_hub_download("deepseek-ai/Never-Downloaded", "config.json")
+    assert hub.requests == []
+
+    hub.set_offline(False)
+    assert Path(snapshot_download("deepseek-ai/Never-Downloaded")).is_dir()
+
+
+def test_unknown_repo_revision_and_file(hub):
+    with pytest.raises(errors.RepositoryNotFoundError):
+        snapshot_download("deepseek-ai/Nope")
+    with pytest.raises(errors.RepositoryNotFoundError):
+        hf_hub_download("deepseek-ai/Nope", "config.json")
+    with pytest.raises(errors.RepositoryNotFoundError):
+        HfApi().model_info("nope")
+    with pytest.raises(errors.RevisionNotFoundError):
+        snapshot_download(REPO, revision="v9")
+    with pytest.raises(errors.RevisionNotFoundError):
+        hf_hub_download(REPO, "config.json", revision="v9")
+    with pytest.raises(errors.RemoteEntryNotFoundError):
+        hf_hub_download(REPO, "nope.json")
+    statuses = {(r.kind, r.status) for r in hub.requests}
+    assert statuses <= {("info", 404), ("resolve", 404), ("info", 200)}
+
+
+def test_corrupted_body_is_not_detected_by_the_client(hub, tiny_src):
+    api = HfApi()
+    listed = {e.path: e for e in api.list_repo_tree(REPO, recursive=True)}[SHARD]
+    hub.corrupt(REPO, SHARD, times=1)  # same length, last byte flipped; next GET only
+
+    p = Path(hf_hub_download(REPO, SHARD))
+    # huggingface_hub only checks the size of an HTTP download, not its sha256: the corrupt file is cached as is,
+    # even under a blob named after the advertised sha256.
+    assert p.stat().st_size == listed.size == listed.lfs.size
+    assert sha256_of(p) != listed.lfs.sha256 == sha256_of(tiny_src / SHARD)
+    assert p.resolve().name == listed.lfs.sha256
+    check = api.verify_repo_checksums(REPO, cache_dir=hub.cache_dir)  # the client's own (opt-in) check sees it
+    assert [m["path"] for m in check.mismatches] == [SHARD]
+
+    # A plain retry is served from the (corrupt) cache; force_download fetches it again.
+    assert sha256_of(hf_hub_download(REPO, SHARD)) != listed.lfs.sha256
+    assert hub.downloads(REPO, SHARD) == 1
+    p = Path(hf_hub_download(REPO, SHARD, force_download=True))
+    assert sha256_of(p) == listed.lfs.sha256 and hub.downloads(REPO, SHARD) == 2
+
+
+def test_corrupted_body_of_another_length_fails_the_size_check(hub):
+    hub.corrupt(REPO, SHARD, b"garbage")
+    with pytest.raises(OSError, match="Consistency check failed"):
+        hf_hub_download(REPO, SHARD)
+
+
+def test_advertised_sha256_override(hub, tiny_src):
+    hub.advertise_sha256(REPO, SHARD, "0" * 64)
+    listed = {e.path: e for e in HfApi().list_repo_tree(REPO, recursive=True)}[SHARD]
+    assert listed.lfs.sha256 == "0" * 64
+    p = hf_hub_download(REPO, SHARD)
+    assert sha256_of(p) == sha256_of(tiny_src / SHARD) != listed.lfs.sha256
+
+
+def test_truncated_download_is_retried(hub, tiny_src, monkeypatch):
+    data = (tiny_src / SHARD).read_bytes()
+    hub.truncate(REPO, SHARD, at=1000)
+    p = hf_hub_download(REPO, SHARD)  # the client sleeps 1 s, then retries
+    assert Path(p).read_bytes() == data
+    gets = [(r.status, r.range, r.bytes_sent) for r in hub.requests if r.method == "GET" and r.filename == SHARD]
+    # It keeps only whole DOWNLOAD_CHUNK_SIZE (10 MiB) chunks: under that, it starts over without a Range.
+    assert gets == [(200, None, 1000), (200, None, len(data))]
+
+
+def test_truncated_download_is_resumed_with_a_range_request(hub, tiny_src, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256)  # so 1000 bytes hold 3 whole chunks
+    data = (tiny_src / SHARD).read_bytes()
+    hub.truncate(REPO, SHARD, at=1000)
+    p = hf_hub_download(REPO, SHARD)
+    assert Path(p).read_bytes() == data
+    gets = [(r.status, r.range, r.bytes_sent) for r in hub.requests if r.method == "GET" and r.filename == SHARD]
+    assert gets == [(200, None, 1000), (206, "bytes=768-", len(data) - 768)]
+
+
+def test_range_requests(hub, tiny_src):
+    import httpx2
+
+    data = (tiny_src / "config.json").read_bytes()
+    url = f"{hub.endpoint}/{REPO}/resolve/main/config.json"
+    for rng, want in (("bytes=10-19", data[10:20]), ("bytes=100-", data[100:]), ("bytes=-7", data[-7:])):
+        r = httpx2.get(url, headers={"Range": rng}, timeout=5)
+        assert (r.status_code, r.content) == (206, want), rng
+        assert r.headers["Content-Range"].endswith(f"/{len(data)}")
+    assert httpx2.get(url, headers={"Range": f"bytes={len(data)}-"}, timeout=5).status_code == 416
+
+
+def test_injected_failure_is_one_shot(hub, tiny_src):
+    hub.fail(REPO, "config.json", status=500, method="GET")
+    with pytest.raises(errors.HfHubHTTPError) as e:
+        hf_hub_download(REPO, "config.json")
+    assert e.value.response.status_code == 500
+    assert Path(hf_hub_download(REPO, "config.json")).read_bytes() == (tiny_src / "config.json").read_bytes()
+
+
+def test_private_repo_needs_the_token(fake_hub, tiny_src, monkeypatch):  # noqa: F811
+    fake_hub.add_repo("acme/private", tiny_src, private=True, token="hf_secret")
+    with pytest.raises(errors.RepositoryNotFoundError):
+        snapshot_download("acme/private")
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(errors.HfHubHTTPError) as e:
+        hf_hub_download("acme/private", "config.json")
+    assert e.value.response.status_code == 401
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")  # read at call time, as users expect
+    fake_hub.reset_requests()
+    assert (Path(snapshot_download("acme/private")) / "config.json").is_file()
+    assert fake_hub.requests and {r.authorization for r in fake_hub.requests} == {"Bearer hf_secret"}
+
+
+def test_revisions(fake_hub, tiny_src, tmp_path):  # noqa: F811
+    main = fake_hub.add_repo(REPO, tiny_src)
+    other = tmp_path / "v2"
+    (other / "sub").mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    (other / "sub" / "x.safetensors").write_bytes(b"\0" * 10)
+    v2 = fake_hub.add_repo(REPO, other, "ab" * 20, revision="v2")
+    assert v2 == "ab" * 20 and main != v2 and fake_hub.commit_sha(REPO) == main
+
+    p = Path(snapshot_download(REPO, revision="v2"))
+    assert p.name == v2 and sorted(repo_files(p)) == ["config.json", "sub/x.safetensors"]
+    infos = fake_hub.count(kind="info")
+    p = Path(snapshot_download(REPO, revision=main))  # by commit sha: no info call
+    assert p.name == main and fake_hub.count(kind="info") == infos
+    assert (p / SHARD).read_bytes() == (tiny_src / SHARD).read_bytes()
+
+
+def test_subprocesses_inherit_the_environment(hub, tiny_src):
+    code = "import huggingface_hub as h; print(h.snapshot_download(%r))" % REPO
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = Path(out.stdout.strip().splitlines()[-1])
+    assert path.is_relative_to(hub.cache_dir)
+    assert (path / SHARD).read_bytes() == (tiny_src / SHARD).read_bytes()
+    assert hub.downloads(REPO, SHARD) == 1
+
+
+def test_standalone_context_manager_shuts_down(tiny_src):
+    with FakeHub({REPO: (tiny_src, None)}) as hub:
+        port = hub.port
+        import httpx2
+
+        r = httpx2.get(f"{hub.endpoint}/api/models/{REPO}", timeout=5)
+        assert r.status_code == 200 and r.json()["sha"] == hub.commit_sha(REPO)
+    import socket
+
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
