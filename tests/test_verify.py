@@ -200,6 +200,35 @@ def test_side_file_missing(out):
     _, report = run(out)
     assert_fails(report, "integrity", "missing-file", file="tokenizer.json")
     assert_fails(report, "integrity", "missing-file", file="figures/notes.txt")
+    res = runner.invoke(app, ["verify", str(out), "--quiet"])  # quiet: only the failures, one per line
+    assert res.exit_code == 1 and res.stdout == ""
+    assert "[integrity/missing-file] tokenizer.json: expected" in res.stderr
+
+
+def test_side_file_dropped_from_the_manifest_too(out, tiny_src):
+    (out / "tokenizer.json").unlink()
+    man = json.loads((out / MANIFEST_NAME).read_text())
+    del man["files"]["tokenizer.json"]
+    (out / MANIFEST_NAME).write_text(json.dumps(man))
+    assert run(out)[0] == 0  # nothing without the source says it should be there...
+    _, report = run(out, tiny_src)  # ...the source does
+    assert_fails(report, "integrity", "side-file", file="tokenizer.json")
+
+
+def test_unlisted_file(out):
+    (out / "notes.txt").write_text("added after the conversion")
+    _, report = run(out)
+    assert_fails(report, "integrity", "unlisted-file", file="notes.txt")
+
+
+def test_artifact_hash_differs_from_the_mla_manifest(fp8_out):
+    save_file(load_file(fp8_out / mla_rel(1)), fp8_out / mla_rel(1), metadata={"note": "rewritten"})  # same values
+    data = (fp8_out / mla_rel(1)).read_bytes()
+    man = json.loads((fp8_out / MANIFEST_NAME).read_text())  # only the conversion manifest updated
+    man["files"][mla_rel(1)] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (fp8_out / MANIFEST_NAME).write_text(json.dumps(man))
+    _, report = run(fp8_out)
+    assert_fails(report, "integrity", "mla-manifest", file=mla_rel(1))
 
 
 def test_incomplete_conversion_fails(fp8_out):
@@ -335,6 +364,30 @@ def test_fp8_values_beyond_the_target_range(fp8_out):
     _, report = run(fp8_out)
     assert_fails(report, "values", "fp8-range", tensor="model.layers.0.self_attn.q_a_proj.weight")
     assert_fails(report, "structure", "quantization_config", file="config.json")
+
+
+def test_fp8_values_short_of_the_target_range(tiny_src, tmp_path):
+    """A gaudi2 (max 240) conversion relabelled gaudi3 (max 448): no row reaches 448."""
+    out = tmp_path / "g2"
+    convert(tiny_src, out, Options(target="gaudi2"))
+    man = json.loads((out / MANIFEST_NAME).read_text())
+    man["options"]["target"] = "gaudi3"
+    (out / MANIFEST_NAME).write_text(json.dumps(man))
+    _, report = run(out)
+    assert_fails(report, "values", "fp8-row-max", tensor="model.layers.0.self_attn.q_a_proj.weight")
+
+
+def test_non_positive_scale(fp8_out):
+    name = "model.layers.1.self_attn.o_proj.weight_scale"
+    rel = shard_of(fp8_out, name)
+
+    def negate_row(t):
+        t[name][5] = -t[name][5]
+
+    rewrite(fp8_out / rel, negate_row)
+    fix_hash(fp8_out, rel)
+    _, report = run(fp8_out)
+    assert_fails(report, "values", "fp8-scale", file=rel, tensor=name)
 
 
 # --- MLA artifacts ------------------------------------------------------------------------------
@@ -477,6 +530,13 @@ def test_functional_reference_agrees_with_the_documented_layout():
     uk_t, uv = w_uk.permute(1, 2, 0).contiguous(), w_uv.transpose(0, 1).contiguous()
     assert functional_error(uk_t, uv, w, dims, rope_dim=4, seed=0) < 1e-12
     assert functional_error(uk_t, uv.flip(0), w, dims, rope_dim=4, seed=0) > 0.1  # heads swapped
+
+
+def test_demo_verifies_its_output(tmp_path):
+    res = runner.invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["verify"]["ok"] and summary["verify"]["failed"] == 0 and summary["verify"]["checks"] > 1000
 
 
 def test_report_lists_tolerances_and_counts(converted):
