@@ -356,6 +356,16 @@ def test_nan_written_into_a_weight(out, tiny_src):
     assert_fails(report, "source", "fp8-bound" if fp8 else "bf16-exact", file=rel, tensor=name)
 
 
+def test_copied_tensor_changed(out, tiny_src):
+    name = "model.norm.weight"
+    rel = shard_of(out, name)
+    rewrite(out / rel, lambda t: t.__setitem__(name, t[name] + 1))
+    fix_hash(out, rel)
+    assert run(out)[0] == 0
+    _, report = run(out, tiny_src)
+    assert_fails(report, "source", "copy-exact", file=rel, tensor=name)
+
+
 def test_fp8_values_beyond_the_target_range(fp8_out):
     """A gaudi3 (max 448) conversion relabelled gaudi2 (max 240)."""
     man = json.loads((fp8_out / MANIFEST_NAME).read_text())
