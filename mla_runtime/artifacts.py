@@ -10,7 +10,8 @@ Validation happens in two steps, both before any tensor reaches the caller:
   `mla-convert-manifest.json` (when there is one), and stats every layer file (its size must be the
   manifest's).
 - `load_layer` checks the layer file's safetensors header (names, dtype, full shapes), optionally its
-  sha256, and reads only rank r's heads [r*N/T, (r+1)*N/T) from disk.
+  sha256, and reads only rank r's heads [r*N/T, (r+1)*N/T) from disk: one positioned read of exactly
+  those bytes per tensor (heads are the leading dimension, so a rank's heads are contiguous).
 
 Every error is an `ArtifactError` naming the layer and the file. Depends on torch, safetensors and
 the standard library only.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,19 +66,56 @@ def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-def _read_header(path: Path) -> dict:
-    """The safetensors JSON header of `path` (names -> dtype, shape, offsets), read without torch."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError("file shorter than the 8-byte header length")
+def _open_no_readahead(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    if hasattr(os, "posix_fadvise"):  # read what is asked for, not the rest of the file
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
+
+
+def _pread_exact(fd: int, buf: bytearray, offset: int) -> None:
+    view, done = memoryview(buf), 0
+    while done < len(buf):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise ValueError(f"short read: {done} of {len(buf)} bytes at offset {offset}")
+        done += got
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """The safetensors JSON header of `path` (names -> dtype, shape, data_offsets) and where the data
+    section starts, read without torch."""
+    fd = _open_no_readahead(path)
+    try:
+        raw = bytearray(8)
+        _pread_exact(fd, raw, 0)
         n = int.from_bytes(raw, "little")
         if n > 100 << 20:
             raise ValueError(f"header length {n} is implausible")
-        head = f.read(n)
-    if len(head) != n:
-        raise ValueError("truncated header")
-    return json.loads(head)
+        head = bytearray(n)
+        _pread_exact(fd, head, 8)
+    finally:
+        os.close(fd)
+    return json.loads(bytes(head)), 8 + n
+
+
+def _read_rows(path: Path, info: dict, data_start: int, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a bf16 tensor (first dimension), read with one positioned read of
+    exactly those bytes: nothing else of the file is read."""
+    shape = tuple(info["shape"])
+    row_bytes = 2 * math.prod(shape[1:])
+    begin, stop = info["data_offsets"]
+    if stop - begin != row_bytes * shape[0]:
+        raise ValueError(f"data_offsets {info['data_offsets']} do not fit shape {shape}")
+    buf = bytearray(row_bytes * (end - start))
+    fd = _open_no_readahead(path)
+    try:
+        _pread_exact(fd, buf, data_start + begin + start * row_bytes)
+    finally:
+        os.close(fd)
+    if not buf:
+        return torch.empty((0, *shape[1:]), dtype=torch.bfloat16)
+    return torch.frombuffer(buf, dtype=torch.bfloat16).view(end - start, *shape[1:])
 
 
 @dataclass(frozen=True)
@@ -112,8 +151,10 @@ class MlaArtifacts:
             f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
         )
 
-    def check_layer(self, layer: int, *, sha256: bool | None = None) -> None:
-        """Size, header (names, dtype, shapes) and, if asked (or verify='sha256'), sha256 of one layer."""
+    def check_layer(self, layer: int, *, sha256: bool | None = None) -> tuple[dict, int]:
+        """Size, header (names, dtype, shapes) and, if asked (or verify='sha256'), sha256 of one layer.
+
+        Returns the file's safetensors header and the offset of its data section."""
         entry = self._entry(layer)
         path = self.artifacts_dir / entry.file
         where = f"layer {layer} ({path})"
@@ -127,7 +168,7 @@ class MlaArtifacts:
                 "truncated or was replaced: re-run mla-convert"
             )
         try:
-            header = _read_header(path)
+            header, data_start = _read_header(path)
         except (OSError, ValueError) as e:
             raise ArtifactError(f"{where}: not a readable safetensors file ({e})") from None
         want = {
@@ -152,6 +193,7 @@ class MlaArtifacts:
                     f"{where}: sha256 {digest} differs from the manifest's {entry.sha256}; the artifact is "
                     "corrupted: re-run mla-convert"
                 )
+        return header, data_start
 
     def load_layer(
         self,
@@ -167,26 +209,19 @@ class MlaArtifacts:
         Only that rank's heads are read from disk; both tensors are contiguous, on `device`, in
         `dtype` (the artifacts are bf16: another dtype is a cast of them).
         """
-        self.check_layer(layer)
+        header, data_start = self.check_layer(layer)
         path = self.layer_path(layer)
         try:
             start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
         except ArtifactError as e:
             raise ArtifactError(f"layer {layer} ({path}): {e}") from None
-        from safetensors import safe_open
-
         out = []
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in (w_uk_t_name(layer), w_uv_name(layer)):
-                    # get_slice maps the file and touches only these heads' bytes; the copy gives a
-                    # tensor of exactly this rank's size that does not keep the mapping alive.
-                    part = f.get_slice(name)[start:end]
-                    out.append(part.to(device=device, dtype=dtype, copy=True).contiguous())
-        except ArtifactError:
-            raise
-        except Exception as e:  # safetensors raises its own error types
-            raise ArtifactError(f"layer {layer} ({path}): cannot read ({type(e).__name__}: {e})") from None
+        for name in (w_uk_t_name(layer), w_uv_name(layer)):
+            try:
+                part = _read_rows(path, header[name], data_start, start, end)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ArtifactError(f"layer {layer} ({path}): cannot read {name!r} ({e})") from None
+            out.append(part.to(device=device, dtype=dtype).contiguous())
         return out[0], out[1]
 
     def check_served_dims(self, *, layer: int, num_heads: int, tp_size: int, qk_nope_head_dim: int,

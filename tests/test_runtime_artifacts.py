@@ -240,3 +240,19 @@ def test_runtime_imports_no_cli_or_converter_packages():
 
 def test_dims_type():
     assert MlaDims(8, 128, 128, 512).w_uk_t_shape(2) == (2, 128, 512)
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read()-family calls (Linux /proc/self/io)."""
+    return int(next(line for line in open("/proc/self/io") if line.startswith("rchar")).split()[1])
+
+
+@pytest.mark.parametrize("tp_size", [2, 8])
+def test_a_rank_reads_only_its_heads_from_disk(served, tp_size):
+    arts = open_artifacts(served / "mla")
+    file_size = (served / "mla" / "layer-001.safetensors").stat().st_size
+    slice_bytes = 2 * 2 * (HEADS // tp_size) * 128 * 512  # W_UK_T + W_UV rows of this rank, bf16
+    before = _rchar()
+    arts.load_layer(1, tp_rank=tp_size - 1, tp_size=tp_size)
+    read = _rchar() - before
+    assert slice_bytes <= read <= slice_bytes + 64 * 1024, (read, slice_bytes, file_size)  # + the header
