@@ -19,6 +19,7 @@ the standard library only.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -73,7 +74,7 @@ def _open_no_readahead(path: Path) -> int:
     return fd
 
 
-def _pread_exact(fd: int, buf: bytearray, offset: int) -> None:
+def _pread_exact(fd: int, buf, offset: int) -> None:
     view, done = memoryview(buf), 0
     while done < len(buf):
         got = os.preadv(fd, [view[done:]], offset + done)
@@ -107,15 +108,16 @@ def _read_rows(path: Path, info: dict, data_start: int, start: int, end: int) ->
     begin, stop = info["data_offsets"]
     if stop - begin != row_bytes * shape[0]:
         raise ValueError(f"data_offsets {info['data_offsets']} do not fit shape {shape}")
-    buf = bytearray(row_bytes * (end - start))
-    fd = _open_no_readahead(path)
-    try:
-        _pread_exact(fd, buf, data_start + begin + start * row_bytes)
-    finally:
-        os.close(fd)
-    if not buf:
-        return torch.empty((0, *shape[1:]), dtype=torch.bfloat16)
-    return torch.frombuffer(buf, dtype=torch.bfloat16).view(end - start, *shape[1:])
+    nbytes = row_bytes * (end - start)
+    out = torch.empty(nbytes, dtype=torch.uint8)  # read straight into the tensor: no zero-fill, no copy
+    if nbytes:
+        view = memoryview((ctypes.c_ubyte * nbytes).from_address(out.data_ptr())).cast("B")
+        fd = _open_no_readahead(path)
+        try:
+            _pread_exact(fd, view, data_start + begin + start * row_bytes)
+        finally:
+            os.close(fd)
+    return out.view(torch.bfloat16).view(end - start, *shape[1:])
 
 
 @dataclass(frozen=True)
