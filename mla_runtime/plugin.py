@@ -32,9 +32,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -180,7 +180,9 @@ def wrap_gaudi(cls: type) -> bool:
     @functools.wraps(original)
     def process_weights_after_loading(self, act_dtype: torch.dtype):
         kv_b_proj = self.kv_b_proj
-        if not (kv_b_proj.weight.dtype == torch.float8_e4m3fn and getattr(kv_b_proj, "weight_scale_inv", None) is not None):
+        if not (
+            kv_b_proj.weight.dtype == torch.float8_e4m3fn and getattr(kv_b_proj, "weight_scale_inv", None) is not None
+        ):
             # vllm-gaudi hands this case to MLAAttention.process_weights_after_loading (wrapped above).
             return original(self, act_dtype)
         source = _source_for(self)
@@ -242,8 +244,9 @@ class _Source:
                 raise
             if not self.warned:  # once per process, not once per layer
                 self.warned = True
-                logger.warning("mla_runtime: %s; %s=1: vLLM recomputes W_UK_T/W_UV where the artifacts fail",
-                               e, ENV_FALLBACK)
+                logger.warning(
+                    "mla_runtime: %s; %s=1: vLLM recomputes W_UK_T/W_UV where the artifacts fail", e, ENV_FALLBACK
+                )
             return None, None
         finally:
             self.seconds += time.perf_counter() - t0
@@ -335,7 +338,9 @@ def _source_for(layer) -> _Source | None:
     else:
         logger.info(
             "mla_runtime: no MLA artifacts for %s (no %s/ directory, %s unset); vLLM computes W_UK_T/W_UV itself",
-            model_dir or "the served model", MLA_DIR_NAME, ENV_DIR,
+            model_dir or "the served model",
+            MLA_DIR_NAME,
+            ENV_DIR,
         )
         _sources[key] = None
         return None
@@ -441,4 +446,4 @@ def spot_check(kv_b_proj, w_uk_t: torch.Tensor, w_uv: torch.Tensor, *, where: st
     return True
 
 
-__all__ = ["register", "wrap_upstream", "wrap_gaudi", "spot_check", "summary", "reset"]
+__all__ = ["register", "reset", "spot_check", "summary", "wrap_gaudi", "wrap_upstream"]

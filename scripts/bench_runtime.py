@@ -33,9 +33,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from mla_runtime.artifacts import open_artifacts  # noqa: E402
-from mla_runtime.format import MlaDims  # noqa: E402
-from mla_runtime.plugin import spot_check  # noqa: E402
+from mla_runtime.artifacts import open_artifacts
+from mla_runtime.format import MlaDims
+from mla_runtime.plugin import spot_check
 
 R1 = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 BLOCK = 128
@@ -70,7 +70,7 @@ def recompute_block(kv_b: nn.Module, dims: MlaDims, act_dtype=torch.bfloat16):
     """vllm-gaudi's block-FP8 path: bf16 block dequant, .T, view, split, permute, contiguous."""
     w, s = kv_b.weight, kv_b.weight_scale_inv
     gm, gn = s.shape
-    deq = (w.contiguous().to(act_dtype).view(gm, BLOCK, gn, BLOCK) * s.to(act_dtype).view(gm, 1, gn, 1))
+    deq = w.contiguous().to(act_dtype).view(gm, BLOCK, gn, BLOCK) * s.to(act_dtype).view(gm, 1, gn, 1)
     deq = deq.view(w.shape).T
     deq = deq.view(dims.kv_lora_rank, dims.num_heads, dims.qk_nope_head_dim + dims.v_head_dim)
     w_uk, w_uv = deq.split([dims.qk_nope_head_dim, dims.v_head_dim], dim=-1)
@@ -103,8 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: time rank 0's share")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the artifacts (default: a temp dir)")
-    ap.add_argument("--cold", action="store_true",
-                    help="drop the artifact files from the page cache (posix_fadvise DONTNEED) before each read")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the artifact files from the page cache (posix_fadvise DONTNEED) before each read",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     dims = R1

@@ -18,12 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mla_test_utils import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
-
-from mla_test_utils import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 
 STANDINS = Path(__file__).parent / "standins"
 DIMS = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
@@ -52,7 +51,8 @@ def _standin_quant_scale_module() -> types.ModuleType:
     mod = types.ModuleType(QUANT_SCALE_MODULE)
 
     def should_load_quant_weights(quant_method) -> bool:
-        return quant_method is not None and not isinstance(quant_method, str)  # "unquantized" stands for UnquantizedLinearMethod
+        # The string "unquantized" stands for UnquantizedLinearMethod.
+        return quant_method is not None and not isinstance(quant_method, str)
 
     def set_default_quant_scales(layer, register_buffer=False):
         assert register_buffer is False
@@ -73,7 +73,13 @@ def gaudi(monkeypatch):
     for name in [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, QUANT_SCALE_MODULE, _standin_quant_scale_module())
-    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_VERIFY", "MLA_RUNTIME_CHECK"):
+    for var in (
+        "MLA_RUNTIME_DIR",
+        "MLA_RUNTIME_DISABLE",
+        "MLA_RUNTIME_FALLBACK",
+        "MLA_RUNTIME_VERIFY",
+        "MLA_RUNTIME_CHECK",
+    ):
         monkeypatch.delenv(var, raising=False)
     plugin.reset()
     plugin.register()
@@ -184,7 +190,11 @@ def test_wrapper_gives_the_documented_weights_and_quant_scales(gaudi, tmp_path, 
         want = 7.0 if quantized_kv_cache else 1.0
         for name in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
             assert getattr(layer, name).item() == getattr(ref, name).item() == want
-        assert getattr(layer, "default_scales_set", 0) == getattr(ref, "default_scales_set", 0) == (0 if quantized_kv_cache else 1)
+        assert (
+            getattr(layer, "default_scales_set", 0)
+            == getattr(ref, "default_scales_set", 0)
+            == (0 if quantized_kv_cache else 1)
+        )
 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
     assert len(lines) == 1, lines
@@ -244,7 +254,9 @@ def test_artifacts_of_another_checkpoint_are_refused_or_fall_back(gaudi, tmp_pat
     layer = make_layer(gaudi, kv_b, 3, model_dir, {})
     with pytest.raises(ArtifactError) as e:
         layer.process_weights_after_loading(torch.bfloat16)
-    assert "layer 3" in str(e.value) and "layer-003.safetensors" in str(e.value) and "another checkpoint" in str(e.value)
+    assert (
+        "layer 3" in str(e.value) and "layer-003.safetensors" in str(e.value) and "another checkpoint" in str(e.value)
+    )
 
     plugin.reset()
     monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
@@ -259,7 +271,7 @@ def test_artifacts_of_another_checkpoint_are_refused_or_fall_back(gaudi, tmp_pat
 
 def test_head_count_mismatch_names_layer_and_file(gaudi, tmp_path):
     gen = torch.Generator().manual_seed(6)
-    kv_b, exact = make_kv_b_proj("block", gen, heads=slice(0, 4))
+    kv_b, _ = make_kv_b_proj("block", gen, heads=slice(0, 4))
     model_dir = served_model(tmp_path, {7: make_kv_b_proj("block", gen)[1]})  # 8 heads, TP 1
     layer = make_layer(gaudi, kv_b, 7, model_dir, {}, num_heads=4)
     with pytest.raises(ArtifactError, match=r"layer 7 \(.*layer-007\.safetensors\): the artifacts have 8 heads"):
@@ -287,7 +299,7 @@ def test_non_fp8_kv_b_proj_goes_to_the_original_method(gaudi, tmp_path):
 
 def test_disabled_and_absent_artifacts_leave_the_documented_path(gaudi, tmp_path, monkeypatch):
     gen = torch.Generator().manual_seed(9)
-    kv_b, exact = make_kv_b_proj("block", gen)
+    kv_b, _ = make_kv_b_proj("block", gen)
     layer = make_layer(gaudi, kv_b, 0, tmp_path / "no-artifacts", {})
     (tmp_path / "no-artifacts").mkdir()
     layer.process_weights_after_loading(torch.bfloat16)

@@ -12,17 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mla_test_utils import write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
 
-from mla_test_utils import write_artifacts
-
 DIMS = MlaDims(num_heads=4, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 
 FAKE_UPSTREAM = textwrap.dedent(
-    '''
+    """
     import torch
     from torch import nn
 
@@ -49,14 +48,14 @@ FAKE_UPSTREAM = textwrap.dedent(
             self.W_UV = W_UV.transpose(0, 1)
             self.W_UK_T = W_UK.permute(1, 2, 0)
             self.after.append("scales")  # ... and what comes after it
-    '''
+    """
 )
 
 
 @pytest.fixture
 def upstream(monkeypatch):
     mod = types.ModuleType("fake_mla_attention")
-    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)
+    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)  # noqa: S102 - a fixed test module
     monkeypatch.setitem(sys.modules, "fake_mla_attention", mod)
     for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
         monkeypatch.delenv(var, raising=False)
