@@ -30,7 +30,7 @@ from mla_runtime.format import (
 from mla_runtime.layout import split_kv_b_proj
 
 from . import __version__, hub
-from .checkpoint import INDEX_NAME, SourceCheckpoint, _checked_member, check_scale_values, open_source
+from .checkpoint import INDEX_NAME, _checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
@@ -237,8 +237,9 @@ def execute(
     """Write every shard and MLA layer of the jobs not in `skip`, in plan order; returns
     {relative path: {size, sha256}}.
 
-    `inputs_ready(spec)` blocks until a job's source files are there (--stream); at most `workers`
-    jobs run at once. `on_job_done(job_file, files)` runs here once a job's files are all in place.
+    `inputs_ready(spec, timeout)` says whether a job's source files are there (--stream), waiting
+    up to `timeout` (None: until they are); at most `workers` jobs run at once.
+    `on_job_done(job_file, files)` runs here once a job's files are all in place.
     """
     specs = [s for s in job_specs(plan, out_dir, device, kernels) if s.job.file not in skip]
     files: dict[str, dict] = {}
@@ -253,7 +254,7 @@ def execute(
     if workers <= 1:
         for spec in specs:
             if inputs_ready:
-                inputs_ready(spec)
+                inputs_ready(spec, None)
             record(spec, run_shard_job(spec, progress))
         return files
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -261,8 +262,8 @@ def execute(
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         running: dict[cf.Future, JobSpec] = {}
 
-        def collect() -> None:
-            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+        def collect(timeout: float | None = None) -> None:
+            finished, _ = cf.wait(running, timeout, return_when=cf.FIRST_COMPLETED)
             for fut in finished:
                 spec = running.pop(fut)
                 record(spec, fut.result())
@@ -271,10 +272,13 @@ def execute(
 
         try:
             for spec in specs:
-                if inputs_ready:
-                    inputs_ready(spec)
                 while len(running) >= workers:
                     collect()
+                # Keep collecting while waiting for inputs: a finished job frees the shards (and the
+                # download window) that the next job's inputs may be waiting for.
+                while inputs_ready and not inputs_ready(spec, 0.05 if running else None):
+                    if running:
+                        collect(0.05)
                 running[pool.submit(run_shard_job, spec)] = spec
             while running:
                 collect()
@@ -412,7 +416,7 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
-    progress = progress_factory(plan.summary()["bytes_in"]) if progress_factory else None
+    progress = progress_factory(src.total_bytes()) if progress_factory else None
     if progress:
         progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
@@ -427,7 +431,7 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
                 journal.record(job_file, results)
                 streamer.release(job_file, needs[job_file])
 
-            files |= run(on_job_done=job_done, inputs_ready=lambda spec: streamer.wait_for(spec.job.file))
+            files |= run(on_job_done=job_done, inputs_ready=lambda spec, timeout: streamer.wait_for(spec.job.file, timeout))
         result |= {"peak_source_bytes_on_disk": streamer.peak_on_disk}
     else:
         files |= run(on_job_done=journal.record)
@@ -443,7 +447,7 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
         "resumed_jobs": len(done),
         "files": len(files),
         "seconds": round(seconds, 3),
-        "gb_per_s": round(plan.summary()["bytes_in"] / seconds / 1e9, 3),
+        "gb_per_s": round(src.total_bytes() / seconds / 1e9, 3),
         "source_fingerprint": fingerprint,
     }
 
@@ -453,7 +457,3 @@ def _check_device(device: str) -> None:
         torch.empty(1, device=device)
     except Exception as e:  # unknown device string, or no such device on this host
         raise ConvertError(f"--device {device!r} is not usable here ({type(e).__name__}: {e})") from None
-
-
-def load_source(source: str | Path, revision: str | None = None) -> SourceCheckpoint:
-    return open_source(resolve_source(str(source), revision))

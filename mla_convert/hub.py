@@ -94,6 +94,14 @@ def snapshot(repo: HubRepo, allow_patterns=None, ignore_patterns=None, local_dir
         )
 
 
+def snapshot_ref(repo_id: str, revision: str | None) -> Path:
+    """Download (or reuse) the snapshot of a branch, tag or commit; its folder name is the commit."""
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo_id, revision):
+        return Path(snapshot_download(repo_id, revision=revision))
+
+
 def cached_snapshot(repo_id: str, revision: str | None) -> Path:
     """Offline: the cached snapshot as is (nothing to check it against)."""
     from huggingface_hub import snapshot_download
@@ -178,23 +186,26 @@ def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
 
 
 class ShardStreamer:
-    """Downloads the shards each job needs, in job order, at most `ahead` jobs ahead of the
-    conversion, and deletes a shard once no pending job needs it."""
+    """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
+    needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
+    one, so what is on disk is at most the inputs of those jobs, even when jobs finish out of order.
+    """
 
     def __init__(self, repo: HubRepo, staging: Path, jobs: list[tuple[str, list[str]]], ahead: int = 1):
-        self.repo, self.staging, self.jobs = repo, staging, jobs
+        self.repo, self.staging, self.jobs, self.ahead = repo, staging, jobs, ahead
         self.users: dict[str, int] = {}
         for _, files in jobs:
             for f in files:
                 self.users[f] = self.users.get(f, 0) + 1
         self.ready: dict[str, threading.Event] = {job: threading.Event() for job, _ in jobs}
-        self.slots = threading.Semaphore(ahead + 1)
-        self.lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.finished: set[str] = set()
+        self.oldest_unfinished = 0  # index into jobs
         self.fetched: set[str] = set()
         self.on_disk = 0
         self.peak_on_disk = 0
         self.error: BaseException | None = None
-        self.stop = threading.Event()
+        self.stopping = False
         self.thread = threading.Thread(target=self._run, name="mla-convert download", daemon=True)
 
     def __enter__(self) -> "ShardStreamer":
@@ -202,20 +213,22 @@ class ShardStreamer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.slots.release()
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
         self.thread.join(timeout=60)
 
     def _run(self) -> None:
         try:
-            for job, files in self.jobs:
-                self.slots.acquire()
-                if self.stop.is_set():
-                    return
+            for k, (job, files) in enumerate(self.jobs):
+                with self.cond:
+                    self.cond.wait_for(lambda: self.stopping or k <= self.oldest_unfinished + self.ahead)
+                    if self.stopping:
+                        return
                 for f in files:
                     if f not in self.fetched:
                         fetch_checked(self.repo, f, local_dir=self.staging)
-                        with self.lock:
+                        with self.cond:
                             self.fetched.add(f)
                             self.on_disk += (self.staging / f).stat().st_size
                             self.peak_on_disk = max(self.peak_on_disk, self.on_disk)
@@ -225,21 +238,26 @@ class ShardStreamer:
             for ev in self.ready.values():
                 ev.set()
 
-    def wait_for(self, job: str) -> None:
-        self.ready[job].wait()
+    def wait_for(self, job: str, timeout: float | None = None) -> bool:
+        """True once `job`'s shards are on disk (False on timeout); a download error is raised here."""
+        ready = self.ready[job].wait(timeout)
         if self.error is not None:
             raise self.error
+        return ready
 
     def release(self, job: str, files: list[str]) -> None:
-        """`job` is durably written: free its slot and delete shards nothing pending needs."""
-        with self.lock:
+        """`job` is durably written: delete the shards nothing pending needs, move the window."""
+        with self.cond:
             for f in files:
                 self.users[f] -= 1
                 if self.users[f] == 0 and f in self.fetched:
                     path = self.staging / f
                     self.on_disk -= path.stat().st_size
                     path.unlink()
-        self.slots.release()
+            self.finished.add(job)
+            while self.oldest_unfinished < len(self.jobs) and self.jobs[self.oldest_unfinished][0] in self.finished:
+                self.oldest_unfinished += 1
+            self.cond.notify_all()
 
 
 def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:

@@ -30,7 +30,9 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
 
     if hub.offline():
         return hub.cached_snapshot(source, revision)
-    repo = hub.list_repo(source, revision)
-    root = hub.snapshot(repo)
+    # Snapshot by the user's ref (so the cache records it for offline use), then list exactly the
+    # commit the snapshot resolved to: files and checksums cannot come from two commits.
+    root = hub.snapshot_ref(source, revision)
+    repo = hub.list_repo(source, root.name)
     hub.check_snapshot(repo, root, sorted(f for f in repo.files if f.endswith(".safetensors")))
     return root

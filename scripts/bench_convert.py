@@ -78,13 +78,13 @@ def build(src: Path, experts: int, vocab: int, shards: int) -> None:
         print(f"built {src} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, int]:
+def run_measured(cmd: list[str], env=None, ok_codes=(0,)) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one child process."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
-    if os.waitstatus_to_exitcode(status) != 0:
+    if os.waitstatus_to_exitcode(status) not in ok_codes:
         raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
     return wall, usage.ru_maxrss * 1024
 
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="*", default=[1], help="mla-convert --workers values to measure")
     ap.add_argument("--formats", nargs="*", default=["channel-fp8", "bf16"])
     ap.add_argument("--no-naive", action="store_true", help="skip the (slow) naive baseline")
+    ap.add_argument("--verify", action="store_true", help="also time verify (with and without --source)")
     ap.add_argument("--json", type=Path, help="write the results as JSON")
     ap.add_argument("--markdown", type=Path, help="write the results as a markdown table")
     ap.add_argument("--_build", action="store_true", help=argparse.SUPPRESS)
@@ -136,8 +137,26 @@ def main() -> None:
             print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
     shutil.rmtree(out, ignore_errors=True)
 
+    if args.verify:
+        # verify needs a finished output: convert once, then time reading it vs verifying it.
+        subprocess.run(methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL)
+        vmethods = {
+            "read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"],
+            "verify": [sys.executable, "-m", "mla_convert", "verify", str(out), "--quiet"],
+            "verify --source": [sys.executable, "-m", "mla_convert", "verify", str(out), "--source", str(src), "--quiet"],
+        }
+        for rep in range(args.reps):
+            for name in vmethods if rep % 2 == 0 else reversed(list(vmethods)):
+                wall, peak = run_measured(vmethods[name], ok_codes=(0,))
+                times.setdefault(name, []).append(wall)
+                rss[name] = max(rss.get(name, 0), peak)
+                print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
+        methods |= vmethods
+        shutil.rmtree(out, ignore_errors=True)
+
     med = {m: statistics.median(v) for m, v in times.items()}
     cp = med["cp -r + sync"]
+    first_convert = med[next(m for m in med if m.startswith("mla-convert"))]
     rows = []
     for m in methods:
         fmt = next((f for f in args.formats if f in m), None)
@@ -146,6 +165,7 @@ def main() -> None:
             "method": m, "median_s": round(med[m], 3), "gb_per_s": round(size / med[m] / 1e9, 3),
             "x_cp": round(med[m] / cp, 2),
             "naive_over_this": round(naive / med[m], 2) if naive and m.startswith("mla-convert") else None,
+            "x_first_convert": round(med[m] / first_convert, 2),
             "peak_rss_gib": round(rss[m] / 2**30, 3), "runs_s": [round(x, 2) for x in times[m]],
         })  # fmt: skip
     largest = _largest_tensor_bytes(src)
@@ -174,13 +194,14 @@ def _markdown(r: dict) -> str:
         f"vocab {r['vocab']}); {r['reps']} reps, medians; {r['cpus']} CPUs; RSS target 1 GiB + 2x largest tensor "
         f"= {r['rss_target_gib']:.2f} GiB",
         "",
-        "| method | median s | GB/s | time / cp | naive / this | peak RSS GiB |",
-        "|---|---|---|---|---|---|",
+        "| method | median s | GB/s of source | time / cp | naive / this | time / first mla-convert | peak RSS GiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         nv = f"{row['naive_over_this']:.1f}x" if row["naive_over_this"] else ""
         lines.append(
-            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {nv} | {row['peak_rss_gib']:.2f} |"
+            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {nv} | "
+            f"{row['x_first_convert']:.2f} | {row['peak_rss_gib']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

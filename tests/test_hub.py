@@ -1,0 +1,194 @@
+"""Hub sources through the real huggingface_hub client against a local fake Hub (tests/fake_hub.py)."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import load_json
+from fake_hub import fake_hub  # noqa: F401  (fixture)
+from test_convert import tree_hashes
+from test_reliability import SHARD1, SHARD2, cli
+
+from mla_convert.convert import convert
+from mla_convert.errors import SourceError
+from mla_convert.plan import Options
+from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+
+REPO = "deepseek-ai/Tiny-R1"
+
+
+@pytest.fixture
+def hub(fake_hub, tiny_src):  # noqa: F811
+    fake_hub.add_repo(REPO, tiny_src)
+    return fake_hub
+
+
+def shards(src: Path) -> list[str]:
+    return sorted(p.name for p in src.glob("*.safetensors"))
+
+
+def fetches(hub, filename: str) -> int:
+    """How many whole copies of a file the server sent (header range reads are a few KB)."""
+    sent = sum(r.bytes_sent for r in hub.requests if r.method == "GET" and r.filename == filename and r.kind == "resolve")
+    return sent // hub.file_info(REPO, filename)["size"]
+
+
+def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path):
+    summary = convert(REPO, tmp_path / "out", Options())
+    assert summary["status"] == "complete"
+    assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
+    assert all(fetches(hub, s) == 1 for s in shards(converted["channel-fp8"]))
+
+
+@pytest.fixture(scope="module")
+def eight_shards(tmp_path_factory):
+    """A tiny checkpoint in 8 shards (so a bound of a few shards is well below the source) and
+    its local conversion."""
+    base = tmp_path_factory.mktemp("eight")
+    src = write_checkpoint(base / "src", CheckpointSpec(num_shards=8))
+    convert(src, base / "local", Options())
+    return src, base / "local"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers):  # noqa: F811
+    hub, (tiny_src, local) = fake_hub, eight_shards
+    hub.add_repo(REPO, tiny_src)
+    out = tmp_path / "out"
+    peak = {"bytes": 0}
+    done = threading.Event()
+
+    def watch():  # measured from outside the converter, not reported by it
+        while not done.is_set():
+            staging = out / ".mla-convert-source"
+            if staging.exists():
+                peak["bytes"] = max(peak["bytes"], sum(p.stat().st_size for p in staging.glob("*.safetensors") if p.exists()))
+            time.sleep(0.002)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        summary = convert(REPO, out, Options(), stream=True, workers=workers)
+    finally:
+        done.set()
+        t.join()
+    assert tree_hashes(out) == tree_hashes(local)
+    assert not (out / ".mla-convert-source").exists()
+    sizes = sorted(((tiny_src / s).stat().st_size for s in shards(tiny_src)), reverse=True)
+    bound = sum(sizes[: workers + 2])  # the jobs in flight, one prefetched, and a partner scale's shard
+    assert 0 < summary["peak_source_bytes_on_disk"] <= bound < sum(sizes)
+    assert peak["bytes"] <= bound
+    assert all(fetches(hub, s) == 1 for s in shards(tiny_src))
+
+
+def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp_path):
+    summary = convert(REPO, tmp_path / "out", Options(), dry_run=True)
+    assert not (tmp_path / "out").exists()
+    assert all(fetches(hub, s) == 0 for s in shards(tiny_src))
+    source_bytes = sum((tiny_src / s).stat().st_size for s in shards(tiny_src))
+    assert summary["disk_needed_download_then_convert"] >= summary["disk_needed"] + source_bytes
+    assert summary["disk_needed"] < summary["disk_needed_stream"] < summary["disk_needed_download_then_convert"]
+    assert summary["fp8_weights_converted"] == 104 and summary["source"].startswith(REPO + "@")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream):
+    # The first whole download is bad, the second good (--stream first reads the header by two
+    # range requests, which the fault also counts).
+    hub.corrupt(REPO, SHARD2, times=3 if stream else 1)
+    convert(REPO, tmp_path / "out", Options(), stream=stream)
+    assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
+    assert fetches(hub, SHARD2) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, stream):
+    hub.corrupt(REPO, SHARD2)
+    out = tmp_path / "out"
+    with pytest.raises(SourceError, match=rf"{SHARD2}.*sha256.*not converted"):
+        convert(REPO, out, Options(), stream=stream)
+    manifest = out / "mla-convert-manifest.json"
+    assert not manifest.exists() or load_json(manifest)["status"] != "complete"
+    assert not (out / SHARD2).exists()
+
+
+@pytest.mark.slow
+def test_interrupted_stream_resumes_without_downloading_converted_shards(hub, converted, tmp_path):
+    out = tmp_path / "out"
+    r = cli("deepseek-r1", REPO, "--out", out, "--stream", "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"})
+    assert r.returncode == -9, r.stderr
+    assert fetches(hub, SHARD1) == 1
+    r = cli("deepseek-r1", REPO, "--out", out, "--stream", "--resume", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["resumed_jobs"] == 2
+    assert fetches(hub, SHARD1) == 1  # converted before the crash: not fetched again
+    assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
+
+
+def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path):
+    convert(REPO, tmp_path / "first", Options())  # populates the cache
+    hub.set_offline()
+    hub.reset_requests()
+    convert(REPO, tmp_path / "offline", Options())
+    assert hub.count() == 0
+    assert tree_hashes(tmp_path / "offline") == tree_hashes(converted["channel-fp8"])
+
+
+def test_offline_with_nothing_cached_is_a_clear_error(hub, tmp_path):
+    hub.set_offline()
+    r = cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--quiet")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: {REPO}: not in the local Hugging Face cache and the Hub cannot be reached "
+        "(offline or HF_HUB_OFFLINE=1); download it first or pass a local directory"
+    ]
+    r = cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--stream", "--quiet")
+    assert r.returncode == 2 and "HF_HUB_OFFLINE" in r.stderr
+
+
+def test_unknown_repo_and_private_repo_token(hub, tiny_src, tmp_path, monkeypatch):
+    with pytest.raises(SourceError, match="repository not found"):
+        convert("nobody/missing", tmp_path / "a", Options())
+    hub.add_repo("org/private", tiny_src, private=True, token="hf_secret")
+    with pytest.raises(SourceError, match="repository not found"):
+        convert("org/private", tmp_path / "b", Options(), dry_run=True)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")  # the usual huggingface_hub token lookup
+    assert convert("org/private", tmp_path / "c", Options(), dry_run=True)["fp8_weights_converted"] == 104
+
+
+def test_stream_needs_a_hub_source(tiny_src, tmp_path):
+    r = cli("deepseek-r1", tiny_src, "--out", tmp_path / "out", "--stream", "--quiet")
+    assert r.returncode == 2 and "--stream needs a Hub repo id" in r.stderr
+
+
+def test_streamer_window_holds_when_jobs_finish_out_of_order(tmp_path, monkeypatch):
+    """Deterministic: job k reads shards k and k+1 (a scale in the next shard); a later job
+    finishing first must not move the download window or delete shards still needed."""
+    from mla_convert import hub as hub_mod
+
+    fetched = []
+
+    def fake_fetch(repo, filename, local_dir=None):
+        (local_dir / filename).write_bytes(b"x" * 100)
+        fetched.append(filename)
+        return local_dir / filename
+
+    monkeypatch.setattr(hub_mod, "fetch_checked", fake_fetch)
+    jobs = [(f"j{k}", [f"s{k}", f"s{k + 1}"]) for k in range(1, 6)]
+    on_disk = lambda: sorted(p.name for p in tmp_path.iterdir())  # noqa: E731
+    with hub_mod.ShardStreamer(None, tmp_path, jobs, ahead=1) as st:
+        assert st.wait_for("j1", 5) and st.wait_for("j2", 5)
+        assert not st.wait_for("j3", 0.2)  # window: j1, j2
+        st.release("j2", ["s2", "s3"])  # out of order: j1 still runs
+        assert not st.wait_for("j3", 0.2) and on_disk() == ["s1", "s2", "s3"]
+        st.release("j1", ["s1", "s2"])
+        assert st.wait_for("j3", 5) and st.wait_for("j4", 5) and not st.wait_for("j5", 0.2)
+        assert on_disk() == ["s3", "s4", "s5"]
+        for j, files in jobs[2:4]:
+            st.release(j, files)
+        assert st.wait_for("j5", 5)
+        st.release("j5", ["s5", "s6"])
+    assert on_disk() == [] and fetched == [f"s{k}" for k in range(1, 7)]
+    assert st.peak_on_disk == 300  # never more than the window's three shards
