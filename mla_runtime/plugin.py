@@ -113,17 +113,28 @@ class _HookedLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._hook(module)
+        _run_hook(self._hook, module)
 
     def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
         return getattr(self._loader, name)
+
+
+def _run_hook(hook: Callable, module) -> None:
+    """A hook that fails (say, a vLLM whose classes moved) must not break vLLM's own import."""
+    try:
+        hook(module)
+    except Exception as e:  # noqa: BLE001 - logged; vLLM then runs without the plugin's hook
+        logger.warning(
+            "mla_runtime: cannot hook %s (%s: %s); vLLM computes W_UK_T/W_UV itself",
+            module.__name__, type(e).__name__, e,
+        )  # fmt: skip
 
 
 def when_imported(module_name: str, hook: Callable) -> None:
     """Call `hook(module)` now if `module_name` is imported, else right after it is imported."""
     module = sys.modules.get(module_name)
     if module is not None:
-        hook(module)
+        _run_hook(hook, module)
         return
     finder = next((f for f in sys.meta_path if isinstance(f, _PostImportHooks)), None)
     if finder is None:

@@ -138,3 +138,14 @@ def test_env_dir_and_model_without_artifacts(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("MLA_RUNTIME_DIR", str(tmp_path / "moved"))
     layers[1].process_weights_after_loading(torch.bfloat16)
     assert upstream.split_calls == 1 and plugin.summary()[0]["loaded"] == 1
+
+
+def test_a_failing_hook_does_not_break_the_import(monkeypatch, caplog, tmp_path):
+    (tmp_path / "fake_vllm_mod_without_class.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_vllm_mod_without_class", raising=False)
+    plugin.when_imported("fake_vllm_mod_without_class", lambda mod: plugin.wrap_upstream(mod.MLAAttention, mod))
+    with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
+        import fake_vllm_mod_without_class as mod
+    assert mod.X == 1
+    assert any("cannot hook fake_vllm_mod_without_class (AttributeError" in r.getMessage() for r in caplog.records)
