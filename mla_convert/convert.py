@@ -76,6 +76,7 @@ class JobSpec:
     dims: MlaDims
     device: str = "cpu"
     kernels: str = "compile"  # compile (falls back to eager by itself) | eager
+    ops: tuple[str, ...] = ("fp8", "bf16")  # conversions this plan uses (what gets compiled)
 
 
 class _Inputs:
@@ -111,7 +112,7 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
     Returns (relative path, size, sha256) of every file written. Memory: a few tensors at a time
     (the one being converted and at most ShardWriter.QUEUE_DEPTH waiting to be written).
     """
-    kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels)
+    kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels, spec.ops)
     out_dir = Path(spec.out_dir)
     inputs = _Inputs(spec)
     specs = {t.name: (t.dtype, t.shape) for t in spec.job.tensors}
@@ -206,8 +207,15 @@ def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
     ensure_empty_dir(out_dir, overwrite)
 
 
-def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "auto") -> list[JobSpec]:
+def plan_ops(plan: Plan) -> tuple[str, ...]:
+    """The per-tensor conversions the plan uses: 'fp8' (block -> channel) and/or 'bf16'."""
+    used = {t.op for job in plan.shards for t in job.tensors}
+    return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16")) if op in used)
+
+
+def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "compile") -> list[JobSpec]:
     src = plan.source
+    ops = plan_ops(plan)
     specs = []
     for job in plan.shards:
         sources = {}
@@ -217,7 +225,7 @@ def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "au
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
         specs.append(
             JobSpec(str(src.root), str(out_dir), job, sources, scales, src.block, plan.options.fp8_max, src.dims,
-                    device, kernels)  # fmt: skip
+                    device, kernels, ops)  # fmt: skip
         )
     return specs
 
@@ -400,7 +408,7 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
         kernels, why = resolve_mode(kernels, sum(p.weight.nbytes for p in src.fp8.values()))
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from None
-    chosen = select_kernels(src.block, options.fp8_max, device, kernels)
+    chosen = select_kernels(src.block, options.fp8_max, device, kernels, plan_ops(plan))
     auto_chose_eager = kernels == "eager" and why != "requested"
     result = {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
 

@@ -9,7 +9,6 @@ HF_ENDPOINT, HF_HUB_OFFLINE).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME
 from .errors import SourceError
-from .safetensors_io import HASH_CHUNK, ShardHeader, header_length, parse_header
+from .safetensors_io import ShardHeader, file_sha256, header_length, parse_header
 
 STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
 
@@ -131,14 +130,6 @@ def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader
     return parse_header(local_path, get_range(8, 8 + n - 1), size)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
     """None if `path` has the size and sha256 the Hub lists for `filename`, else what differs."""
     expected = repo.files.get(filename)
@@ -147,7 +138,7 @@ def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
     size = path.stat().st_size
     if expected.size is not None and size != expected.size:
         return f"size {size}, the Hub lists {expected.size}"
-    if expected.sha256 and (got := sha256_of(path)) != expected.sha256:
+    if expected.sha256 and (got := file_sha256(path)[1]) != expected.sha256:
         return f"sha256 {got[:16]}..., the Hub lists {expected.sha256[:16]}..."
     return None
 

@@ -24,10 +24,15 @@ class Kernels:
     reason: str  # why this one was chosen
     to_channel_fp8: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     to_bf16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # Eager always: only kv_b_proj (0.3% of R1's bytes) needs it, for the MLA artifacts, and a
+    # compile would cost more than it saves.
     dequant_fp32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _funcs(block: tuple[int, int], fp8_max: float):
+OPS = ("fp8", "bf16")  # the per-tensor conversions a plan can use
+
+
+def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
     def to_channel_fp8(w, s):
         return numerics.block_to_channel_fp8(w, s, block, fp8_max)
 
@@ -37,11 +42,12 @@ def _funcs(block: tuple[int, int], fp8_max: float):
     def dequant_fp32(w, s):
         return numerics.dequantize_block_fp8(w, s, block)
 
-    return to_channel_fp8, to_bf16, dequant_fp32
+    return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32}
 
 
 def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested") -> Kernels:
-    return Kernels("eager", reason, *_funcs(tuple(block), fp8_max))
+    f = _funcs(tuple(block), fp8_max)
+    return Kernels("eager", reason, f["fp8"], f["bf16"], f["dequant"])
 
 
 # Below this many FP8 bytes, compiling (~15 s cold on 2 cores, ~2 s from inductor's cache) costs
@@ -64,30 +70,40 @@ def resolve_mode(mode: str, fp8_bytes: int) -> tuple[str, str]:
 _CACHE: dict = {}
 
 
-def select_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str = "compile") -> Kernels:
-    """mode 'compile': torch.compile if it works here, else eager with the reason; 'eager': eager."""
-    key = (tuple(block), fp8_max, device, mode)
+def select_kernels(
+    block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str = "compile", ops=OPS
+) -> Kernels:
+    """mode 'compile': torch.compile the `ops` the plan uses if that works here (each checked
+    bit-identical to eager on a probe), else eager with the reason; 'eager': eager."""
+    key = (tuple(block), fp8_max, device, mode, tuple(sorted(ops)))
     if key not in _CACHE:
-        _CACHE[key] = _select(tuple(block), fp8_max, device, mode)
+        _CACHE[key] = _select(tuple(block), fp8_max, device, mode, key[-1])
     return _CACHE[key]
 
 
-def _select(block, fp8_max, device, mode) -> Kernels:
+def _select(block, fp8_max, device, mode, ops) -> Kernels:
     if mode == "eager":
         return eager_kernels(block, fp8_max, "requested")
     if torch.device(device).type != "cpu":
         return eager_kernels(block, fp8_max, f"eager kernels run fast on {device}")
+    eager = _funcs(block, fp8_max)
+    chosen = dict(eager)
+    # A probe whose grid dims differ and are > 1, with partial edge blocks: torch would otherwise
+    # specialise the graph on equal or unit sizes and recompile for real shapes.
+    w = torch.randn(2 * block[0] + 5, 3 * block[1] + 7).to(torch.float8_e4m3fn)
+    s = torch.rand(3, 4) + 0.5
     try:
-        compiled = [torch.compile(f, dynamic=True) for f in _funcs(block, fp8_max)]
-        w = torch.randn(3 * block[0] // 2, block[1] + 3).to(torch.float8_e4m3fn)
-        s = torch.rand(2, 2) + 0.5
-        eager = _funcs(block, fp8_max)
-        for fc, fe in zip(compiled, eager):  # warm up, and refuse a compiler that changes bits
-            got, want = fc(w, s), fe(w, s)
+        for op in ops:
+            compiled = torch.compile(eager[op], dynamic=True)
+            got, want = compiled(w, s), eager[op](w, s)
             for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 if not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
-                    return eager_kernels(block, fp8_max, "torch.compile output differed from eager")
+                    return eager_kernels(block, fp8_max, f"torch.compile output of {op!r} differed from eager")
+            chosen[op] = compiled
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
         return eager_kernels(block, fp8_max, f"torch.compile unavailable ({type(e).__name__}: {first})")
-    return Kernels("torch.compile", "compiled and checked bit-identical to eager", *compiled)
+    return Kernels(
+        "torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen["fp8"], chosen["bf16"],
+        chosen["dequant"],
+    )  # fmt: skip

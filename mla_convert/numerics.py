@@ -27,13 +27,14 @@ def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: t
     gn, gk = scale_inv.shape
     if (gn, gk) != (math.ceil(n / bn), math.ceil(k / bk)):
         raise ValueError(f"scale grid {(gn, gk)} does not fit weight {(n, k)} with block {block}")
-    # Multiply block-wise through a padded view: avoids materialising an [N, K] scale tensor.
-    pn, pk = gn * bn, gk * bk
-    w = weight.float()
-    if (pn, pk) != (n, k):
-        w = torch.nn.functional.pad(w, (0, pk - k, 0, pn - n))
-    out = (w.view(gn, bn, gk, bk) * scale_inv.float().view(gn, 1, gk, 1)).view(pn, pk)
-    return out[:n, :k].contiguous() if (pn, pk) != (n, k) else out
+    # Multiply block-wise through a padded view (no [N, K] scale tensor). One spare block row and
+    # column are always padded, so cutting back to [N, K] is never a no-op: torch.compile then
+    # keeps one graph for aligned and partial shapes alike instead of recompiling per case.
+    pn, pk = (gn + 1) * bn, (gk + 1) * bk
+    w = torch.nn.functional.pad(weight.float(), (0, pk - k, 0, pn - n))
+    s = torch.nn.functional.pad(scale_inv.float(), (0, 1, 0, 1))
+    out = (w.view(gn + 1, bn, gk + 1, bk) * s.view(gn + 1, 1, gk + 1, 1)).view(pn, pk)
+    return out[:n, :k].contiguous()
 
 
 def to_bf16(dequant: torch.Tensor) -> torch.Tensor:
