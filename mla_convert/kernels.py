@@ -88,16 +88,22 @@ def _select(block, fp8_max, device, mode, ops) -> Kernels:
         return eager_kernels(block, fp8_max, f"eager kernels run fast on {device}")
     eager = _funcs(block, fp8_max)
     chosen = dict(eager)
-    # A probe whose grid dims differ and are > 1, with partial edge blocks: torch would otherwise
-    # specialise the graph on equal or unit sizes and recompile for real shapes.
-    w = torch.randn(2 * block[0] + 5, 3 * block[1] + 7).to(torch.float8_e4m3fn)
-    s = torch.rand(3, 4) + 0.5
+    # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
+    # first and a shape-generic one at the second, which every later tensor reuses; so the graph
+    # that converts is the one checked here. Grid dims differ and exceed 1 (no specialisation on
+    # equal or unit sizes). `dynamic=True` would also make the captured block size and FP8 max
+    # symbolic, and the kernel ~15x slower (measured).
+    probes = [
+        (torch.randn(2 * block[0] + 5, 3 * block[1] + 7).to(torch.float8_e4m3fn), torch.rand(3, 4) + 0.5),
+        (torch.randn(4 * block[0], 5 * block[1] + 1).to(torch.float8_e4m3fn), torch.rand(4, 6) + 0.5),
+    ]
     try:
         for op in ops:
-            compiled = torch.compile(eager[op], dynamic=True)
-            got, want = compiled(w, s), eager[op](w, s)
-            for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-                if not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+            compiled = torch.compile(eager[op])
+            for w, s in probes:
+                got, want = compiled(w, s), eager[op](w, s)
+                got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+                if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want)):
                     return eager_kernels(block, fp8_max, f"torch.compile output of {op!r} differed from eager")
             chosen[op] = compiled
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
