@@ -153,22 +153,28 @@ class MlaArtifacts:
             f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
         )
 
+    def check_size(self, layer: int) -> Path:
+        """The layer's file exists with the size the manifest records; returns its path."""
+        entry = self._entry(layer)
+        path = self.artifacts_dir / entry.file
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise ArtifactError(f"layer {layer} ({path}): file is missing; re-run mla-convert") from None
+        if size != entry.size:
+            raise ArtifactError(
+                f"layer {layer} ({path}): file has {size} bytes, the manifest says {entry.size}; the "
+                "artifact is truncated or was replaced: re-run mla-convert"
+            )
+        return path
+
     def check_layer(self, layer: int, *, sha256: bool | None = None) -> tuple[dict, int]:
         """Size, header (names, dtype, shapes) and, if asked (or verify='sha256'), sha256 of one layer.
 
         Returns the file's safetensors header and the offset of its data section."""
         entry = self._entry(layer)
-        path = self.artifacts_dir / entry.file
+        path = self.check_size(layer)
         where = f"layer {layer} ({path})"
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise ArtifactError(f"{where}: file is missing; re-run mla-convert") from None
-        if size != entry.size:
-            raise ArtifactError(
-                f"{where}: file has {size} bytes, the manifest says {entry.size}; the artifact is "
-                "truncated or was replaced: re-run mla-convert"
-            )
         try:
             header, data_start = _read_header(path)
         except (OSError, ValueError) as e:
@@ -348,15 +354,5 @@ def open_artifacts(
             )
 
     for layer in manifest.layer_ids():
-        entry = manifest.entry(layer)
-        path = artifacts_dir / entry.file
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise ArtifactError(f"layer {layer} ({path}): file is missing; re-run mla-convert") from None
-        if size != entry.size:
-            raise ArtifactError(
-                f"layer {layer} ({path}): file has {size} bytes, the manifest says {entry.size}; the "
-                "artifact is truncated or was replaced: re-run mla-convert"
-            )
+        arts.check_size(layer)
     return arts
