@@ -127,7 +127,7 @@ def check_config(config: dict, path: Path) -> tuple[int, int]:
     return block[0], block[1]
 
 
-def _checked_member(root: Path, rel: str, what: str) -> Path:
+def checked_member(root: Path, rel: str, what: str) -> Path:
     """Resolve `rel` inside `root`, refusing absolute paths, '..' and symlinks that leave the source.
 
     A Hugging Face cache snapshot links its files to '../../blobs/': that blobs folder is allowed.
@@ -172,7 +172,7 @@ def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None 
     files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE_NAME]
     headers: dict[str, ShardHeader] = {}
     for rel in files:
-        path = _checked_member(root, rel, "shard")
+        path = checked_member(root, rel, "shard")
         if remote_headers and rel in remote_headers:
             headers[rel] = remote_headers[rel]
             continue

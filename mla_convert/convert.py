@@ -30,7 +30,7 @@ from mla_runtime.format import (
 from mla_runtime.layout import split_kv_b_proj
 
 from . import __version__, hub
-from .checkpoint import INDEX_NAME, _checked_member, check_scale_values, open_source
+from .checkpoint import INDEX_NAME, checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
@@ -305,7 +305,7 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
         files[rel] = {"size": w.size, "sha256": w.sha256}
 
     for rel in src.side_files:
-        record(rel, copy_file_atomic(_checked_member(src.root, rel, "side file"), out_dir / rel))
+        record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
     record("config.json", write_bytes_atomic(out_dir / "config.json", _json_bytes(plan.config)))
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)

@@ -258,9 +258,8 @@ def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
 
     staging.mkdir(parents=True, exist_ok=True)
     snapshot(repo, ignore_patterns=["*.safetensors"], local_dir=staging)
-    for name in (CONFIG_NAME,):
-        if not (staging / name).exists():
-            raise SourceError(f"{repo.label(name)}: the repository has no {name}")
+    if not (staging / CONFIG_NAME).exists():
+        raise SourceError(f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME}")
     index_path = staging / INDEX_NAME
     if index_path.exists():
         try:

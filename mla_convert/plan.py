@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -99,9 +100,8 @@ class Plan:
 
     def summary(self) -> dict:
         out_shards = sum(j.out_bytes for j in self.shards)
-        mla = len(self.mla_layers) * 2 * 2 * self.source.dims.num_heads * self.source.dims.kv_lora_rank * (
-            self.source.dims.qk_nope_head_dim
-        )  # bf16 bytes; v_head_dim == qk_nope_head_dim in every DeepSeek-V3 config
+        d = self.source.dims
+        mla = len(self.mla_layers) * 2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape()))  # bf16
         side = sum((self.source.root / f).stat().st_size for f in self.source.side_files)
         return {
             "source": str(self.source.root),
