@@ -101,6 +101,8 @@ def _print_summary(summary: dict, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths must stay readable in a narrow terminal
     rows = [
         ("source", summary["source"]),
         ("output", summary["out"]),
