@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Optional

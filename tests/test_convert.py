@@ -1,7 +1,6 @@
 """End to end on the tiny checkpoint: every output tensor against the slow reference."""
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
