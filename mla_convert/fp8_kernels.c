@@ -1,0 +1,138 @@
+/* Block-FP8 -> channel-FP8 / bf16 conversion kernels, built on first use by native.py.
+ *
+ * Every function works on output rows [r0, r1), so Python threads can split one tensor (ctypes
+ * drops the GIL during the call). The arithmetic is the arithmetic of numerics.py, operation for
+ * operation, so results are bit-identical to it (checked when the library is loaded, and in the
+ * tests):
+ *   dequant = fp32(w) * scale_inv[row / bn][col / bk]        (one IEEE fp32 multiply)
+ *   channel scale = max|dequant of row| / fp8_max, 1.0 where that is not > 0
+ *   q = e4m3fn(clamp(dequant / channel scale, -fp8_max, fp8_max))   (IEEE divide, round to nearest even)
+ * Build with -ffp-contract=off and never -ffast-math: each operation must round exactly as torch's.
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+
+/* e4m3fn -> fp32, exact. Values 8..126 of the low 7 bits are normal (exponent bias 7 vs 127),
+ * 1..7 subnormal (m * 2^-9), 0x7F NaN (torch decodes it as 0x7FF00000, sign kept). */
+static inline float decode_e4m3fn(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    uint32_t em = b & 0x7Fu;
+    uint32_t normal = (em << 20) + (120u << 23);
+    uint32_t subnormal = bits_of((float)em * 0.001953125f);
+    uint32_t r = em < 8u ? subnormal : normal;
+    r = em == 0x7Fu ? 0x7FF00000u : r;
+    return float_of(r | sign);
+}
+
+/* fp32 -> e4m3fn, round to nearest even, for |x| <= 448 or NaN (the caller clamps). */
+static inline uint8_t encode_e4m3fn(float x) {
+    uint32_t b = bits_of(x);
+    uint32_t sign = (b >> 24) & 0x80u;
+    uint32_t a = b & 0x7FFFFFFFu;
+    /* Below 2^-6 (e4m3's smallest normal): adding 2^14 makes the FPU round onto the 2^-9 grid. */
+    uint32_t subnormal = bits_of(float_of(a) + 16384.0f) - (141u << 23);
+    /* Normal: rebias the exponent, round the 23-bit mantissa to 3 bits, ties to even. */
+    uint32_t normal = (a - (120u << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+    uint32_t r = a < (121u << 23) ? subnormal : normal;
+    r = a > 0x7F800000u ? 0x7Fu : r;
+    return (uint8_t)(r | sign);
+}
+
+/* fp32 -> bf16, round to nearest even; NaN -> 0x7FC0 as torch's scalar conversion. */
+static inline uint16_t encode_bf16(float x) {
+    uint32_t u = bits_of(x);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return x != x ? (uint16_t)0x7FC0u : (uint16_t)rounded;
+}
+
+/* Per-row channel scales. |fp32(w) * s| is monotone in |w| for a fixed s (IEEE rounding is
+ * monotone and sign-symmetric), and the low 7 bits of an e4m3fn byte order its magnitude (0x7F,
+ * NaN, last), so each block's largest |dequant| is that of its largest byte: one byte max per
+ * element, one multiply per block. Scales must be finite (the converter checks them first). */
+void mla_row_scales(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk, float fp8_max,
+                    float *restrict scale_out, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * k;
+        const float *srow = s + (r / bn) * gk;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            uint8_t m = 0;
+            for (int64_t j = j0; j < j1; j++) {
+                uint8_t v = row[j] & 0x7Fu;
+                m = v > m ? v : m;
+            }
+            float sc = srow[c] < 0.0f ? -srow[c] : srow[c];
+            float v = decode_e4m3fn(m) * sc;
+            amax = (v > amax || v != v) ? v : amax; /* NaN sticks, as in torch's amax */
+        }
+        float scale = amax / fp8_max;
+        scale_out[r] = scale > 0.0f ? scale : 1.0f;
+    }
+}
+
+void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const float *restrict scale, int64_t k, int64_t bn, int64_t bk,
+                       float fp8_max, uint8_t *restrict out, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * k;
+        uint8_t *orow = out + r * k;
+        const float *srow = s + (r / bn) * gk;
+        const float rs = scale[r];
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const float sb = srow[c];
+            for (int64_t j = j0; j < j1; j++) {
+                float x = decode_e4m3fn(row[j]) * sb;
+                x = x / rs;
+                x = x < -fp8_max ? -fp8_max : x; /* comparisons leave NaN as it is, like torch's clamp */
+                x = x > fp8_max ? fp8_max : x;
+                orow[j] = encode_e4m3fn(x);
+            }
+        }
+    }
+}
+
+void mla_bf16_rows(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk,
+                   uint16_t *restrict out, int64_t r0,
+                   int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * k;
+        uint16_t *orow = out + r * k;
+        const float *srow = s + (r / bn) * gk;
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const float sb = srow[c];
+            for (int64_t j = j0; j < j1; j++)
+                orow[j] = encode_bf16(decode_e4m3fn(row[j]) * sb);
+        }
+    }
+}
+
+/* fp32(w) * s block-wise, rows [r0, r1): the exact dequant of numerics.dequantize_block_fp8. */
+void mla_dequant_rows(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk,
+                      float *restrict out, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * k;
+        float *orow = out + r * k;
+        const float *srow = s + (r / bn) * gk;
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const float sb = srow[c];
+            for (int64_t j = j0; j < j1; j++)
+                orow[j] = decode_e4m3fn(row[j]) * sb;
+        }
+    }
+}
+
+/* fp32(w) of elements [i0, i1): torch's w.float(), which is scalar (slow) on CPUs without AVX-512. */
+void mla_decode_e4m3fn(const uint8_t *restrict w, float *restrict out, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+        out[i] = decode_e4m3fn(w[i]);
+}

@@ -1,0 +1,199 @@
+"""The C conversion kernels (fp8_kernels.c): built with the host's C compiler on first use, cached.
+
+torch's CPU fp8 casts are scalar on hosts without AVX-512 (~0.2 GB/s on this project's 2-core
+AVX2 machines, measured), and inductor's generated code inherits that. The C kernels decode and
+encode e4m3fn with integer arithmetic that the compiler vectorizes, and find each row's absmax from
+the fp8 bytes. The library is compiled for this CPU (-march=native) into a cache keyed by source,
+compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
+Anything that fails here raises NativeUnavailable; kernels.py then falls back with the reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("fp8_kernels.c")
+# -ffp-contract=off: no fused multiply-add, so every operation rounds as torch's does.
+# -fno-trapping-math: lets the compiler vectorize the selects (it changes no result, only FP flags).
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC"]
+
+
+class NativeUnavailable(RuntimeError):
+    pass
+
+
+def _cpu_id() -> str:
+    """What -march=native depends on: the machine and its CPU model and feature flags."""
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    seen: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in wanted and key.strip() not in seen:
+                seen[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return platform.machine() + repr(sorted(seen.items()))
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("MLA_CONVERT_CACHE"):
+        return Path(os.environ["MLA_CONVERT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mla-convert" / "native"
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeUnavailable("no C compiler found (set CC, or install gcc)")
+    return cc
+
+
+def build() -> Path:
+    """The compiled library for this host, building it if the cache lacks it."""
+    cc = _compiler()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from None
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:24]
+    cache = _cache_dir()
+    lib = cache / f"fp8_kernels-{key}.so"
+    if lib.exists():
+        return lib
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".fp8_kernels-", suffix=".so", dir=cache)
+        os.close(fd)
+    except OSError:  # a read-only home: build in a private temporary directory instead
+        cache = Path(tempfile.mkdtemp(prefix="mla-convert-native-"))
+        lib, tmp = cache / lib.name, str(cache / f".{lib.name}")
+    try:
+        proc = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300, check=False
+        )
+        if proc.returncode != 0:
+            detail = (proc.stderr.strip().splitlines() or ["no output"])[0][:200]
+            raise NativeUnavailable(f"{Path(cc).name} failed to build the kernels: {detail}")
+        os.replace(tmp, lib)  # atomic: concurrent builders each rename a complete file
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"building the kernels failed ({e})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return lib
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except OSError as e:
+            raise NativeUnavailable(f"cannot load the built kernels ({e})") from None
+        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
+        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
+        lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+        lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+        lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
+        for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
+                  lib.mla_decode_e4m3fn):  # fmt: skip
+            f.restype = None
+        _LIB = lib
+    return _LIB
+
+
+_POOL: cf.ThreadPoolExecutor | None = None
+MIN_ROWS_PER_THREAD = 64
+
+
+def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
+    """Run fn(r0, r1) over row ranges on torch's thread count (each call releases the GIL)."""
+    global _POOL
+    threads = max(1, min(torch.get_num_threads(), n // min_per_thread))
+    if threads == 1:
+        fn(0, n)
+        return
+    if _POOL is None or _POOL._max_workers < threads:
+        _POOL = cf.ThreadPoolExecutor(threads, thread_name_prefix="mla-kernel")
+    bounds = [n * i // threads for i in range(threads + 1)]
+    for f in [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]:
+        f.result()
+
+
+def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(
+            f"native kernels take a 2-D float8_e4m3fn CPU weight, got {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    grid = (-(-n // block[0]), -(-k // block[1]))
+    if tuple(scale_inv.shape) != grid or scale_inv.dtype != torch.float32:
+        raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not fit weight {(n, k)} with block {block}")
+    return n, k
+
+
+def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    scale = torch.empty(n, 1, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    bn, bk = block
+    wp, sp, scp, qp = w.data_ptr(), s.data_ptr(), scale.data_ptr(), q.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
+        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, qp, a, b), n)
+    return q, scale
+
+
+def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
+    """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_bf16_rows(wp, sp, k, block[0], block[1], op, a, b), n)
+    return out
+
+
+def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
+    """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = torch.empty(n, k, dtype=torch.float32)
+    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_dequant_rows(wp, sp, k, block[0], block[1], op, a, b), n)
+    return out
+
+
+def decode(t: torch.Tensor) -> torch.Tensor:
+    """t.float() for a float8_e4m3fn CPU tensor of any shape."""
+    lib = library()
+    if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
+        raise ValueError(f"decode takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    src = t.contiguous()
+    out = torch.empty(src.shape, dtype=torch.float32)
+    sp, op, n = src.data_ptr(), out.data_ptr(), src.numel()
+    if n:
+        _rows_parallel(lambda a, b: lib.mla_decode_e4m3fn(sp, op, a, b), n, 1 << 16)
+    return out
