@@ -170,7 +170,9 @@ def deepseek_r1(
     kernels: Annotated[
         str,
         typer.Option(
-            "--kernels", help="auto: torch.compile when it works (checked bit-identical), else eager; or compile / eager."
+            "--kernels",
+            help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
+            "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
         ),
     ] = "auto",
     json_out: JsonOpt = False,

@@ -75,7 +75,7 @@ class JobSpec:
     fp8_max: float
     dims: MlaDims
     device: str = "cpu"
-    kernels: str = "compile"  # compile (falls back to eager by itself) | eager
+    kernels: tuple[str, ...] = ("native", "eager")  # kernels to try in order (kernels.resolve_mode)
     ops: tuple[str, ...] = ("fp8", "bf16")  # conversions this plan uses (what gets compiled)
 
 
@@ -213,7 +213,7 @@ def plan_ops(plan: Plan) -> tuple[str, ...]:
     return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16")) if op in used)
 
 
-def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels: str = "compile") -> list[JobSpec]:
+def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels=("native", "eager")) -> list[JobSpec]:
     src = plan.source
     ops = plan_ops(plan)
     specs = []
@@ -237,7 +237,7 @@ def execute(
     skip: set[str] = frozenset(),
     workers: int = 1,
     device: str = "cpu",
-    kernels: str = "compile",
+    kernels: tuple[str, ...] = ("native", "eager"),
     progress: ProgressFn | None = None,
     on_job_done: Callable[[str, list], None] | None = None,
     inputs_ready: Callable[[JobSpec], None] | None = None,
@@ -409,8 +409,8 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from None
     chosen = select_kernels(src.block, options.fp8_max, device, kernels, plan_ops(plan))
-    auto_chose_eager = kernels == "eager" and why != "requested"
-    result = {"kernels": chosen.name, "kernels_reason": why if auto_chose_eager else chosen.reason}
+    reason = chosen.reason if why in ("requested", "auto") or chosen.name != "eager" else f"{chosen.reason}; {why}"
+    result = {"kernels": chosen.name, "kernels_reason": reason}
 
     fingerprint = src.fingerprint()
     done: dict[str, list] = {}

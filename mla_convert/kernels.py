@@ -1,8 +1,9 @@
-"""Choose how the numerics run: torch.compile (one fused pass, ~5x eager on CPU) or eager.
+"""Choose how the numerics run: native C kernels, torch.compile, or eager torch.
 
-Both call the same functions of `numerics`, so the compiled path is the eager path fused, and a
-test checks they are bit-identical. Compilation is tried once per process on a small tensor; any
-failure (no C compiler, no inductor, an unsupported device) falls back to eager with the reason.
+Eager is `numerics` itself. torch.compile fuses the same functions. The native kernels
+(native.py) do the same arithmetic in C, operation for operation. Whichever is chosen is checked
+bit-identical to eager on probe tensors once per process (tests check all three against the slow
+reference); any failure (no C compiler, no inductor, a mismatch) falls back with the reason.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ BLOCK_DEFAULT = (128, 128)
 
 @dataclass(frozen=True)
 class Kernels:
-    name: str  # "torch.compile" or "eager"
+    name: str  # "native", "torch.compile" or "eager"
     reason: str  # why this one was chosen
     to_channel_fp8: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     to_bf16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    # Eager always: only kv_b_proj (0.3% of R1's bytes) needs it, for the MLA artifacts, and a
-    # compile would cost more than it saves.
     dequant_fp32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -50,66 +49,161 @@ def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "re
     return Kernels("eager", reason, f["fp8"], f["bf16"], f["dequant"])
 
 
-# Below this many FP8 bytes, compiling (~15 s cold on 2 cores, ~2 s from inductor's cache) costs
-# more than the ~4x it saves over eager (~0.12 GB/s eager vs ~0.5 GB/s compiled, measured here).
+# Below this many FP8 bytes, torch.compile (~15 s cold on 2 cores, ~2 s from inductor's cache)
+# costs more than it saves over eager. The native kernels build in well under a second.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
+# What each --kernels mode tries, in order; each falls back to the next with the reason.
+CHAINS = {
+    "native": ("native", "eager"),
+    "compile": ("compile", "eager"),
+    "eager": ("eager",),
+}
+MODES = ("auto", *CHAINS)
 
-def resolve_mode(mode: str, fp8_bytes: int) -> tuple[str, str]:
-    """'auto' -> 'compile' or 'eager' for a checkpoint with `fp8_bytes` of FP8 weights."""
-    if mode not in ("auto", "compile", "eager"):
-        raise ValueError(f"kernels mode {mode!r}: expected auto, compile or eager")
-    mode = os.environ.get("MLA_CONVERT_KERNELS", mode) if mode == "auto" else mode
-    if mode == "auto":
-        if fp8_bytes < AUTO_COMPILE_MIN_BYTES:
-            return "eager", f"auto: {fp8_bytes / 1e9:.2f} GB of FP8 is too little to repay compiling"
-        return "compile", "auto"
-    return mode, "requested"
+
+def resolve_mode(mode: str, fp8_bytes: int) -> tuple[tuple[str, ...], str]:
+    """--kernels MODE -> (the kernels to try in order, why) for `fp8_bytes` of FP8 weights."""
+    if mode not in MODES:
+        raise ValueError(f"kernels mode {mode!r}: expected {', '.join(MODES)}")
+    if mode == "auto" and os.environ.get("MLA_CONVERT_KERNELS"):
+        mode = os.environ["MLA_CONVERT_KERNELS"]
+        if mode not in MODES:
+            raise ValueError(f"MLA_CONVERT_KERNELS={mode!r}: expected {', '.join(MODES)}")
+    if mode != "auto":
+        return CHAINS[mode], "requested"
+    if fp8_bytes < AUTO_COMPILE_MIN_BYTES:
+        return ("native", "eager"), f"auto: {fp8_bytes / 1e9:.2f} GB of FP8 is too little to repay torch.compile"
+    return ("native", "compile", "eager"), "auto"
 
 
 _CACHE: dict = {}
 
 
 def select_kernels(
-    block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str = "compile", ops=OPS
+    block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str | tuple[str, ...] = "native", ops=OPS
 ) -> Kernels:
-    """mode 'compile': torch.compile the `ops` the plan uses if that works here (each checked
-    bit-identical to eager on a probe), else eager with the reason; 'eager': eager."""
-    key = (tuple(block), fp8_max, device, mode, tuple(sorted(ops)))
+    """The first kernels of `mode` (a mode name or a chain from resolve_mode) that work here and
+    give bit-identical results to eager on the probes; eager at the end, with the reasons."""
+    chain = CHAINS[mode] if isinstance(mode, str) else tuple(mode)
+    key = (tuple(block), fp8_max, device, chain, tuple(sorted(ops)))
     if key not in _CACHE:
-        _CACHE[key] = _select(tuple(block), fp8_max, device, mode, key[-1])
+        _CACHE[key] = _select(tuple(block), fp8_max, device, chain, key[-1])
     return _CACHE[key]
 
 
-def _select(block, fp8_max, device, mode, ops) -> Kernels:
-    if mode == "eager":
-        return eager_kernels(block, fp8_max, "requested")
-    if torch.device(device).type != "cpu":
-        return eager_kernels(block, fp8_max, f"eager kernels run fast on {device}")
+def _select(block, fp8_max, device, chain, ops) -> Kernels:
+    skipped = []
+    for name in chain:
+        if name == "eager":
+            break
+        if torch.device(device).type != "cpu":
+            skipped.append(f"eager kernels run fast on {device}")
+            break
+        try:
+            chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, ops)
+        except _Unusable as e:
+            skipped.append(str(e))
+            continue
+        return chosen if not skipped else _with_reason(chosen, "; ".join([*skipped, chosen.reason]))
+    return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested")
+
+
+def _with_reason(k: Kernels, reason: str) -> Kernels:
+    return Kernels(k.name, reason, k.to_channel_fp8, k.to_bf16, k.dequant_fp32)
+
+
+class _Unusable(Exception):
+    pass
+
+
+def _probes(block):
+    """Inputs the candidate kernels must convert exactly as eager does: aligned and partial blocks,
+    grid dims that differ and exceed 1, and every one of the 256 fp8 bytes (zeros, subnormals, NaN)."""
+    bn, bk = block
+    every_byte = (torch.arange((bn + 3) * 512) % 256).to(torch.uint8).reshape(bn + 3, 512)
+    weights = [
+        torch.randn(2 * bn + 5, 3 * bk + 7).to(torch.float8_e4m3fn),
+        torch.randn(4 * bn, 5 * bk + 1).to(torch.float8_e4m3fn),
+        every_byte.view(torch.float8_e4m3fn),
+    ]
+    return [(w, torch.rand(-(-w.shape[0] // bn), -(-w.shape[1] // bk)) + 0.5) for w in weights]
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical, except that a NaN may be any NaN (torch's own bf16 casts differ there)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
+
+
+def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
     eager = _funcs(block, fp8_max)
-    chosen = dict(eager)
+    for op in ops:
+        for w, s in _probes(block):
+            got, want = funcs[op](w, s), eager[op](w, s)
+            got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+            if not all(same_values(a, b) for a, b in zip(got, want)):
+                raise _Unusable(f"{name} output of {op!r} differed from eager")
+
+
+def _native(block, fp8_max, ops) -> Kernels:
+    from . import native
+
+    funcs = {
+        "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max),
+        "bf16": lambda w, s: native.to_bf16(w, s, block),
+        "dequant": lambda w, s: native.dequantize(w, s, block),
+    }
+    try:
+        native.library()
+    except native.NativeUnavailable as e:
+        raise _Unusable(f"native kernels unavailable ({e})") from None
+    _check_against_eager("native", funcs, block, fp8_max, (*ops, "dequant"))
+    return Kernels(
+        "native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs["fp8"],
+        funcs["bf16"], funcs["dequant"],
+    )  # fmt: skip
+
+
+def _compiled(block, fp8_max, ops) -> Kernels:
     # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
-    # that converts is the one checked here. Grid dims differ and exceed 1 (no specialisation on
-    # equal or unit sizes). `dynamic=True` would also make the captured block size and FP8 max
-    # symbolic, and the kernel ~15x slower (measured).
-    probes = [
-        (torch.randn(2 * block[0] + 5, 3 * block[1] + 7).to(torch.float8_e4m3fn), torch.rand(3, 4) + 0.5),
-        (torch.randn(4 * block[0], 5 * block[1] + 1).to(torch.float8_e4m3fn), torch.rand(4, 6) + 0.5),
-    ]
+    # that converts is the one checked here. `dynamic=True` would also make the captured block
+    # size and FP8 max symbolic, and the kernel ~15x slower (measured).
+    eager = _funcs(block, fp8_max)
+    chosen = dict(eager)
     try:
         for op in ops:
-            compiled = torch.compile(eager[op])
-            for w, s in probes:
-                got, want = compiled(w, s), eager[op](w, s)
-                got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-                if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want)):
-                    return eager_kernels(block, fp8_max, f"torch.compile output of {op!r} differed from eager")
-            chosen[op] = compiled
+            chosen[op] = torch.compile(eager[op])
+        _check_against_eager("torch.compile", chosen, block, fp8_max, ops)
+    except _Unusable:
+        raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        return eager_kernels(block, fp8_max, f"torch.compile unavailable ({type(e).__name__}: {first})")
+        raise _Unusable(f"torch.compile unavailable ({type(e).__name__}: {first})") from None
     return Kernels(
         "torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen["fp8"], chosen["bf16"],
         chosen["dequant"],
     )  # fmt: skip
+
+
+_DECODER: list = []
+
+
+def fp8_decoder() -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+    """(t -> t.float() for e4m3fn tensors, its name): the native decode when it builds and decodes
+    all 256 bytes exactly as torch does, else torch's own (slow on CPUs without AVX-512)."""
+    if not _DECODER:
+        every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+        try:
+            from . import native
+
+            if not same_values(native.decode(every_byte), every_byte.float()):
+                raise _Unusable("native fp8 decode differed from torch's")
+            _DECODER.append((native.decode, "native"))
+        except Exception:  # no compiler, a mismatch: torch's decode is always right
+            _DECODER.append((lambda t: t.float(), "torch"))
+    return _DECODER[0]

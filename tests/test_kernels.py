@@ -1,57 +1,135 @@
-"""The compiled fast path is the eager path fused: bit-identical, and both equal the reference."""
+"""The fast paths (native C kernels, torch.compile) give exactly what eager `numerics` gives, and
+all of them equal the slow reference; each falls back cleanly, saying why."""
+
+import os
 
 import pytest
 import torch
 from conftest import load_json
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from reference import ref_channel_fp8, ref_dequant_block, same_bits
 from test_convert import tree_hashes
 
+from mla_convert import kernels as kernels_mod
+from mla_convert import native
 from mla_convert.convert import convert
-from mla_convert.kernels import eager_kernels, resolve_mode, select_kernels
+from mla_convert.kernels import eager_kernels, resolve_mode, same_values, select_kernels
 from mla_convert.plan import Options
 from mla_convert.synthetic import quantize_block_fp8
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    k = select_kernels((128, 128), 448.0, "cpu", "compile", ("fp8", "bf16"))
-    if k.name != "torch.compile":  # a host without a C compiler: the fallback must say why
-        pytest.fail(f"torch.compile unavailable on this test host: {k.reason}")
-    return k
+def fast():
+    """Both fast paths; a test host without a C compiler fails here, saying why."""
+    found = {}
+    for mode, name in (("native", "native"), ("compile", "torch.compile")):
+        k = select_kernels((128, 128), 448.0, "cpu", mode, ("fp8", "bf16"))
+        if k.name != name:
+            pytest.fail(f"{name} unavailable on this test host: {k.reason}")
+        found[mode] = k
+    return found
+
+
+@pytest.fixture
+def fresh_native(monkeypatch, tmp_path):
+    """No built library in memory or in a private cache, and no cached kernel choice."""
+    monkeypatch.setenv("MLA_CONVERT_CACHE", str(tmp_path / "native-cache"))
+    monkeypatch.setattr(native, "_LIB", None)
+    monkeypatch.setattr(kernels_mod, "_CACHE", {})
+    return tmp_path / "native-cache"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", [(576, 7168 // 8), (2048, 896), (300, 200), (129, 257), (1, 1)])
-def test_compiled_equals_eager_equals_reference(compiled, shape):
+@pytest.mark.parametrize("mode", ["native", "compile"])
+@pytest.mark.parametrize("shape", [(576, 7168 // 8), (2048, 896), (300, 200), (129, 257), (1, 1), (3, 1000)])
+def test_fast_equals_eager_equals_reference(fast, mode, shape):
     w, s = quantize_block_fp8(torch.randn(shape) * 3)
-    eager = eager_kernels((128, 128), 448.0)
+    k, eager = fast[mode], eager_kernels((128, 128), 448.0)
     x = ref_dequant_block(w, s)
     ref_q, ref_s = ref_channel_fp8(x, 448.0)
-    assert compiled.to_channel_fp8 is not eager.to_channel_fp8 and compiled.to_bf16 is not eager.to_bf16
-    for k in (compiled, eager):
-        q, sc = k.to_channel_fp8(w, s)
-        assert same_bits(q, ref_q) and same_bits(sc, ref_s), k.name
-        assert same_bits(k.to_bf16(w, s), x.to(torch.bfloat16)), k.name
-        assert same_bits(k.dequant_fp32(w, s), x), k.name
+    assert k.to_channel_fp8 is not eager.to_channel_fp8 and k.to_bf16 is not eager.to_bf16
+    for kern in (k, eager):
+        q, sc = kern.to_channel_fp8(w, s)
+        assert same_bits(q, ref_q) and same_bits(sc, ref_s), kern.name
+        assert same_bits(kern.to_bf16(w, s), x.to(torch.bfloat16)), kern.name
+        assert same_bits(kern.dequant_fp32(w, s), x), kern.name
+
+
+def _every_byte(rows: int, cols: int) -> torch.Tensor:
+    return (torch.arange(rows * cols) % 256).to(torch.uint8).reshape(rows, cols).view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [1.0, 0.5, 3.0e-3, 1.7e-6, 2.0**-20, 7.5e4, -0.25],  # tiny scales push rows into e4m3's subnormals
+)
+def test_native_every_byte_every_rounding_case(fast, scale):
+    """All 256 e4m3 bytes (zeros, subnormals, NaN) under a range of block scales: native equals
+    eager bit for bit, NaN handling included; without NaN bytes it equals the slow reference."""
+    w = _every_byte(200, 300)
+    s = torch.full((2, 3), scale) * (1 + torch.arange(6).reshape(2, 3) / 7)
+    k, eager = fast["native"], eager_kernels((128, 128), 448.0)
+    q, sc = k.to_channel_fp8(w, s)
+    q_e, sc_e = eager.to_channel_fp8(w, s)
+    assert same_values(q, q_e) and same_values(sc, sc_e)
+    assert same_values(k.to_bf16(w, s), eager.to_bf16(w, s))
+    finite = w.view(torch.uint8).clone()
+    finite[(finite & 0x7F) == 0x7F] = 0x7E  # the reference has no NaN convention; numerics does
+    w = finite.view(torch.float8_e4m3fn)
+    x = ref_dequant_block(w, s)
+    ref_q, ref_s = ref_channel_fp8(x, 448.0)
+    q, sc = k.to_channel_fp8(w, s)
+    assert same_bits(q, ref_q) and same_bits(sc, ref_s)
+    assert same_bits(k.to_bf16(w, s), x.to(torch.bfloat16))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(1, 300),
+    cols=st.integers(1, 300),
+    block=st.sampled_from([(128, 128), (64, 32), (1, 7)]),
+    fp8_max=st.sampled_from([448.0, 240.0]),
+    exp=st.integers(-30, 30),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 256, (rows, cols), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    grid = (-(-rows // block[0]), -(-cols // block[1]))
+    s = (torch.rand(grid, generator=g) + 0.01) * 2.0**exp
+    k = select_kernels(block, fp8_max, "cpu", "native", ("fp8", "bf16"))
+    assert k.name == "native", k.reason
+    eager = eager_kernels(block, fp8_max)
+    for a, b in zip(k.to_channel_fp8(w, s), eager.to_channel_fp8(w, s)):
+        assert same_values(a, b)
+    assert same_values(k.to_bf16(w, s), eager.to_bf16(w, s))
 
 
 @pytest.mark.slow
-def test_conversion_with_compiled_kernels_is_byte_identical(tiny_src, converted, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
+@pytest.mark.parametrize("mode", ["native", "compile"])
+def test_conversion_with_fast_kernels_is_byte_identical(tiny_src, converted, tmp_path, monkeypatch, fmt, mode):
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
-    summary = convert(tiny_src, tmp_path / "c", Options(), kernels="compile")
-    assert summary["kernels"] == "torch.compile"
-    assert tree_hashes(tmp_path / "c") == tree_hashes(converted["channel-fp8"])
+    summary = convert(tiny_src, tmp_path / "c", Options(format=fmt), kernels=mode)
+    assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode]
+    assert tree_hashes(tmp_path / "c") == tree_hashes(converted[fmt])
 
 
 def test_auto_mode_policy(monkeypatch):
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
-    assert resolve_mode("auto", 10**6)[0] == "eager" and "too little" in resolve_mode("auto", 10**6)[1]
-    assert resolve_mode("auto", 10**12) == ("compile", "auto")
-    assert resolve_mode("eager", 10**12) == ("eager", "requested")
+    chain, why = resolve_mode("auto", 10**6)
+    assert chain == ("native", "eager") and "too little" in why
+    assert resolve_mode("auto", 10**12) == (("native", "compile", "eager"), "auto")
+    assert resolve_mode("eager", 10**12) == (("eager",), "requested")
+    assert resolve_mode("compile", 1) == (("compile", "eager"), "requested")
     monkeypatch.setenv("MLA_CONVERT_KERNELS", "compile")
-    assert resolve_mode("auto", 10**6)[0] == "compile"
+    assert resolve_mode("auto", 10**6)[0] == ("compile", "eager")
     with pytest.raises(ValueError):
         resolve_mode("fast", 1)
+    monkeypatch.setenv("MLA_CONVERT_KERNELS", "fast")
+    with pytest.raises(ValueError, match="MLA_CONVERT_KERNELS"):
+        resolve_mode("auto", 1)
 
 
 def test_compile_failure_falls_back_to_eager(monkeypatch):
@@ -63,6 +141,36 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     assert k.name == "eager" and "no C compiler" in k.reason
     w, s = torch.randn(70, 70).to(torch.float8_e4m3fn), torch.rand(2, 2) + 0.5
     assert same_bits(k.dequant_fp32(w, s), ref_dequant_block(w, s, (64, 64)))
+
+
+def test_no_c_compiler_falls_back_with_the_reason(fresh_native, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    k = select_kernels((128, 128), 448.0, "cpu", ("native", "eager"), ("fp8",))
+    assert k.name == "eager" and "native kernels unavailable" in k.reason and "/nonexistent/cc" in k.reason
+    assert not fresh_native.exists() or not any(fresh_native.iterdir())  # nothing half-built left
+
+
+def test_a_native_build_that_disagrees_is_not_used(fresh_native, monkeypatch):
+    real = native.to_channel_fp8
+
+    def off_by_one_bit(w, s, block, fp8_max):
+        q, sc = real(w, s, block, fp8_max)
+        q.view(torch.uint8)[0, 0] ^= 1
+        return q, sc
+
+    monkeypatch.setattr(native, "to_channel_fp8", off_by_one_bit)
+    k = select_kernels((128, 128), 448.0, "cpu", ("native", "eager"), ("fp8",))
+    assert k.name == "eager" and "differed from eager" in k.reason
+
+
+def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
+    lib = native.build()
+    assert lib.parent == fresh_native and lib.suffix == ".so"
+    stamp = lib.stat().st_mtime_ns
+    assert native.build() == lib and lib.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert [p.name for p in fresh_native.iterdir()] == [lib.name]  # no temporary files left
+    monkeypatch.setattr(native, "_cpu_id", lambda: "another CPU")
+    assert native.build() != lib  # -march=native code is never served to another CPU
 
 
 def test_summary_reports_kernels(tiny_src, tmp_path):
@@ -86,3 +194,17 @@ def test_one_compiled_graph_serves_every_shape():
         fresh.to_channel_fp8(w, s)
         fresh.to_bf16(w, s)
     assert graphs["unique_graphs"] == before
+
+
+def test_native_kernels_use_torch_thread_count(fast):
+    """Rows are split over torch.get_num_threads() threads; results do not depend on the split."""
+    w, s = quantize_block_fp8(torch.randn(700, 300))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fast["native"].to_channel_fp8(w, s)
+        torch.set_num_threads(max(2, os.cpu_count() or 2))
+        many = fast["native"].to_channel_fp8(w, s)
+    finally:
+        torch.set_num_threads(before)
+    assert same_bits(one[0], many[0]) and same_bits(one[1], many[1])
