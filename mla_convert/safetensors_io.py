@@ -7,6 +7,8 @@ they go to disk.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import math
@@ -177,6 +179,31 @@ def file_sha256(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _sync_file_range():
+    """Linux's sync_file_range(2), or None: starts writeback of a byte range without waiting."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_START_WRITEBACK = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+WRITEBACK_STEP = 64 * 1024 * 1024
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing this range to disk now (best effort, never waits for it):
+    the disk works while the next tensors are converted, and the fsync at the end has little
+    left to wait for (it was ~1/3 of a conversion's wall time without this, measured)."""
+    if _START_WRITEBACK is not None and nbytes > 0:
+        _START_WRITEBACK(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     path: Path
@@ -224,6 +251,8 @@ class ShardWriter:
         self._prefix = struct.pack("<Q", len(raw)) + raw
         self.total_size = len(self._prefix) + pos
         self._next = 0
+        self._written = 0  # bytes written so far, and how far writeback was started
+        self._flushed = 0
         self._hash = hashlib.sha256()
         self._tmp = partial_name(self.path)
         self._f = None
@@ -253,6 +282,11 @@ class ShardWriter:
         except OSError as e:
             raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from None
         self._hash.update(data)
+        self._written += len(data)
+        if self._written - self._flushed >= WRITEBACK_STEP:
+            self._f.flush()
+            start_writeback(self._f.fileno(), self._flushed, self._written - self._flushed)
+            self._flushed = self._written
 
     def _drain(self) -> None:
         while (item := self._queue.get()) is not None:
