@@ -20,6 +20,7 @@ import torch
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 
+from .kernels import fp8_decoder
 from .numerics import dequantize_block_fp8, to_bf16
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
 from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
@@ -303,7 +304,7 @@ class _Checks:
         for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
             x = self._source_dequant(job, r0, r1)
             sc = s[r0:r1]
-            found = q[r0:r1].float() * sc
+            found = fp8_decoder()[0](q[r0:r1]) * sc
             abs_x = x.abs()
             ratio = stats.add(found, x, fp8_allowed_error(abs_x, sc))
             if not stats.chunk_bound_use <= 1:
@@ -335,7 +336,9 @@ class _Checks:
         bn = self.task.block[0]
         w = self.reader.rows(job.source, r0, r1 - r0)
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
-        return dequantize_block_fp8(w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block)
+        return dequantize_block_fp8(
+            w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block, fp8_decoder()[0]
+        )
 
     def _compare_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         stats, bad = ErrorStats(), Mismatches()
