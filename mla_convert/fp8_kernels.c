@@ -136,3 +136,100 @@ void mla_decode_e4m3fn(const uint8_t *restrict w, float *restrict out, int64_t i
     for (int64_t i = i0; i < i1; i++)
         out[i] = decode_e4m3fn(w[i]);
 }
+
+/* Per row of an e4m3fn matrix, the largest magnitude code (byte & 0x7F; 0x7F is NaN): verify's
+ * range, NaN and row-max checks all read off it, without decoding a single element. */
+void mla_row_max_code(const uint8_t *restrict w, int64_t k, uint8_t *restrict out, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * k;
+        uint8_t m = 0;
+        for (int64_t j = 0; j < k; j++) {
+            uint8_t v = row[j] & 0x7Fu;
+            m = v > m ? v : m;
+        }
+        out[r] = m;
+    }
+}
+
+/* verify --source for a channel-FP8 weight (q, per-row scale sc) against its block-FP8 source
+ * (w, s), rows [r0, r1), in one pass: x = fp32(w) * s (exact source dequant), f = fp32(q) * sc,
+ * d = f - x, allowed = |x| * rel + sc * half_step, all in fp32 as verify_math does in torch.
+ * Per row: sums of d^2, x^2, f^2 (8 float lanes per block, then double), max |d|, max |d| / allowed,
+ * how many elements are out of bound (not |d| / allowed <= 1, so NaN counts) and the first one's
+ * column (-1: none), and max |x|. NaN sticks in every max. */
+#define LANES 8
+static inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *qrow = q + r * k, *wrow = w + r * k;
+        const float *srow = s + (r / bn) * gk;
+        const float rs = sc[r], floor_err = rs * half_step;
+        double sdd = 0.0, sxx = 0.0, syy = 0.0;
+        float mabs = 0.0f, mratio = 0.0f, ax = 0.0f;
+        int64_t nb = 0, fb = -1;
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const float sb = srow[c];
+            float ldd[LANES] = {0}, lxx[LANES] = {0}, lyy[LANES] = {0};
+            float labs[LANES] = {0}, lratio[LANES] = {0}, lax[LANES] = {0};
+            int32_t lbad[LANES] = {0};
+            int64_t j = j0;
+            for (; j + LANES <= j1; j += LANES) {
+                for (int l = 0; l < LANES; l++) {
+                    float x = decode_e4m3fn(wrow[j + l]) * sb;
+                    float f = decode_e4m3fn(qrow[j + l]) * rs;
+                    float d = f - x;
+                    float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
+                    float ratio = ad / (adx * rel + floor_err);
+                    ldd[l] += d * d;
+                    lxx[l] += x * x;
+                    lyy[l] += f * f;
+                    labs[l] = nan_max(labs[l], ad);
+                    lratio[l] = nan_max(lratio[l], ratio);
+                    lax[l] = nan_max(lax[l], adx);
+                    lbad[l] += !(ratio <= 1.0f);
+                }
+            }
+            for (int l = 0; l < LANES; l++) {
+                sdd += ldd[l];
+                sxx += lxx[l];
+                syy += lyy[l];
+                mabs = nan_max(mabs, labs[l]);
+                mratio = nan_max(mratio, lratio[l]);
+                ax = nan_max(ax, lax[l]);
+                nb += lbad[l];
+            }
+            for (; j < j1; j++) {
+                float x = decode_e4m3fn(wrow[j]) * sb;
+                float f = decode_e4m3fn(qrow[j]) * rs;
+                float d = f - x;
+                float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
+                float ratio = ad / (adx * rel + floor_err);
+                sdd += (double)d * d;
+                sxx += (double)x * x;
+                syy += (double)f * f;
+                mabs = nan_max(mabs, ad);
+                mratio = nan_max(mratio, ratio);
+                ax = nan_max(ax, adx);
+                nb += !(ratio <= 1.0f);
+            }
+        }
+        if (nb) { /* rare: find the first bad column with a plain second pass */
+            for (int64_t j = 0; j < k && fb < 0; j++) {
+                float x = decode_e4m3fn(wrow[j]) * srow[j / bk];
+                float d = decode_e4m3fn(qrow[j]) * rs - x;
+                float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
+                if (!(ad / (adx * rel + floor_err) <= 1.0f))
+                    fb = j;
+            }
+        }
+        dd[r] = sdd, xx[r] = sxx, yy[r] = syy;
+        max_abs[r] = mabs, max_ratio[r] = mratio, n_bad[r] = nb, first_bad[r] = fb, amax_x[r] = ax;
+    }
+}

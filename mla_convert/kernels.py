@@ -190,20 +190,36 @@ def _compiled(block, fp8_max, ops) -> Kernels:
     )  # fmt: skip
 
 
-_DECODER: list = []
+@dataclass(frozen=True)
+class Fp8Readers:
+    """Exact reads of e4m3fn tensors for verify: native when it agrees with torch on all 256 bytes."""
+
+    name: str  # "native" or "torch"
+    decode: Callable[[torch.Tensor], torch.Tensor]  # t.float()
+    row_max_codes: Callable[[torch.Tensor], torch.Tensor]  # (t.view(uint8) & 0x7F).amax(dim=1), 2-D
 
 
-def fp8_decoder() -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
-    """(t -> t.float() for e4m3fn tensors, its name): the native decode when it builds and decodes
-    all 256 bytes exactly as torch does, else torch's own (slow on CPUs without AVX-512)."""
-    if not _DECODER:
-        every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+def _torch_row_max_codes(t: torch.Tensor) -> torch.Tensor:
+    return (t.view(torch.uint8) & 0x7F).amax(dim=1)
+
+
+_READERS: list[Fp8Readers] = []
+
+
+def fp8_readers() -> Fp8Readers:
+    """Built and checked once per process; torch's own ops when the native library is unusable."""
+    if not _READERS:
+        every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
+        rows = every_byte.reshape(3, 256)[:, torch.randperm(256)]
         try:
             from . import native
 
-            if not same_values(native.decode(every_byte), every_byte.float()):
-                raise _Unusable("native fp8 decode differed from torch's")
-            _DECODER.append((native.decode, "native"))
-        except Exception:  # no compiler, a mismatch: torch's decode is always right
-            _DECODER.append((lambda t: t.float(), "torch"))
-    return _DECODER[0]
+            ok = same_values(native.decode(every_byte), every_byte.float()) and torch.equal(
+                native.row_max_codes(rows[:, :100]), _torch_row_max_codes(rows[:, :100])
+            )
+            if not ok:
+                raise _Unusable("native fp8 reads differed from torch's")
+            _READERS.append(Fp8Readers("native", native.decode, native.row_max_codes))
+        except Exception:  # no compiler, a mismatch: torch's ops are always right
+            _READERS.append(Fp8Readers("torch", lambda t: t.float(), _torch_row_max_codes))
+    return _READERS[0]

@@ -110,8 +110,10 @@ def library() -> ctypes.CDLL:
         lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
+        lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
+        lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
-                  lib.mla_decode_e4m3fn):  # fmt: skip
+                  lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
             f.restype = None
         _LIB = lib
     return _LIB
@@ -196,4 +198,38 @@ def decode(t: torch.Tensor) -> torch.Tensor:
     sp, op, n = src.data_ptr(), out.data_ptr(), src.numel()
     if n:
         _rows_parallel(lambda a, b: lib.mla_decode_e4m3fn(sp, op, a, b), n, 1 << 16)
+    return out
+
+
+def row_max_codes(t: torch.Tensor) -> torch.Tensor:
+    """(t.view(uint8) & 0x7F).amax(dim=1) for a 2-D float8_e4m3fn CPU tensor: uint8 [N]."""
+    lib = library()
+    if t.dtype != torch.float8_e4m3fn or t.dim() != 2 or t.device.type != "cpu" or not t.shape[1]:
+        raise ValueError(
+            f"row_max_codes takes a non-empty 2-D float8_e4m3fn CPU tensor, got {t.dtype} {tuple(t.shape)}"
+        )
+    src = t.contiguous()
+    out = torch.empty(t.shape[0], dtype=torch.uint8)
+    sp, op, k = src.data_ptr(), out.data_ptr(), t.shape[1]
+    _rows_parallel(lambda a, b: lib.mla_row_max_code(sp, k, op, a, b), t.shape[0])
+    return out
+
+
+def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: float, half_step: float) -> dict:
+    """verify's channel-FP8 check in one pass (see mla_fp8_bound_rows): per-row tensors dd, xx, yy
+    (float64), max_abs, max_ratio, amax_x (float32), n_bad, first_bad (int64)."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (n, k) or scale.numel() != n:
+        raise ValueError(f"fp8_bound_rows: q {tuple(q.shape)} / scale {tuple(scale.shape)} do not match {(n, k)}")
+    q, sc = q.contiguous(), scale.reshape(n).to(torch.float32).contiguous()
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = {name: torch.empty(n, dtype=torch.float64) for name in ("dd", "xx", "yy")}
+    out |= {name: torch.empty(n, dtype=torch.float32) for name in ("max_abs", "max_ratio", "amax_x")}
+    out |= {name: torch.empty(n, dtype=torch.int64) for name in ("n_bad", "first_bad")}
+    order = ("dd", "xx", "yy", "max_abs", "max_ratio", "n_bad", "first_bad", "amax_x")
+    ptrs = [out[name].data_ptr() for name in order]
+    args = (q.data_ptr(), sc.data_ptr(), w.data_ptr(), s.data_ptr(), k, block[0], block[1], rel, half_step)
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_fp8_bound_rows(*args, *ptrs, a, b), n)
     return out

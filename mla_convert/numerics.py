@@ -18,7 +18,7 @@ def dequantize_block_fp8(
 ) -> torch.Tensor:
     """Exact fp32 dequant of a block-FP8 weight (the product of an e4m3 value and an fp32 scale).
 
-    `decode` replaces `weight.float()` (kernels.fp8_decoder: the same values, faster)."""
+    `decode` replaces `weight.float()` (kernels.fp8_readers: the same values, faster)."""
     n, k = weight.shape
     bn, bk = block
     gn, gk = scale_inv.shape

@@ -116,6 +116,13 @@ class ErrorStats:
             self.bound_use = max(self.bound_use, self.chunk_bound_use)
         return ratio.view(found.shape)
 
+    def add_sums(self, dd: float, xx: float, yy: float, max_abs: float, bound_use: float) -> None:
+        """Add one chunk already reduced elsewhere (the native verify pass)."""
+        self.dd, self.xx, self.yy = self.dd + dd, self.xx + xx, self.yy + yy
+        self.max_abs = _nan_max(self.max_abs, max_abs)
+        self.chunk_bound_use = _nan_max(0.0, bound_use)
+        self.bound_use = max(self.bound_use, self.chunk_bound_use)
+
     @property
     def rel_err(self) -> float:
         return math.sqrt(self.dd / self.xx) if self.xx > 0 else (0.0 if self.dd == 0 else math.inf)
@@ -146,6 +153,12 @@ class Mismatches:
             at = tuple(int(i) for i in torch.nonzero(bad)[0])
             where = [at[0] + row_offset, *at[1:]]
             self.first = f"first at {where}: {float(found[at]):.6g} vs expected {float(expected[at]):.6g}"
+
+    def add_counted(self, count: int, where: list[int], found: float, expected: float) -> None:
+        """Add `count` bad elements counted elsewhere, the first of them at `where`."""
+        self.count += count
+        if self.first is None and count:
+            self.first = f"first at {where}: {found:.6g} vs expected {expected:.6g}"
 
     def text(self, total: int) -> str:
         return f"{self.count} of {total} elements; {self.first}"

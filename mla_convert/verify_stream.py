@@ -8,6 +8,7 @@ comparisons run in row chunks too, so their working memory stays small.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import math
 import os
@@ -20,11 +21,15 @@ import torch
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 
-from .kernels import fp8_decoder
+from . import native
+from .kernels import fp8_readers
 from .numerics import dequantize_block_fp8, to_bf16
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
 from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
 from .verify_math import (
+    FP8_REL,
+    FP8_SUBNORMAL_HALF_STEP,
+    FP32_SLACK,
     BF16_REL,
     FUNCTIONAL_TOL_EXACT,
     FUNCTIONAL_TOL_FP8,
@@ -148,7 +153,7 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
     """Hash one file and check every tensor in it; never raises for a bad file (records it)."""
     tally = Tally()
     path = Path(task.root) / task.rel
-    h = hashlib.sha256()
+    h = _BackgroundSha256()
     size = 0
     checks = _Checks(task, tally)
     try:
@@ -158,7 +163,8 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
                 h.update(prefix)
                 size += len(prefix)
                 for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
-                    buf = _read_hashing(f, info.nbytes, h)
+                    buf = _read(f, info.nbytes)
+                    h.update(buf)
                     size += len(buf)
                     if len(buf) != info.nbytes:
                         raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
@@ -177,11 +183,12 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
         return FileResult(task.rel, size, None, tally)
     finally:
         checks.reader.close()
+        h.close()
     tally.bytes_read += size
     return FileResult(task.rel, size, h.hexdigest(), tally)
 
 
-def _read_hashing(f, nbytes: int, h) -> bytearray:
+def _read(f, nbytes: int) -> bytearray:
     buf = bytearray(nbytes)
     view = memoryview(buf)
     pos = 0
@@ -189,9 +196,33 @@ def _read_hashing(f, nbytes: int, h) -> bytearray:
         got = f.readinto(view[pos : pos + HASH_CHUNK])
         if not got:
             break
-        h.update(view[pos : pos + got])
         pos += got
     return buf if pos == nbytes else buf[:pos]
+
+
+class _BackgroundSha256:
+    """sha256 on a helper thread (hashlib drops the GIL), in order, while the caller checks the
+    tensor just read; at most one buffer waits, so memory stays at two tensors."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="verify-sha256")
+        self._last: cf.Future | None = None
+
+    def update(self, data) -> None:
+        if self._last is not None:
+            self._last.result()
+        self._last = self._pool.submit(self._h.update, data)
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        if self._last is not None:
+            self._last.result()
+            self._last = None
+        self._pool.shutdown()
 
 
 class _Checks:
@@ -252,16 +283,18 @@ class _Checks:
         top = int(torch.tensor(fp8_max).to(torch.float8_e4m3fn).view(torch.uint8))
         flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
         nan, out_of_range, rows = Mismatches(), Mismatches(), Mismatches()
-        for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
-            codes = flat[r0:r1].view(torch.uint8) & 0x7F
-            if bool((codes > top).any()):
+        row_max = fp8_readers().row_max_codes(flat)  # every check below reads off it
+        if bool((row_max > top).any()):  # locate the bad elements (a failing tensor only)
+            for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
+                codes = flat[r0:r1].view(torch.uint8) & 0x7F
                 x = flat[r0:r1].float()
                 nan.add(x, x, codes == 0x7F, r0)
                 out_of_range.add(x, x, (codes > top) & (codes != 0x7F), r0)
-            row_max = codes.amax(dim=1)
-            off = (row_max != top) & (row_max != 0)
-            if bool(off.any()):
-                rows.add(flat[r0:r1].float().abs().amax(dim=1), torch.full(off.shape, fp8_max), off, r0)
+        off = (row_max != top) & (row_max != 0)
+        if bool(off.any()):
+            for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):
+                found = flat[r0:r1].float().abs().amax(dim=1)
+                rows.add(found, torch.full(found.shape, fp8_max), off[r0:r1], r0)
         n = t.numel()
         self._verdict(nan, VALUES, "nan-inf", info.name, "finite values", n, "NaN in ")
         self._verdict(out_of_range, VALUES, "fp8-range", info.name, f"|w| <= {fp8_max:g}", n)
@@ -302,9 +335,12 @@ class _Checks:
             return
         stats, bad, big_scale = ErrorStats(), Mismatches(), Mismatches()
         for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
+            if fp8_readers().name == "native":
+                self._fp8_chunk_native(job, q, s, r0, r1, stats, bad, big_scale)
+                continue
             x = self._source_dequant(job, r0, r1)
             sc = s[r0:r1]
-            found = fp8_decoder()[0](q[r0:r1]) * sc
+            found = fp8_readers().decode(q[r0:r1]) * sc
             abs_x = x.abs()
             ratio = stats.add(found, x, fp8_allowed_error(abs_x, sc))
             if not stats.chunk_bound_use <= 1:
@@ -332,12 +368,34 @@ class _Checks:
         )
         self._record(info, "fp8", stats)
 
+    def _fp8_chunk_native(self, job, q, s, r0, r1, stats: ErrorStats, bad: Mismatches, big_scale: Mismatches) -> None:
+        """The loop body of _compare_fp8 in one C pass (the same fp32 formulas); the torch
+        formulation runs only to describe the first bad element."""
+        bn = self.task.block[0]
+        w = self.reader.rows(job.source, r0, r1 - r0)
+        g0, g1 = r0 // bn, math.ceil(r1 / bn)
+        src_scale = self.reader.rows(job.source_scale, g0, g1 - g0)
+        sc = s[r0:r1]
+        o = native.fp8_bound_rows(q[r0:r1], sc, w, src_scale, self.task.block, FP8_REL + FP32_SLACK,
+                                  FP8_SUBNORMAL_HALF_STEP)  # fmt: skip
+        stats.add_sums(float(o["dd"].sum()), float(o["xx"].sum()), float(o["yy"].sum()), float(o["max_abs"].max()),
+                       float(o["max_ratio"].max()))  # fmt: skip
+        n_bad = int(o["n_bad"].sum())
+        if n_bad:
+            row = int(torch.nonzero(o["n_bad"])[0])
+            col = int(o["first_bad"][row])
+            x = dequantize_block_fp8(w[row : row + 1], src_scale[row // bn : row // bn + 1], self.task.block)
+            bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]), float(x[0, col]))
+        amax = o["amax_x"].unsqueeze(1)
+        limit = scale_limit(amax, self.task.fp8_max)
+        big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
+
     def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
         bn = self.task.block[0]
         w = self.reader.rows(job.source, r0, r1 - r0)
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
         return dequantize_block_fp8(
-            w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block, fp8_decoder()[0]
+            w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block, fp8_readers().decode
         )
 
     def _compare_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:

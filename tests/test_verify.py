@@ -556,3 +556,28 @@ def test_report_lists_tolerances_and_counts(converted):
     assert report["mla_layers"] == 4 and report["files"] == len(
         json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"]
     )
+
+
+@pytest.mark.parametrize("what", ["byte", "nan", "scale"])
+def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, what):
+    """verify --source runs its fp8 checks in C when the native library matches torch; on a
+    broken output both passes report the same failures, counts and first locations."""
+    from mla_convert import kernels
+
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    rel = shard_of(fp8_out, name)
+    begin, end = data_offset(fp8_out / rel, name)
+    if what == "scale":
+        rewrite(fp8_out / rel, lambda t: t.__setitem__(name + "_scale", t[name + "_scale"] * 1.5))
+    else:
+        pos = (begin + end) // 2 + 3
+        byte = (fp8_out / rel).read_bytes()[pos]
+        patch_bytes(fp8_out / rel, pos, b"\x7f" if what == "nan" else bytes([byte ^ 0x21]))
+    fix_hash(fp8_out, rel)
+    assert kernels.fp8_readers().name == "native"
+    _, native_report = run(fp8_out, tiny_src)
+    torch_readers = kernels.Fp8Readers("torch", lambda t: t.float(), kernels._torch_row_max_codes)
+    monkeypatch.setattr(kernels, "_READERS", [torch_readers])
+    _, torch_report = run(fp8_out, tiny_src)
+    assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
+    assert failures(native_report) == failures(torch_report)
