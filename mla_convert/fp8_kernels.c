@@ -221,6 +221,23 @@ void mla_row_max_code(const uint8_t *restrict w, int64_t k, uint8_t *restrict ou
 #define LANES 8
 static inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
+/* One element into lane accumulators (separate lanes, so the compiler needs no reassociation). */
+static inline void bound_step(uint8_t wb, uint8_t qb, float sb, float rs, float rel, float floor_err, float *dd,
+                              float *xx, float *yy, float *mabs, float *mratio, float *ax, int32_t *bad) {
+    float x = decode_e4m3fn(wb) * sb;
+    float f = decode_e4m3fn(qb) * rs;
+    float d = f - x;
+    float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
+    float ratio = ad / (adx * rel + floor_err);
+    *dd += d * d;
+    *xx += x * x;
+    *yy += f * f;
+    *mabs = nan_max(*mabs, ad);
+    *mratio = nan_max(*mratio, ratio);
+    *ax = nan_max(*ax, adx);
+    *bad += !(ratio <= 1.0f);
+}
+
 void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
                         const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
                         double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
@@ -241,22 +258,13 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
             float labs[LANES] = {0}, lratio[LANES] = {0}, lax[LANES] = {0};
             int32_t lbad[LANES] = {0};
             int64_t j = j0;
-            for (; j + LANES <= j1; j += LANES) {
-                for (int l = 0; l < LANES; l++) {
-                    float x = decode_e4m3fn(wrow[j + l]) * sb;
-                    float f = decode_e4m3fn(qrow[j + l]) * rs;
-                    float d = f - x;
-                    float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
-                    float ratio = ad / (adx * rel + floor_err);
-                    ldd[l] += d * d;
-                    lxx[l] += x * x;
-                    lyy[l] += f * f;
-                    labs[l] = nan_max(labs[l], ad);
-                    lratio[l] = nan_max(lratio[l], ratio);
-                    lax[l] = nan_max(lax[l], adx);
-                    lbad[l] += !(ratio <= 1.0f);
-                }
-            }
+            for (; j + LANES <= j1; j += LANES)
+                for (int l = 0; l < LANES; l++)
+                    bound_step(wrow[j + l], qrow[j + l], sb, rs, rel, floor_err, &ldd[l], &lxx[l], &lyy[l], &labs[l],
+                               &lratio[l], &lax[l], &lbad[l]);
+            for (int l = 0; j < j1; j++, l++) /* the block's tail, into the first lanes */
+                bound_step(wrow[j], qrow[j], sb, rs, rel, floor_err, &ldd[l], &lxx[l], &lyy[l], &labs[l], &lratio[l],
+                           &lax[l], &lbad[l]);
             for (int l = 0; l < LANES; l++) {
                 sdd += ldd[l];
                 sxx += lxx[l];
@@ -265,20 +273,6 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
                 mratio = nan_max(mratio, lratio[l]);
                 ax = nan_max(ax, lax[l]);
                 nb += lbad[l];
-            }
-            for (; j < j1; j++) {
-                float x = decode_e4m3fn(wrow[j]) * sb;
-                float f = decode_e4m3fn(qrow[j]) * rs;
-                float d = f - x;
-                float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
-                float ratio = ad / (adx * rel + floor_err);
-                sdd += (double)d * d;
-                sxx += (double)x * x;
-                syy += (double)f * f;
-                mabs = nan_max(mabs, ad);
-                mratio = nan_max(mratio, ratio);
-                ax = nan_max(ax, adx);
-                nb += !(ratio <= 1.0f);
             }
         }
         if (nb) { /* rare: find the first bad column with a plain second pass */

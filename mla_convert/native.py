@@ -166,25 +166,22 @@ def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) ->
 
 def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
     """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
-    lib = library()
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.bfloat16)
-    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
-    if n and k:
-        _rows_parallel(lambda a, b: lib.mla_bf16_rows(wp, sp, k, block[0], block[1], op, a, b), n)
-    return out
+    return _per_element(weight, scale_inv, block, torch.bfloat16, "mla_bf16_rows")
 
 
 def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
     """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
-    lib = library()
+    return _per_element(weight, scale_inv, block, torch.float32, "mla_dequant_rows")
+
+
+def _per_element(weight, scale_inv, block: tuple[int, int], dtype: torch.dtype, kernel: str) -> torch.Tensor:
+    fn = getattr(library(), kernel)
     n, k = _check(weight, scale_inv, block)
     w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.float32)
+    out = torch.empty(n, k, dtype=dtype)
     wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
     if n and k:
-        _rows_parallel(lambda a, b: lib.mla_dequant_rows(wp, sp, k, block[0], block[1], op, a, b), n)
+        _rows_parallel(lambda a, b: fn(wp, sp, k, block[0], block[1], op, a, b), n)
     return out
 
 
