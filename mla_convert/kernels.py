@@ -8,6 +8,7 @@ reference); any failure (no C compiler, no inductor, a mismatch) falls back with
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -105,12 +106,8 @@ def _select(block, fp8_max, device, chain, ops) -> Kernels:
         except _Unusable as e:
             skipped.append(str(e))
             continue
-        return chosen if not skipped else _with_reason(chosen, "; ".join([*skipped, chosen.reason]))
+        return chosen if not skipped else dataclasses.replace(chosen, reason="; ".join([*skipped, chosen.reason]))
     return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested")
-
-
-def _with_reason(k: Kernels, reason: str) -> Kernels:
-    return Kernels(k.name, reason, k.to_channel_fp8, k.to_bf16, k.dequant_fp32)
 
 
 class _Unusable(Exception):

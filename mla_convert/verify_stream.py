@@ -345,9 +345,7 @@ class _Checks:
             ratio = stats.add(found, x, fp8_allowed_error(abs_x, sc))
             if not stats.chunk_bound_use <= 1:
                 bad.add(found, x, ~(ratio <= 1), r0)
-            amax = abs_x.amax(dim=1, keepdim=True)
-            limit = scale_limit(amax, self.task.fp8_max)
-            big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
+            self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), big_scale, r0)
         self._verdict(
             bad,
             SOURCE,
@@ -372,9 +370,7 @@ class _Checks:
         """The loop body of _compare_fp8 in one C pass (the same fp32 formulas); the torch
         formulation runs only to describe the first bad element."""
         bn = self.task.block[0]
-        w = self.reader.rows(job.source, r0, r1 - r0)
-        g0, g1 = r0 // bn, math.ceil(r1 / bn)
-        src_scale = self.reader.rows(job.source_scale, g0, g1 - g0)
+        w, src_scale = self._source_rows(job, r0, r1)
         sc = s[r0:r1]
         o = native.fp8_bound_rows(q[r0:r1], sc, w, src_scale, self.task.block, FP8_REL + FP32_SLACK,
                                   FP8_SUBNORMAL_HALF_STEP)  # fmt: skip
@@ -386,17 +382,21 @@ class _Checks:
             col = int(o["first_bad"][row])
             x = dequantize_block_fp8(w[row : row + 1], src_scale[row // bn : row // bn + 1], self.task.block)
             bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]), float(x[0, col]))
-        amax = o["amax_x"].unsqueeze(1)
+        self._check_scale(sc, o["amax_x"].unsqueeze(1), big_scale, r0)
+
+    def _check_scale(self, sc: torch.Tensor, amax: torch.Tensor, big_scale: Mismatches, r0: int) -> None:
+        """A channel scale no larger than max|row| / FP8_MAX allows (zero rows: any scale)."""
         limit = scale_limit(amax, self.task.fp8_max)
         big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
 
-    def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+    def _source_rows(self, job: TensorJob, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows."""
         bn = self.task.block[0]
-        w = self.reader.rows(job.source, r0, r1 - r0)
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
-        return dequantize_block_fp8(
-            w, self.reader.rows(job.source_scale, g0, g1 - g0), self.task.block, fp8_readers().decode
-        )
+        return self.reader.rows(job.source, r0, r1 - r0), self.reader.rows(job.source_scale, g0, g1 - g0)
+
+    def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+        return dequantize_block_fp8(*self._source_rows(job, r0, r1), self.task.block, fp8_readers().decode)
 
     def _compare_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         stats, bad = ErrorStats(), Mismatches()
