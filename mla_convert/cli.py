@@ -118,6 +118,7 @@ def _print_summary(summary: dict, title: str) -> None:
         rows += [
             ("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)"),
             ("kernels", f"{summary['kernels']} on {summary['device']} ({summary['kernels_reason']})"),
+            ("writes", f"{summary['write_io']} ({summary['write_io_reason']})"),
         ]
     if "verify" in summary:
         v = summary["verify"]
@@ -175,13 +176,23 @@ def deepseek_r1(
             "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
         ),
     ] = "auto",
+    write_io: Annotated[
+        str,
+        typer.Option(
+            "--write-io",
+            help="auto: write shards with O_DIRECT where the filesystem allows it (no page-cache copy, far less "
+            "CPU), else through the page cache; or direct / buffered. The bytes written are the same.",
+        ),
+    ] = "auto",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
     from .convert import convert
+    from .heap import keep_freed_pages
     from .plan import Options
 
+    keep_freed_pages()
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
         if quiet or json_out:
@@ -192,7 +203,7 @@ def deepseek_r1(
             summary = convert(
                 source, out, options, revision=revision, workers=workers, overwrite=overwrite,
                 dry_run=dry_run, resume=resume, stream=stream, device=device, kernels=kernels,
-                progress_factory=progress,
+                write_io=write_io, progress_factory=progress,
             )  # fmt: skip
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 
@@ -253,8 +264,10 @@ def verify_cmd(
     """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
 
     Exit code 0: every check passed; 1: a check failed; 2: verification could not run."""
+    from .heap import keep_freed_pages
     from .verify import verify
 
+    keep_freed_pages()
     with _errors_to_exit():
         with _byte_progress(not (quiet or json_out), "verifying") as progress:
             report = verify(dir, source, workers=workers, progress_factory=progress)

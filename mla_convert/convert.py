@@ -29,9 +29,10 @@ from mla_runtime.format import (
 )
 from mla_runtime.layout import split_kv_b_proj
 
-from . import __version__, hub
+from . import __version__, disk_write, hub
 from .checkpoint import INDEX_NAME, checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
+from .heap import keep_freed_pages
 from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
 from .resume import Journal, completed_jobs, crash_point
@@ -77,6 +78,7 @@ class JobSpec:
     device: str = "cpu"
     kernels: tuple[str, ...] = ("native", "eager")  # kernels to try in order (kernels.resolve_mode)
     ops: tuple[str, ...] = ("fp8", "bf16")  # conversions this plan uses (what gets compiled)
+    write_io: str = disk_write.BUFFERED  # disk_write mode, resolved once for the output directory
 
 
 class _Inputs:
@@ -119,7 +121,7 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
     written: list[tuple[str, int, str]] = []
     pending_scale: torch.Tensor | None = None
     try:
-        with ShardWriter(out_dir / spec.job.file, specs, background=True) as writer:
+        with ShardWriter(out_dir / spec.job.file, specs, background=True, write_mode=spec.write_io) as writer:
             for i, t in enumerate(spec.job.tensors):
                 if i == len(spec.job.tensors) // 2:
                     crash_point(f"shard-write:{spec.job.file}")
@@ -132,7 +134,8 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
                     w, s = _fp8_inputs(spec, inputs, t.source)
                     layer = kv_b_layer_index(t.source)
                     if layer is not None:  # from the exact fp32 dequant of the source weight
-                        written.append(_write_mla_layer(out_dir, layer, kernels.dequant_fp32(w, s).cpu(), spec.dims))
+                        kv_b = kernels.dequant_fp32(w, s).cpu()
+                        written.append(_write_mla_layer(out_dir, layer, kv_b, spec.dims, spec.write_io))
                     if t.op == TO_BF16:
                         writer.write(t.name, kernels.to_bf16(w, s).cpu())
                     elif t.op == TO_FP8:
@@ -162,12 +165,14 @@ def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor
     return weight, scale
 
 
-def _write_mla_layer(out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims) -> tuple[str, int, str]:
+def _write_mla_layer(
+    out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims, write_io: str
+) -> tuple[str, int, str]:
     """W_UK_T / W_UV from the exact fp32 dequant of the SOURCE kv_b_proj, never the requantized copy."""
     w_uk_t, w_uv = split_kv_b_proj(kv_b_dequant, dims, torch.bfloat16)
     rel = mla_file_rel(layer)
     specs = {w_uk_t_name(layer): ("BF16", tuple(w_uk_t.shape)), w_uv_name(layer): ("BF16", tuple(w_uv.shape))}
-    with ShardWriter(out_dir / rel, specs) as w:
+    with ShardWriter(out_dir / rel, specs, write_mode=write_io) as w:
         w.write(w_uk_t_name(layer), w_uk_t)
         w.write(w_uv_name(layer), w_uv)
         done = w.commit()
@@ -175,6 +180,7 @@ def _write_mla_layer(out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims
 
 
 def _worker_init(threads: int) -> None:
+    keep_freed_pages()
     torch.set_num_threads(threads)
 
 
@@ -213,7 +219,9 @@ def plan_ops(plan: Plan) -> tuple[str, ...]:
     return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16")) if op in used)
 
 
-def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels=("native", "eager")) -> list[JobSpec]:
+def job_specs(
+    plan: Plan, out_dir: Path, device: str = "cpu", kernels=("native", "eager"), write_io: str = disk_write.BUFFERED
+) -> list[JobSpec]:
     src = plan.source
     ops = plan_ops(plan)
     specs = []
@@ -225,7 +233,7 @@ def job_specs(plan: Plan, out_dir: Path, device: str = "cpu", kernels=("native",
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
         specs.append(
             JobSpec(str(src.root), str(out_dir), job, sources, scales, src.block, plan.options.fp8_max, src.dims,
-                    device, kernels, ops)  # fmt: skip
+                    device, kernels, ops, write_io)  # fmt: skip
         )
     return specs
 
@@ -238,6 +246,7 @@ def execute(
     workers: int = 1,
     device: str = "cpu",
     kernels: tuple[str, ...] = ("native", "eager"),
+    write_io: str = disk_write.BUFFERED,
     progress: ProgressFn | None = None,
     on_job_done: Callable[[str, list], None] | None = None,
     inputs_ready: Callable[[JobSpec], None] | None = None,
@@ -249,7 +258,7 @@ def execute(
     up to `timeout` (None: until they are); at most `workers` jobs run at once.
     `on_job_done(job_file, files)` runs here once a job's files are all in place.
     """
-    specs = [s for s in job_specs(plan, out_dir, device, kernels) if s.job.file not in skip]
+    specs = [s for s in job_specs(plan, out_dir, device, kernels, write_io) if s.job.file not in skip]
     files: dict[str, dict] = {}
 
     def record(spec: JobSpec, results) -> None:
@@ -344,6 +353,7 @@ def convert(
     stream: bool = False,
     device: str = "cpu",
     kernels: str = "auto",
+    write_io: str = disk_write.AUTO,
     progress_factory: Callable[[int], ProgressFn] | None = None,
 ) -> dict:
     """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output).
@@ -357,6 +367,8 @@ def convert(
     out_dir = Path(out_dir)
     source = str(source)
     remote = is_hub_source(source) and (stream or dry_run)
+    if write_io not in disk_write.MODES:
+        raise ConvertError(f"--write-io: unknown mode {write_io!r}; expected one of {', '.join(disk_write.MODES)}")
     if stream and not is_hub_source(source):
         raise ConvertError(f"--stream needs a Hub repo id; {source!r} is a local directory")
     if remote and hub.offline():
@@ -384,7 +396,8 @@ def convert(
         if dry_run:
             return summary
         return summary | _run(plan, out_dir, repo, t0, overwrite=overwrite, resume=resume, workers=workers,
-                              device=device, kernels=kernels, progress_factory=progress_factory)  # fmt: skip
+                              device=device, kernels=kernels, write_io=write_io,
+                              progress_factory=progress_factory)  # fmt: skip
 
 
 def _hub_summary(repo: "hub.HubRepo", plan: Plan, workers: int) -> dict:
@@ -400,7 +413,7 @@ def _hub_summary(repo: "hub.HubRepo", plan: Plan, workers: int) -> dict:
     }
 
 
-def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels, progress_factory) -> dict:
+def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels, write_io, progress_factory) -> dict:
     src, options = plan.source, plan.options
     stream = repo is not None
     _check_device(device)
@@ -423,13 +436,18 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
         prepare_out_dir(out_dir, src.root, overwrite)
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
+    try:
+        write_io, why = disk_write.resolve_mode(out_dir, write_io)
+    except OSError as e:
+        raise OutputError(f"--write-io: {e}") from None
+    result |= {"write_io": write_io, "write_io_reason": why}
     journal = Journal(out_dir)
     progress = progress_factory(src.total_bytes()) if progress_factory else None
     if progress:
         progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
     run = functools.partial(execute, plan, out_dir, skip=set(done), workers=workers, device=device,
-                            kernels=kernels, progress=progress)  # fmt: skip
+                            kernels=kernels, write_io=write_io, progress=progress)  # fmt: skip
     if stream:
         todo = [(j.file, sorted(set(plan.inputs_of(j).values()))) for j in plan.shards if j.file not in done]
         with hub.ShardStreamer(repo, src.root, todo, ahead=workers) as streamer:

@@ -7,8 +7,6 @@ they go to disk.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import json
 import math
@@ -22,6 +20,7 @@ from typing import BinaryIO, Iterable
 
 import torch
 
+from . import disk_write
 from .errors import OutputError, SourceError
 
 # safetensors dtype string -> (torch dtype, bytes per element)
@@ -179,31 +178,6 @@ def file_sha256(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def _sync_file_range():
-    """Linux's sync_file_range(2), or None: starts writeback of a byte range without waiting."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_START_WRITEBACK = _sync_file_range()
-SYNC_FILE_RANGE_WRITE = 2
-WRITEBACK_STEP = 64 * 1024 * 1024
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing this range to disk now (best effort, never waits for it):
-    the disk works while the next tensors are converted, and the fsync at the end has little
-    left to wait for (it was ~1/3 of a conversion's wall time without this, measured)."""
-    if _START_WRITEBACK is not None and nbytes > 0:
-        _START_WRITEBACK(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)
-
-
 @dataclass(frozen=True)
 class WrittenFile:
     path: Path
@@ -233,6 +207,7 @@ class ShardWriter:
         specs: dict[str, tuple[str, tuple[int, ...]]],
         metadata: dict | None = None,
         background: bool = False,
+        write_mode: str = disk_write.AUTO,
     ):
         self.path = Path(path)
         # The plan's order: a weight's channel scale follows the weight, so only that small scale
@@ -251,11 +226,10 @@ class ShardWriter:
         self._prefix = struct.pack("<Q", len(raw)) + raw
         self.total_size = len(self._prefix) + pos
         self._next = 0
-        self._written = 0  # bytes written so far, and how far writeback was started
-        self._flushed = 0
         self._hash = hashlib.sha256()
         self._tmp = partial_name(self.path)
-        self._f = None
+        self._write_mode = write_mode
+        self._out: disk_write.BufferedFile | None = None
         # Background: one thread writes, another hashes, each from its own queue of the same
         # buffers (sha256 and the disk's writeback each take a core-second per ~1.4 GB here).
         self._queues: list[queue.Queue] = [queue.Queue(self.QUEUE_DEPTH) for _ in range(2)] if background else []
@@ -264,7 +238,7 @@ class ShardWriter:
 
     def __enter__(self) -> "ShardWriter":
         try:
-            self._f = open(self._tmp, "wb")
+            self._out = disk_write.open_for_write(self._tmp, self._write_mode)
             self._put(self._prefix)
         except BaseException:
             self.abort()
@@ -285,14 +259,9 @@ class ShardWriter:
 
     def _write(self, data) -> None:
         try:
-            self._f.write(data)
+            self._out.write(data)
         except OSError as e:
             raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from None
-        self._written += len(data)
-        if self._written - self._flushed >= WRITEBACK_STEP:
-            self._f.flush()
-            start_writeback(self._f.fileno(), self._flushed, self._written - self._flushed)
-            self._flushed = self._written
 
     def _drain(self, q: queue.Queue, fn) -> None:
         while (item := q.get()) is not None:
@@ -361,9 +330,11 @@ class ShardWriter:
             self.abort()
             raise RuntimeError(f"{self.path}: {len(self.order) - self._next} planned tensors were not written")
         try:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
+            self._out.finish()  # the last buffered bytes go to disk here
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from None
+        try:
             os.replace(self._tmp, self.path)
         except OSError as e:
             self.abort()
@@ -372,8 +343,8 @@ class ShardWriter:
 
     def abort(self) -> None:
         self._join_threads()
-        if self._f is not None and not self._f.closed:
-            self._f.close()
+        if self._out is not None:
+            self._out.close()
         self._tmp.unlink(missing_ok=True)
 
 

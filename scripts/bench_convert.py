@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, nargs="*", default=[1], help="mla-convert --workers values to measure")
     ap.add_argument("--formats", nargs="*", default=["channel-fp8", "bf16"])
+    ap.add_argument("--write-io", nargs="*", default=["auto"], help="mla-convert --write-io values to measure")
     ap.add_argument("--no-naive", action="store_true", help="skip the (slow) naive baseline")
     ap.add_argument("--verify", action="store_true", help="also time verify (with and without --source)")
     ap.add_argument("--json", type=Path, help="write the results as JSON")
@@ -120,10 +121,12 @@ def main() -> None:
         if not args.no_naive:
             methods[f"naive eager {fmt}"] = [sys.executable, str(HERE), "--_naive", str(src), str(out), fmt]
         for w in args.workers:
-            methods[f"mla-convert {fmt} w{w}"] = [
-                sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out),
-                "--format", fmt, "--workers", str(w), "--quiet",
-            ]  # fmt: skip
+            for io in args.write_io:
+                label = f"mla-convert {fmt} w{w}" + (f" {io}" if io != "auto" else "")
+                methods[label] = [
+                    sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out),
+                    "--format", fmt, "--workers", str(w), "--write-io", io, "--quiet",
+                ]  # fmt: skip
     # The fixed start-up (imports, source validation, plan) that every conversion pays once.
     methods["mla-convert --dry-run (start-up)"] = [
         sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out), "--dry-run", "--quiet",

@@ -1,0 +1,223 @@
+"""Sequential file output, either past the page cache (O_DIRECT) or through it.
+
+On the VM this was built on, copying into the page cache costs about 2 CPU-seconds per GB
+(`cp` of 3.4 GB: 6.5 s of system time), while a direct write of the same bytes costs about
+0.25 s/GB: the disk's DMA reads the user buffer. On a 2-core host that CPU is what the fp8
+kernels and sha256 need. Direct writes must be block-aligned in memory, offset and length, so
+bytes are staged in a page-aligned buffer and written in whole blocks; the unaligned tail goes
+through the page cache at the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import mmap
+import os
+import queue
+import threading
+from pathlib import Path
+
+AUTO, DIRECT, BUFFERED = "auto", "direct", "buffered"
+MODES = (AUTO, DIRECT, BUFFERED)
+ALIGN = 4096  # a multiple of every logical block size Linux devices use
+STAGE_BYTES = int(os.environ.get("X_STAGE_MB", "32")) * 1024 * 1024
+WRITEBACK_STEP = 64 * 1024 * 1024
+
+
+def _sync_file_range():
+    """Linux's sync_file_range(2), or None: starts writeback of a byte range without waiting."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_START_WRITEBACK = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class BufferedFile:
+    """Writes through the page cache, asking the kernel to start writeback every 64 MB so the
+    disk works while the caller computes, and the final fsync has little left to wait for."""
+
+    mode = BUFFERED
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size = 0
+        self._flushed = 0
+
+    def write(self, data) -> None:
+        _write_all(self.fd, data)
+        self.size += len(data)
+        if _START_WRITEBACK is not None and self.size - self._flushed >= WRITEBACK_STEP:
+            _START_WRITEBACK(self.fd, self._flushed, self.size - self._flushed, SYNC_FILE_RANGE_WRITE)
+            self._flushed = self.size
+
+    def finish(self) -> None:
+        """Everything on disk (fsync), then closed."""
+        os.fsync(self.fd)
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+class DirectFile(BufferedFile):
+    """Whole aligned blocks written with O_DIRECT from page-aligned staging buffers: the caller
+    fills one while a thread writes the other, so the disk does not wait for the copy. Large
+    writes matter here: 8 MB direct writes ran at 0.31 GB/s, 64 MB ones at 0.48-0.59 GB/s."""
+
+    mode = DIRECT
+    STAGES = 2
+
+    def __init__(self, path: Path, stage_bytes: int = STAGE_BYTES):
+        assert stage_bytes % ALIGN == 0
+        self.stage_bytes = stage_bytes
+        self._free: queue.Queue = queue.Queue()
+        for _ in range(self.STAGES):
+            self._free.put(mmap.mmap(-1, stage_bytes))  # anonymous mmap: page-aligned
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        self.size = 0
+        self._offset = 0  # file offset where the current stage goes
+        self._full: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._cur, self._fill = self._free.get(), 0
+        self._io = threading.Thread(target=self._io_loop, name=f"direct write {path.name}", daemon=True)
+        self._io.start()
+
+    def _io_loop(self) -> None:
+        while (job := self._full.get()) is not None:
+            stage, offset, n = job
+            if self._error is None:
+                try:
+                    with memoryview(stage) as view:
+                        self._pwrite(view[:n], offset)
+                except BaseException as e:  # raised to the caller at its next write or finish
+                    self._error = e
+            self._free.put(stage)
+
+    def _pwrite(self, data, offset: int) -> None:
+        try:
+            _pwrite_all(self.fd, data, offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # A direct write cut short (a file-size limit, a full quota) leaves an unaligned rest
+            # that O_DIRECT refuses with EINVAL; through the page cache the rest either goes in or
+            # fails with the real reason (EFBIG, ENOSPC).
+            self._to_buffered()
+            _pwrite_all(self.fd, data, offset)
+
+    def _to_buffered(self) -> None:
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _submit(self, n: int) -> None:
+        self._full.put((self._cur, self._offset, n))
+        self._offset += n
+        self._cur, self._fill = self._free.get(), 0
+        self._check()
+
+    def write(self, data) -> None:
+        self._check()
+        with memoryview(data) as view:
+            data = view.cast("B")
+            self.size += len(data)
+            while data:
+                n = min(len(data), self.stage_bytes - self._fill)
+                self._cur[self._fill : self._fill + n] = data[:n]
+                self._fill += n
+                data = data[n:]
+                if self._fill == self.stage_bytes:
+                    self._submit(self.stage_bytes)
+            data.release()
+
+    def _stop_io(self) -> None:
+        if self._io is not None:
+            self._full.put(None)
+            self._io.join()
+            self._io = None
+
+    def finish(self) -> None:
+        whole = self._fill - self._fill % ALIGN
+        tail = self._cur[whole : self._fill]
+        if whole:
+            self._submit(whole)
+        self._stop_io()
+        self._check()
+        if tail:  # an unaligned length cannot go direct: the last partial block goes buffered
+            self._to_buffered()
+            _pwrite_all(self.fd, tail, self._offset)
+        super().finish()
+
+    def close(self) -> None:
+        self._stop_io()
+        super().close()
+        self._cur = self._free = self._full = None  # the staging maps go with their last reference
+
+
+def open_for_write(path: Path, mode: str = AUTO) -> BufferedFile:
+    """A new file at `path` written `mode`-wise; AUTO takes DIRECT where the filesystem allows it."""
+    if mode not in MODES:
+        raise ValueError(f"unknown write mode {mode!r}; expected one of {', '.join(MODES)}")
+    if mode == BUFFERED or not hasattr(os, "O_DIRECT"):
+        if mode == DIRECT:
+            raise OSError(f"{path}: O_DIRECT is not available on this platform")
+        return BufferedFile(path)
+    try:
+        return DirectFile(path)
+    except OSError:
+        if mode == DIRECT:
+            raise
+        return BufferedFile(path)
+
+
+def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
+    """(DIRECT or BUFFERED, why) for files written into `directory`, tried with a probe file there."""
+    if mode not in MODES:
+        raise ValueError(f"unknown write mode {mode!r}; expected one of {', '.join(MODES)}")
+    if mode == BUFFERED:
+        return BUFFERED, "requested"
+    probe = Path(directory) / ".mla-convert-write-probe"
+    f = None
+    try:
+        if not hasattr(os, "O_DIRECT"):
+            raise OSError("this platform has no O_DIRECT")
+        f = DirectFile(probe, stage_bytes=ALIGN)
+        f.write(bytes(ALIGN))
+        f.finish()
+    except OSError as e:
+        if mode == DIRECT:
+            raise OSError(f"{directory}: cannot write with O_DIRECT ({e.strerror or e})") from None
+        return BUFFERED, f"O_DIRECT refused here ({e.strerror or e})"
+    finally:
+        if f is not None:
+            f.close()
+        probe.unlink(missing_ok=True)
+    return DIRECT, "requested" if mode == DIRECT else "O_DIRECT works here: no page-cache copy"

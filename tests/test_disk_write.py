@@ -1,0 +1,109 @@
+"""disk_write: O_DIRECT and page-cache writers leave byte-identical files, and the choice shows."""
+
+import errno
+import os
+import random
+
+import pytest
+import torch
+from test_convert import tree_hashes
+from typer.testing import CliRunner
+
+from mla_convert import disk_write
+from mla_convert.cli import app
+from mla_convert.convert import convert
+from mla_convert.plan import Options
+from mla_convert.safetensors_io import ShardWriter
+
+STAGE = 4 * disk_write.ALIGN  # small stages, so a few KB cross many stage and block boundaries
+
+
+def _pieces(total: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out, left = [], total
+    while left:
+        n = min(left, rng.choice([1, 7, 511, 4096, 4097, STAGE - 1, STAGE, STAGE + 3, 3 * STAGE + 5]))
+        out.append(rng.randbytes(n))
+        left -= n
+    return out
+
+
+@pytest.mark.parametrize("total", [0, 1, 4095, 4096, 4097, STAGE - 1, STAGE, STAGE + 1, 5 * STAGE + 1234])
+def test_direct_and_buffered_files_hold_exactly_the_bytes_written(tmp_path, total):
+    pieces = _pieces(total, total)
+    direct = disk_write.DirectFile(tmp_path / "direct", stage_bytes=STAGE)
+    buffered = disk_write.BufferedFile(tmp_path / "buffered")
+    for f in (direct, buffered):
+        for p in pieces:
+            f.write(memoryview(p))
+        f.finish()
+    expected = b"".join(pieces)
+    assert (tmp_path / "direct").read_bytes() == expected
+    assert (tmp_path / "buffered").read_bytes() == expected
+    assert direct.size == buffered.size == total
+
+
+def test_auto_takes_direct_where_the_filesystem_allows_it(tmp_path):
+    assert disk_write.resolve_mode(tmp_path, "auto")[0] == "direct"  # ext4 and tmpfs both allow it
+    assert disk_write.resolve_mode(tmp_path, "buffered") == ("buffered", "requested")
+    assert not list(tmp_path.iterdir()), "the probe file must not stay behind"
+
+
+def _refuse_o_direct(monkeypatch):
+    """Stand-in for a filesystem without O_DIRECT (some network and FUSE filesystems): open fails."""
+    real_open = os.open
+
+    def fake_open(path, flags, *args, **kw):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(disk_write.os, "open", fake_open)
+
+
+def test_auto_falls_back_to_buffered_and_says_why(tmp_path, monkeypatch):
+    _refuse_o_direct(monkeypatch)
+    mode, why = disk_write.resolve_mode(tmp_path, "auto")
+    assert mode == "buffered" and "O_DIRECT" in why and "Invalid argument" in why
+    assert isinstance(disk_write.open_for_write(tmp_path / "f", "auto"), disk_write.BufferedFile)
+    with pytest.raises(OSError, match="O_DIRECT"):
+        disk_write.resolve_mode(tmp_path, "direct")
+
+
+def test_a_failed_direct_write_surfaces_and_the_partial_file_goes(tmp_path, monkeypatch):
+    specs = {"a": ("U8", (3 * disk_write.STAGE_BYTES,))}
+
+    def fail(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(disk_write.os, "pwrite", fail)
+    w = ShardWriter(tmp_path / "x.safetensors", specs, background=True, write_mode="direct")
+    with pytest.raises(Exception, match="No space left") as info:
+        with w:
+            w.write("a", torch.zeros(3 * disk_write.STAGE_BYTES, dtype=torch.uint8))
+            w.commit()
+    assert "x.safetensors" in str(info.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_conversion_bytes_do_not_depend_on_the_write_mode(tiny_src, converted, tmp_path):
+    out = {}
+    for mode in ("direct", "buffered"):
+        summary = convert(tiny_src, tmp_path / mode, Options(), write_io=mode)
+        assert summary["write_io"] == mode and summary["write_io_reason"] == "requested"
+        out[mode] = tree_hashes(tmp_path / mode)
+    assert out["direct"] == out["buffered"] == tree_hashes(converted["channel-fp8"])
+
+
+def test_conversion_on_a_filesystem_without_o_direct_reports_buffered(tiny_src, tmp_path, monkeypatch):
+    _refuse_o_direct(monkeypatch)
+    summary = convert(tiny_src, tmp_path / "out", Options())
+    assert summary["write_io"] == "buffered" and "O_DIRECT refused" in summary["write_io_reason"]
+
+
+def test_cli_rejects_an_unknown_write_mode_in_one_line(tiny_src, tmp_path):
+    r = CliRunner().invoke(app, ["deepseek-r1", str(tiny_src), "--out", str(tmp_path / "o"), "--write-io", "fast"])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--write-io" in lines[0] and "fast" in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()
