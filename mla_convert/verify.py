@@ -28,6 +28,7 @@ from mla_runtime.format import MLA_DIR_NAME, layer_file_name
 
 from .checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from .errors import ConvertError, VerificationError
+from .heap import keep_freed_pages
 from .manifest import COMPLETE, MANIFEST_NAME
 from .plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
 from .source import resolve_source
@@ -253,7 +254,7 @@ def _run(
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
     with cf.ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=torch.set_num_threads, initargs=(threads,)
+        workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)
     ) as pool:
         # Biggest files first, so one large shard does not start last.
         futures = {pool.submit(run_file_task, t): t for t in sorted(tasks, key=lambda t: -sizes[t.rel])}
@@ -263,6 +264,11 @@ def _run(
             if advance:
                 advance(sizes[task.rel])
     return results
+
+
+def _worker_init(threads: int) -> None:
+    keep_freed_pages()
+    torch.set_num_threads(threads)
 
 
 def _size(path: Path) -> int:
