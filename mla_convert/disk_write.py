@@ -23,7 +23,7 @@ from pathlib import Path
 AUTO, DIRECT, BUFFERED = "auto", "direct", "buffered"
 MODES = (AUTO, DIRECT, BUFFERED)
 ALIGN = 4096  # a multiple of every logical block size Linux devices use
-STAGE_BYTES = int(os.environ.get("X_STAGE_MB", "32")) * 1024 * 1024
+STAGE_BYTES = 32 * 1024 * 1024  # x2 stages; 16-64 MB measured alike, 8 MB slower
 WRITEBACK_STEP = 64 * 1024 * 1024
 
 
