@@ -112,6 +112,9 @@ def library() -> ctypes.CDLL:
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
+        lib.mla_count_nonfinite16.argtypes = [ptr, i64, ctypes.c_uint16]
+        lib.mla_count_nonfinite32.argtypes = [ptr, i64, ctypes.c_uint32]
+        lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = i64
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
             f.restype = None
@@ -210,6 +213,24 @@ def row_max_codes(t: torch.Tensor) -> torch.Tensor:
     sp, op, k = src.data_ptr(), out.data_ptr(), t.shape[1]
     _rows_parallel(lambda a, b: lib.mla_row_max_code(sp, k, op, a, b), t.shape[0])
     return out
+
+
+# Exponent-field masks: an element with all of these bits set is Inf or NaN.
+NONFINITE_MASKS = {torch.bfloat16: (2, 0x7F80), torch.float16: (2, 0x7C00), torch.float32: (4, 0x7F800000)}
+
+
+def count_nonfinite(t: torch.Tensor) -> int:
+    """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
+    lib = library()
+    if t.dtype not in NONFINITE_MASKS or t.device.type != "cpu":
+        raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
+    size, mask = NONFINITE_MASKS[t.dtype]
+    fn = lib.mla_count_nonfinite16 if size == 2 else lib.mla_count_nonfinite32
+    src = t.contiguous()
+    p, counts = src.data_ptr(), []
+    if src.numel():
+        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask)), src.numel(), 1 << 16)
+    return sum(counts)
 
 
 def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: float, half_step: float) -> dict:

@@ -208,3 +208,29 @@ def test_native_kernels_use_torch_thread_count(fast):
     finally:
         torch.set_num_threads(before)
     assert same_bits(one[0], many[0]) and same_bits(one[1], many[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_native_nonfinite_count_equals_torch_on_every_bit_pattern(dtype):
+    """verify's NaN/Inf check reads the exponent bits in C; torch.isfinite is the reference."""
+    if dtype == torch.float32:  # every f32 pattern is too many: random bits, plus every exponent
+        t = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), dtype=torch.int32)
+        t[:512] = (torch.arange(512, dtype=torch.int32) << 23) | 1  # both signs, every exponent
+        t = t.view(torch.float32)
+    else:
+        t = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    assert native.count_nonfinite(t) == int((~torch.isfinite(t)).sum()) > 0
+
+
+def test_native_nonfinite_count_across_thread_and_stretch_boundaries():
+    t = torch.zeros(3 * 65536 + 17, dtype=torch.bfloat16)
+    for i in (0, 65535, 65536, 2 * 65536 + 1, t.numel() - 1):
+        t[i] = float("nan") if i % 2 else float("inf")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert native.count_nonfinite(t) == 5
+            assert native.count_nonfinite(t[1:]) == 4  # an odd start address
+    finally:
+        torch.set_num_threads(before)

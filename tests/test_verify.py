@@ -576,8 +576,27 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, wh
     fix_hash(fp8_out, rel)
     assert kernels.fp8_readers().name == "native"
     _, native_report = run(fp8_out, tiny_src)
-    torch_readers = kernels.Fp8Readers("torch", lambda t: t.float(), kernels._torch_row_max_codes)
-    monkeypatch.setattr(kernels, "_READERS", [torch_readers])
+    monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
     _, torch_report = run(fp8_out, tiny_src)
     assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
+    assert failures(native_report) == failures(torch_report)
+
+
+@pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC1])  # +Inf, -Inf, a NaN
+def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, monkeypatch, pattern):
+    """The NaN/Inf check of bf16 tensors counts exponent bits in C when the library matches
+    torch; torch's isfinite locates them. Both report the same failure."""
+    from mla_convert import kernels
+
+    out = Path(shutil.copytree(converted[BF16], tmp_path / "out"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    rel = shard_of(out, name)
+    begin, end = data_offset(out / rel, name)
+    patch_bytes(out / rel, begin + 2 * ((end - begin) // 4), struct.pack("<H", pattern))
+    fix_hash(out, rel)
+    assert kernels.fp8_readers().name == "native"
+    _, native_report = run(out)
+    monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
+    _, torch_report = run(out)
+    assert_fails(native_report, "values", "nan-inf", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
