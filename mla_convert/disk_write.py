@@ -5,7 +5,7 @@ On the VM this was built on, copying into the page cache costs about 2 CPU-secon
 0.25 s/GB: the disk's DMA reads the user buffer. On a 2-core host that CPU is what the fp8
 kernels and sha256 need. Direct writes must be block-aligned in memory, offset and length, so
 bytes are staged in a page-aligned buffer and written in whole blocks; the unaligned tail goes
-through the page cache at the end.
+through the page cache at the end. resolve_mode picks the mode once per output directory.
 """
 
 from __future__ import annotations
@@ -182,20 +182,37 @@ class DirectFile(BufferedFile):
         self._cur = self._free = self._full = None  # the staging maps go with their last reference
 
 
-def open_for_write(path: Path, mode: str = AUTO) -> BufferedFile:
-    """A new file at `path` written `mode`-wise; AUTO takes DIRECT where the filesystem allows it."""
-    if mode not in MODES:
-        raise ValueError(f"unknown write mode {mode!r}; expected one of {', '.join(MODES)}")
-    if mode == BUFFERED or not hasattr(os, "O_DIRECT"):
-        if mode == DIRECT:
-            raise OSError(f"{path}: O_DIRECT is not available on this platform")
-        return BufferedFile(path)
-    try:
+def open_for_write(path: Path, mode: str) -> BufferedFile:
+    """A new file at `path`, written DIRECT or BUFFERED (resolve_mode decides AUTO per directory)."""
+    if mode == DIRECT:
         return DirectFile(path)
-    except OSError:
-        if mode == DIRECT:
-            raise
+    if mode == BUFFERED:
         return BufferedFile(path)
+    raise ValueError(f"open_for_write takes {DIRECT!r} or {BUFFERED!r}, not {mode!r}")
+
+
+# Where O_DIRECT goes straight to a local block device. Elsewhere (NFS, FUSE, tmpfs, overlay) it
+# may be accepted but bypass caching that helps there, so AUTO stays buffered.
+DIRECT_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "bcachefs", "zfs"})
+MOUNTS = Path("/proc/self/mounts")
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding `path`, from the mount table; None where there is none."""
+    try:
+        lines = MOUNTS.read_text().splitlines()
+    except OSError:
+        return None
+    real, best, kind = os.path.realpath(path), -1, None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")  # the table escapes spaces as octal
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= best:  # the deepest mount; a later one over the same point wins
+            best, kind = len(mount), fields[2]
+    return kind
 
 
 def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
@@ -204,6 +221,9 @@ def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
         raise ValueError(f"unknown write mode {mode!r}; expected one of {', '.join(MODES)}")
     if mode == BUFFERED:
         return BUFFERED, "requested"
+    fs = filesystem_type(directory)
+    if mode == AUTO and fs is not None and fs not in DIRECT_FILESYSTEMS:
+        return BUFFERED, f"{fs} is not a local block filesystem"
     probe = Path(directory) / ".mla-convert-write-probe"
     f = None
     try:
@@ -220,4 +240,4 @@ def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
         if f is not None:
             f.close()
         probe.unlink(missing_ok=True)
-    return DIRECT, "requested" if mode == DIRECT else "O_DIRECT works here: no page-cache copy"
+    return DIRECT, "requested" if mode == DIRECT else f"{fs or 'this filesystem'} takes O_DIRECT: no page-cache copy"

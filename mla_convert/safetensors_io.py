@@ -207,7 +207,7 @@ class ShardWriter:
         specs: dict[str, tuple[str, tuple[int, ...]]],
         metadata: dict | None = None,
         background: bool = False,
-        write_mode: str = disk_write.AUTO,
+        write_mode: str = disk_write.BUFFERED,
     ):
         self.path = Path(path)
         # The plan's order: a weight's channel scale follows the weight, so only that small scale

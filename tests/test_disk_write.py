@@ -43,10 +43,28 @@ def test_direct_and_buffered_files_hold_exactly_the_bytes_written(tmp_path, tota
     assert direct.size == buffered.size == total
 
 
-def test_auto_takes_direct_where_the_filesystem_allows_it(tmp_path):
-    assert disk_write.resolve_mode(tmp_path, "auto")[0] == "direct"  # ext4 and tmpfs both allow it
+def _mount_table(monkeypatch, tmp_path, fs_type: str) -> None:
+    """Stand-in mount table: `tmp_path` on a filesystem of `fs_type` (an NFS mount cannot be made here)."""
+    table = tmp_path.parent / f"mounts-{tmp_path.name}"
+    real = os.path.realpath(tmp_path).replace(" ", "\\040")
+    table.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/x {real} {fs_type} rw 0 0\n")
+    monkeypatch.setattr(disk_write, "MOUNTS", table)
+
+
+def test_auto_takes_direct_on_local_block_filesystems_only(tmp_path, monkeypatch):
+    _mount_table(monkeypatch, tmp_path, "xfs")
+    assert disk_write.resolve_mode(tmp_path, "auto") == ("direct", "xfs takes O_DIRECT: no page-cache copy")
+    for fs in ("nfs4", "fuse.s3fs", "tmpfs", "overlay"):
+        _mount_table(monkeypatch, tmp_path, fs)
+        assert disk_write.resolve_mode(tmp_path, "auto") == ("buffered", f"{fs} is not a local block filesystem")
+        assert disk_write.resolve_mode(tmp_path, "direct")[0] == "direct"  # asked for, it is tried
     assert disk_write.resolve_mode(tmp_path, "buffered") == ("buffered", "requested")
     assert not list(tmp_path.iterdir()), "the probe file must not stay behind"
+
+
+def test_filesystem_type_reads_the_real_mount_table():
+    assert disk_write.filesystem_type("/proc/self") == "proc"
+    assert disk_write.filesystem_type("/") is not None
 
 
 def _refuse_o_direct(monkeypatch):
@@ -62,10 +80,10 @@ def _refuse_o_direct(monkeypatch):
 
 
 def test_auto_falls_back_to_buffered_and_says_why(tmp_path, monkeypatch):
+    _mount_table(monkeypatch, tmp_path, "ext4")
     _refuse_o_direct(monkeypatch)
     mode, why = disk_write.resolve_mode(tmp_path, "auto")
     assert mode == "buffered" and "O_DIRECT" in why and "Invalid argument" in why
-    assert isinstance(disk_write.open_for_write(tmp_path / "f", "auto"), disk_write.BufferedFile)
     with pytest.raises(OSError, match="O_DIRECT"):
         disk_write.resolve_mode(tmp_path, "direct")
 
@@ -96,6 +114,8 @@ def test_conversion_bytes_do_not_depend_on_the_write_mode(tiny_src, converted, t
 
 
 def test_conversion_on_a_filesystem_without_o_direct_reports_buffered(tiny_src, tmp_path, monkeypatch):
+    (tmp_path / "out").mkdir()
+    _mount_table(monkeypatch, tmp_path / "out", "ext4")
     _refuse_o_direct(monkeypatch)
     summary = convert(tiny_src, tmp_path / "out", Options())
     assert summary["write_io"] == "buffered" and "O_DIRECT refused" in summary["write_io_reason"]
