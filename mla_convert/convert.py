@@ -112,7 +112,7 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
     """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds).
 
     Returns (relative path, size, sha256) of every file written. Memory: a few tensors at a time
-    (the one being converted and at most ShardWriter.QUEUE_DEPTH waiting to be written).
+    (the one being converted and at most ShardWriter.INFLIGHT_BYTES waiting to be written).
     """
     kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels, spec.ops)
     out_dir = Path(spec.out_dir)

@@ -1,10 +1,13 @@
 """Keep freed memory in the process heap instead of handing it back to the kernel.
 
-A conversion allocates buffers of the same few sizes for every tensor. glibc serves large ones
-with mmap and unmaps them when freed, so each tensor page-faults its buffers in again (about
-0.7 s of CPU per GB on the VM this was measured on). With mmap and heap trimming off, a freed
-buffer is reused as it is. On the 3.4 GB bench: page faults 730k -> 300k, system time 4.0 ->
-2.5 s, conversion 12.2 -> 10.0 s; peak RSS 0.85 -> 1.1 GB (the heap's high-water mark).
+A conversion allocates buffers of the same few sizes for every tensor. By default glibc serves
+large ones with mmap and unmaps them when freed, so each tensor page-faults its buffers in again
+(about 0.7 s of CPU per GB on the VM this was measured on). Here buffers up to 32 MB (glibc's
+largest mmap threshold; every routed expert's weight in R1 is 14.7 MB, 29 MB as bf16) come from
+the heap and are reused as they are, and the heap is not trimmed. Bigger ones (dense-layer
+weights, a handful per checkpoint) are still unmapped when freed, so the heap's high-water mark,
+which is what RSS shows, stays low: turning mmap off altogether saved more faults on the
+dense-heavy bench but raised the bf16 peak RSS from ~1.0 to up to 1.4 GB (measured).
 Process-wide, so only the CLI and the converter's worker processes turn it on.
 """
 
@@ -14,7 +17,8 @@ import ctypes
 import ctypes.util
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
-M_MMAP_MAX = -4
+M_MMAP_THRESHOLD = -3
+LARGEST_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)
 _ENABLED = False
 
 
@@ -30,5 +34,5 @@ def keep_freed_pages() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; the trim threshold is an int, so "never" is its largest value.
-    _ENABLED = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    _ENABLED = bool(mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     return _ENABLED

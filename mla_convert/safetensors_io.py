@@ -195,11 +195,12 @@ class ShardWriter:
     Usage: `with ShardWriter(path, specs) as w: for name in w.order: w.write(name, tensor)`, then
     `w.commit()`. Data goes to a hidden '.NAME.partial' file that is fsynced and renamed on commit
     and removed on any error, so a file under its final name is always complete. With
-    `background=True` a thread writes and hashes while the caller computes the next tensor; at
-    most `QUEUE_DEPTH` tensors wait, so memory stays bounded.
+    `background=True` one thread writes and another hashes while the caller computes the next
+    tensor; at most `INFLIGHT_BYTES` of tensors wait for them (or one tensor, if it is larger), so
+    memory stays bounded whatever the tensor sizes.
     """
 
-    QUEUE_DEPTH = 2
+    INFLIGHT_BYTES = 64 * 1024 * 1024
 
     def __init__(
         self,
@@ -232,9 +233,12 @@ class ShardWriter:
         self._out: disk_write.BufferedFile | None = None
         # Background: one thread writes, another hashes, each from its own queue of the same
         # buffers (sha256 and the disk's writeback each take a core-second per ~1.4 GB here).
-        self._queues: list[queue.Queue] = [queue.Queue(self.QUEUE_DEPTH) for _ in range(2)] if background else []
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(2)] if background else []
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
+        self._room = threading.Condition()  # guards the in-flight byte count
+        self._inflight = 0
+        self.peak_inflight = 0  # the most bytes that waited at once (tests read it)
 
     def __enter__(self) -> "ShardWriter":
         try:
@@ -267,9 +271,15 @@ class ShardWriter:
         while (item := q.get()) is not None:
             if self._error is None:
                 try:
-                    fn(item)
+                    fn(item[0])
                 except BaseException as e:  # handed to the caller at its next write or commit
                     self._error = e
+            with self._room:
+                item[1] -= 1
+                if not item[1]:  # both threads are done with it: its memory can go
+                    self._inflight -= len(item[0])
+                    item[0] = None
+                    self._room.notify()
 
     def _join_threads(self) -> None:
         for q in self._queues:
@@ -290,8 +300,14 @@ class ShardWriter:
         else:
             if self._error is not None:
                 self._stop_thread()
+            with self._room:
+                while self._inflight and self._inflight + len(data) > self.INFLIGHT_BYTES:
+                    self._room.wait()
+                self._inflight += len(data)
+                self.peak_inflight = max(self.peak_inflight, self._inflight)
+            item = [data, len(self._queues)]  # the buffer, and how many threads still need it
             for q in self._queues:
-                q.put(data)
+                q.put(item)
 
     def _expect(self, name: str, dtype: str | None, shape: tuple[int, ...] | None) -> None:
         expected = self.order[self._next] if self._next < len(self.order) else None

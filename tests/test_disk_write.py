@@ -127,3 +127,30 @@ def test_cli_rejects_an_unknown_write_mode_in_one_line(tiny_src, tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--write-io" in lines[0] and "fast" in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_background_writer_holds_at_most_its_byte_budget(tmp_path, monkeypatch):
+    """A slow disk must not let converted tensors pile up: the caller waits once INFLIGHT_BYTES
+    are queued (a single larger tensor still goes through), and the file is still exact."""
+    import time
+
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(ShardWriter, "INFLIGHT_BYTES", 3000)
+    sizes = [1000] * 12 + [5000, 1000, 1000]
+    tensors = {f"t{i}": torch.full((n,), i, dtype=torch.uint8) for i, n in enumerate(sizes)}
+    real_write = disk_write.BufferedFile.write
+
+    def slow_write(self, data):
+        time.sleep(0.01)
+        real_write(self, data)
+
+    monkeypatch.setattr(disk_write.BufferedFile, "write", slow_write)
+    specs = {k: ("U8", tuple(t.shape)) for k, t in tensors.items()}
+    with ShardWriter(tmp_path / "x.safetensors", specs, background=True) as w:
+        for k, t in tensors.items():
+            w.write(k, t)
+        w.commit()
+    assert w.peak_inflight == 5000  # the large tensor alone; the 1000-byte ones three at a time
+    back = load_file(tmp_path / "x.safetensors")
+    assert all(torch.equal(back[k], t) for k, t in tensors.items())
