@@ -434,13 +434,13 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
         done = completed_jobs(out_dir, options.as_dict(), fingerprint, outputs)
     elif not stream:
         prepare_out_dir(out_dir, src.root, overwrite)
-    write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
-    (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
-    try:
+    try:  # before the first byte of output: a refused --write-io direct leaves nothing behind
         write_io, why = disk_write.resolve_mode(out_dir, write_io)
     except OSError as e:
         raise OutputError(f"--write-io: {e}") from None
     result |= {"write_io": write_io, "write_io_reason": why}
+    write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
+    (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
     progress = progress_factory(src.total_bytes()) if progress_factory else None
     if progress:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from mla_convert import disk_write
 from mla_convert.cli import app
 from mla_convert.convert import convert
+from mla_convert.errors import OutputError
 from mla_convert.plan import Options
 from mla_convert.safetensors_io import ShardWriter
 
@@ -117,6 +118,9 @@ def test_conversion_on_a_filesystem_without_o_direct_reports_buffered(tiny_src, 
     (tmp_path / "out").mkdir()
     _mount_table(monkeypatch, tmp_path / "out", "ext4")
     _refuse_o_direct(monkeypatch)
+    with pytest.raises(OutputError, match="--write-io: .*cannot write with O_DIRECT"):
+        convert(tiny_src, tmp_path / "out", Options(), write_io="direct")
+    assert not list((tmp_path / "out").iterdir()), "a refused direct mode must write nothing"
     summary = convert(tiny_src, tmp_path / "out", Options())
     assert summary["write_io"] == "buffered" and "O_DIRECT refused" in summary["write_io_reason"]
 
