@@ -180,8 +180,9 @@ def deepseek_r1(
         str,
         typer.Option(
             "--write-io",
-            help="auto: write shards with O_DIRECT where the filesystem allows it (no page-cache copy, far less "
-            "CPU), else through the page cache; or direct / buffered. The bytes written are the same.",
+            help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
+            "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
+            "buffered. The bytes written are the same.",
         ),
     ] = "auto",
     json_out: JsonOpt = False,

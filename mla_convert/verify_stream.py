@@ -46,7 +46,6 @@ from .verify_report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
 
 CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
 FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
-COUNTABLE = (torch.bfloat16, torch.float16, torch.float32)  # fp8_readers().count_nonfinite takes these
 
 
 @dataclass(frozen=True)
@@ -271,7 +270,7 @@ class _Checks:
             return
         flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
         nonfinite = Mismatches()
-        if t.dtype in COUNTABLE and fp8_readers().count_nonfinite(flat) == 0:
+        if t.dtype in native.NONFINITE_MASKS and fp8_readers().count_nonfinite(flat) == 0:
             self._verdict(nonfinite, VALUES, "nan-inf", info.name, "finite values", t.numel(), "NaN/Inf in ")
             return
         for r0, r1 in _row_chunks(flat.shape[0], flat.shape[1]):  # locate them (a failing tensor only)
