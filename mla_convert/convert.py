@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import contextlib
 import functools
@@ -38,6 +39,7 @@ from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_
 from .resume import Journal, completed_jobs, crash_point
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .safetensors_io import (
+    BackgroundCommits,
     ShardWriter,
     WrittenFile,
     copy_file_atomic,
@@ -108,17 +110,32 @@ class _Inputs:
             f.close()
 
 
+PendingFiles = list[tuple[str, cf.Future]]  # (relative path, future of its WrittenFile)
+
+
 def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
-    """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds).
+    """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds), committed.
 
     Returns (relative path, size, sha256) of every file written. Memory: a few tensors at a time
     (the one being converted and at most ShardWriter.INFLIGHT_BYTES waiting to be written).
     """
+    with BackgroundCommits() as commits:
+        pending = start_shard_job(spec, commits, progress)
+    return committed(pending)
+
+
+def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:
+    """(relative path, size, sha256) of each file once its commit is done; raises its error."""
+    return [(rel, (done := fut.result()).size, done.sha256) for rel, fut in pending]
+
+
+def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: ProgressFn | None = None) -> PendingFiles:
+    """run_shard_job, except that the files' commits (fsync, rename) are left to `commits`."""
     kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels, spec.ops)
     out_dir = Path(spec.out_dir)
     inputs = _Inputs(spec)
     specs = {t.name: (t.dtype, t.shape) for t in spec.job.tensors}
-    written: list[tuple[str, int, str]] = []
+    pending: PendingFiles = []
     pending_scale: torch.Tensor | None = None
     try:
         with ShardWriter(out_dir / spec.job.file, specs, background=True, write_mode=spec.write_io) as writer:
@@ -135,7 +152,7 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
                     layer = kv_b_layer_index(t.source)
                     if layer is not None:  # from the exact fp32 dequant of the source weight
                         kv_b = kernels.dequant_fp32(w, s).cpu()
-                        written.append(_write_mla_layer(out_dir, layer, kv_b, spec.dims, spec.write_io))
+                        pending.append(_write_mla_layer(out_dir, layer, kv_b, spec.dims, spec.write_io, commits))
                     if t.op == TO_BF16:
                         writer.write(t.name, kernels.to_bf16(w, s).cpu())
                     elif t.op == TO_FP8:
@@ -147,11 +164,10 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
                 if progress and t.op != FP8_SCALE:
                     scale = spec.scales.get(t.source)
                     progress(spec.sources[t.source].nbytes + (spec.sources[scale].nbytes if scale else 0))
-            done = writer.commit()
+            pending.append((spec.job.file, commits.submit(writer)))
     finally:
         inputs.close()
-    written.append((spec.job.file, done.size, done.sha256))
-    return written
+    return pending
 
 
 def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +182,8 @@ def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor
 
 
 def _write_mla_layer(
-    out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims, write_io: str
-) -> tuple[str, int, str]:
+    out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims, write_io: str, commits: BackgroundCommits
+) -> tuple[str, cf.Future]:
     """W_UK_T / W_UV from the exact fp32 dequant of the SOURCE kv_b_proj, never the requantized copy."""
     w_uk_t, w_uv = split_kv_b_proj(kv_b_dequant, dims, torch.bfloat16)
     rel = mla_file_rel(layer)
@@ -175,8 +191,7 @@ def _write_mla_layer(
     with ShardWriter(out_dir / rel, specs, write_mode=write_io) as w:
         w.write(w_uk_t_name(layer), w_uk_t)
         w.write(w_uv_name(layer), w_uv)
-        done = w.commit()
-    return rel, done.size, done.sha256
+        return rel, commits.submit(w)
 
 
 def _worker_init(threads: int) -> None:
@@ -268,11 +283,23 @@ def execute(
             on_job_done(spec.job.file, results)
         crash_point(f"after-job:{spec.job.file}")
 
-    if workers <= 1:
-        for spec in specs:
-            if inputs_ready:
-                inputs_ready(spec, None)
-            record(spec, run_shard_job(spec, progress))
+    if workers <= 1:  # one job at a time; its files' commits overlap the next job
+        with BackgroundCommits() as commits:
+            waiting: collections.deque[tuple[JobSpec, PendingFiles]] = collections.deque()
+
+            def settle(wait: bool) -> None:  # record finished jobs, in order
+                while waiting and (wait or all(fut.done() for _, fut in waiting[0][1])):
+                    spec, pending = waiting.popleft()
+                    record(spec, committed(pending))
+
+            for spec in specs:
+                # A job is recorded (and, streaming, its shards released) only once committed;
+                # keep settling while the next job's inputs may be waiting on that.
+                while inputs_ready and not inputs_ready(spec, 0.05 if waiting else None):
+                    settle(wait=False)
+                waiting.append((spec, start_shard_job(spec, commits, progress)))
+                settle(wait=False)
+            settle(wait=True)
         return files
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started can hang

@@ -7,6 +7,7 @@ they go to disk.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import json
 import math
@@ -362,6 +363,28 @@ class ShardWriter:
         if self._out is not None:
             self._out.close()
         self._tmp.unlink(missing_ok=True)
+
+
+class BackgroundCommits:
+    """Commits finished ShardWriters (drain, fsync, rename) on one thread, in the order given.
+
+    fsync waits for the disk to flush (0.5-0.8 s per shard file on the VM this was measured on, a
+    third of a 3.4 GB conversion when done inline); here it overlaps the next tensors' work.
+    Leaving the `with` block waits for every commit, so no file is still being written after it.
+    """
+
+    def __init__(self) -> None:
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="commit")
+
+    def submit(self, writer: ShardWriter) -> cf.Future:
+        """A future of writer.commit()'s WrittenFile (or its exception)."""
+        return self._pool.submit(writer.commit)
+
+    def __enter__(self) -> "BackgroundCommits":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True)
 
 
 RAW_CHUNK = 16 * 1024 * 1024

@@ -1,6 +1,7 @@
 """disk_write: O_DIRECT and page-cache writers leave byte-identical files, and the choice shows."""
 
 import errno
+import json
 import os
 import random
 
@@ -158,3 +159,63 @@ def test_background_writer_holds_at_most_its_byte_budget(tmp_path, monkeypatch):
     assert w.peak_inflight == 5000  # the large tensor alone; the 1000-byte ones three at a time
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(back[k], t) for k, t in tensors.items())
+
+
+def _fsync_by_name(monkeypatch, action):
+    """Wrap os.fsync so `action(file name, real fsync, fd)` runs in its place."""
+    real = os.fsync
+
+    def fsync(fd):
+        return action(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), real, fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, monkeypatch):
+    """fsync waits for the disk; the next shard's conversion must not wait for it (and the result
+    and the journal order stay the same)."""
+    import threading
+    import time
+
+    from mla_convert import convert as convert_mod
+
+    events, lock = [], threading.Lock()
+
+    def log(what):
+        with lock:
+            events.append(what)
+
+    def slow(name, real, fd):
+        if name.endswith(".safetensors.partial") and name.startswith(".model-00001"):
+            log("fsync-1 start")
+            time.sleep(0.5)
+            log("fsync-1 end")
+        return real(fd)
+
+    real_read = convert_mod.read_tensor
+
+    def read(f, *args):
+        log(f"read {os.path.basename(f.name)}")
+        return real_read(f, *args)
+
+    _fsync_by_name(monkeypatch, slow)
+    monkeypatch.setattr(convert_mod, "read_tensor", read)
+    convert(tiny_src, tmp_path / "out", Options())
+    start, end = events.index("fsync-1 start"), events.index("fsync-1 end")
+    assert any(e.startswith("read model-00002") for e in events[start:end]), events
+    assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
+
+
+def test_a_failed_background_commit_fails_the_conversion_cleanly(tiny_src, tmp_path, monkeypatch):
+    def fail(name, real, fd):
+        if name == ".model-00002-of-00004.safetensors.partial":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd)
+
+    _fsync_by_name(monkeypatch, fail)
+    with pytest.raises(OutputError, match="model-00002-of-00004.safetensors: write failed: Input/output error"):
+        convert(tiny_src, tmp_path / "out", Options())
+    out = tmp_path / "out"
+    assert not list(out.rglob("*.partial")) and not (out / "model-00002-of-00004.safetensors").exists()
+    manifest = json.loads((out / "mla-convert-manifest.json").read_text())
+    assert manifest["status"] != "complete"
