@@ -189,6 +189,7 @@ def deepseek_r1(
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
+    _import_torch()
     from .convert import convert
     from .heap import keep_freed_pages
     from .plan import Options
@@ -265,6 +266,7 @@ def verify_cmd(
     """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
 
     Exit code 0: every check passed; 1: a check failed; 2: verification could not run."""
+    _import_torch()
     from .heap import keep_freed_pages
     from .verify import verify
 
@@ -312,6 +314,22 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
         failed = sum(g["failed"] for g in groups.values())
         verdict = "[green]PASS" if report["ok"] else f"[red]FAIL: {failed} of {total} checks failed"
         _console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
+
+
+def _import_torch() -> None:
+    """Import torch with the cyclic GC paused, then keep its objects out of later collections.
+
+    Its import creates ~165k long-lived objects and the GC walks them ~365 times on the way; start-up
+    (`--dry-run`) went from 3.5-4.1 s to 2.3-2.8 s with this on the machine kind it was measured on.
+    """
+    import gc
+
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.enable()
+    gc.freeze()
 
 
 def main() -> None:

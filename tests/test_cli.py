@@ -112,3 +112,13 @@ def test_demo_runs_offline(tmp_path, monkeypatch):
     assert summary["status"] == "complete" and summary["mla_layers"] == 4
     assert (tmp_path / "demo" / "source" / "config.json").exists()
     assert (tmp_path / "demo" / "converted-channel-fp8" / "mla" / "manifest.json").exists()
+
+
+def test_commands_leave_the_cyclic_gc_on(tiny_src, tmp_path):
+    """Start-up pauses the GC while torch imports; the commands must not leave it off."""
+    import gc
+
+    out = str(tmp_path / "o")
+    for args in (["deepseek-r1", str(tiny_src), "--out", out, "--quiet"], ["verify", out, "--quiet"]):
+        assert CliRunner().invoke(app, args).exit_code == 0
+        assert gc.isenabled()
