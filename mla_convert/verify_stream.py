@@ -9,6 +9,7 @@ comparisons run in row chunks too, so their working memory stays small.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import math
 import os
@@ -45,6 +46,7 @@ from .verify_math import (
 from .verify_report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
 
 CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
+HEADS_PER_CHUNK = 8  # attention heads per chunk in the MLA artifact comparisons
 FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
 
 
@@ -487,20 +489,7 @@ class _Checks:
                 found=list(x.shape),
             )
             return
-        if exact:
-            ref = split_kv_b_proj(x, dims, torch.bfloat16)
-            for name, a, want in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref):
-                bad = Mismatches()
-                bad.add(a, want, ~same_bits(a, want))
-                self._verdict(bad, MLA, "split-exact", name, f"bit-exact {what}", a.numel(), "differs: ")
-        else:
-            ref = split_kv_b_proj(x, dims, torch.float32)
-            scale_layout = split_kv_b_proj(s.expand(x.shape), dims, torch.float32)
-            for name, a, want, sc in zip((w_uk_t_name(layer), w_uv_name(layer)), (uk, uv), ref, scale_layout):
-                af = a.float()
-                bad = Mismatches()
-                bad.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)))
-                self._verdict(bad, MLA, "split-bound", name, what, a.numel(), "out of bound: ")
+        self._compare_split(layer, (uk, uv), x, None if exact else s, what)
         tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
         err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
         self.tally.expect(
@@ -512,3 +501,27 @@ class _Checks:
             expected=f"absorbed decode == naive attention within relative error {tol:g}",
             found=f"relative error {err:.3g}",
         )
+
+    def _compare_split(self, layer: int, artifacts, x: torch.Tensor, scale: torch.Tensor | None, what: str) -> None:
+        """W_UK_T / W_UV against split_kv_b_proj(x): bit-exact, or within the artifact bound of a
+        channel-FP8 x with its `scale`. A few heads at a time: whole-layer fp32 temporaries cost
+        more in page faults than in arithmetic."""
+        dims, per_head = self.task.dims, self.task.dims.qk_nope_head_dim + self.task.dims.v_head_dim
+        names, bad = (w_uk_t_name(layer), w_uv_name(layer)), (Mismatches(), Mismatches())
+        for h0 in range(0, dims.num_heads, HEADS_PER_CHUNK):
+            h1 = min(dims.num_heads, h0 + HEADS_PER_CHUNK)
+            part, rows = dataclasses.replace(dims, num_heads=h1 - h0), slice(h0 * per_head, h1 * per_head)
+            if scale is None:
+                for m, a, want in zip(bad, artifacts, split_kv_b_proj(x[rows], part, torch.bfloat16)):
+                    m.add(a[h0:h1], want, ~same_bits(a[h0:h1], want), h0)
+                continue
+            ref = split_kv_b_proj(x[rows], part, torch.float32)
+            scale_layout = split_kv_b_proj(scale[rows].expand(-1, x.shape[1]), part, torch.float32)
+            for m, a, want, sc in zip(bad, artifacts, ref, scale_layout):
+                af = a[h0:h1].float()
+                m.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)), h0)
+        for name, a, m in zip(names, artifacts, bad):
+            if scale is None:
+                self._verdict(m, MLA, "split-exact", name, f"bit-exact {what}", a.numel(), "differs: ")
+            else:
+                self._verdict(m, MLA, "split-bound", name, what, a.numel(), "out of bound: ")

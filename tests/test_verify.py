@@ -3,6 +3,7 @@ names the right file or tensor; a directory that is not a conversion cannot be v
 
 import hashlib
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -419,6 +420,25 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
     assert {f["group"] for f in failures(report)} == {"mla"}
     _, report = run(out, tiny_src)
     assert_fails(report, "mla", "split-exact", file=mla_rel(2), tensor=w_uv_name(2))
+
+
+@pytest.mark.parametrize("with_source", [False, True])
+def test_artifact_damage_is_located_across_head_chunks(out, tiny_src, monkeypatch, with_source):
+    """The artifact comparisons run a few heads at a time; a damaged element in a later chunk is
+    counted once and reported at its place in the whole tensor."""
+    from mla_convert import verify_stream
+
+    monkeypatch.setattr(verify_stream, "HEADS_PER_CHUNK", 1)
+
+    def damage(t):
+        w = t[w_uv_name(1)]
+        w[3, 5, 7] = w[3, 5, 7] * 4 + 1
+
+    rewrite(out / mla_rel(1), damage)
+    fix_hash(out, mla_rel(1))
+    _, report = run(out, tiny_src if with_source else None)
+    hits = [f for f in failures(report, "mla") if f["check"].startswith("split-") and f["tensor"] == w_uv_name(1)]
+    assert len(hits) == 1 and re.search(r": 1 of \d+ elements; first at \[3, 5, 7\]", hits[0]["found"]), hits
 
 
 def test_w_uk_t_stored_transposed(fp8_out):
