@@ -7,8 +7,9 @@ Raises VerificationError (exit code 2) when verification cannot run: the directo
 mla-convert output, its manifest is unreadable, or --source cannot be opened.
 
 Five check groups (see verify_report.GROUP_TITLES). The header pass (verify_structure) runs first
-in this process; then every file is read once, front to back, by verify_stream (in worker processes
-with workers > 1), which hashes it and checks each tensor from the same buffer; the per-file hashes
+in this process; then every file is read once, front to back, by verify_stream (two files at a
+time on threads, or in worker processes with workers > 1), which hashes it and checks each tensor
+from the same buffer; the per-file hashes
 are then compared with the conversion manifest. Tolerances: verify_math.
 """
 
@@ -18,6 +19,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,7 @@ from mla_runtime.format import MLA_DIR_NAME, layer_file_name
 from .checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from .errors import ConvertError, VerificationError
 from .heap import keep_freed_pages
+from .kernels import fp8_readers
 from .manifest import COMPLETE, MANIFEST_NAME
 from .plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
 from .source import resolve_source
@@ -38,6 +41,7 @@ from .verify_stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_fil
 from .verify_structure import COPY_DTYPES, Layout, check_structure
 
 ProgressFactory = Callable[[int], Callable[[int], None]]
+FILE_THREADS = 2  # files verified at once in one process (sha256 of a file runs on one core)
 
 
 def verify(
@@ -240,22 +244,10 @@ def _run(
     advance = progress_factory(sum(sizes.values())) if progress_factory else None
     results: dict[str, FileResult] = {}
     if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            done = [0]
-
-            def step(n, done=done):
-                done[0] += n
-                advance(n)
-
-            results[task.rel] = run_file_task(task, step if advance else None)
-            if advance:
-                advance(max(0, sizes[task.rel] - done[0]))
-        return results
+        return _run_in_threads(tasks, sizes, advance)
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
-    with cf.ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)
-    ) as pool:
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         # Biggest files first, so one large shard does not start last.
         futures = {pool.submit(run_file_task, t): t for t in sorted(tasks, key=lambda t: -sizes[t.rel])}
         for fut in cf.as_completed(futures):
@@ -264,6 +256,33 @@ def _run(
             if advance:
                 advance(sizes[task.rel])
     return results
+
+
+def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
+    """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
+    sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks."""
+    fp8_readers()  # probe once, before the threads need it
+    lock = threading.Lock()
+
+    def run_one(task: FileTask) -> FileResult:
+        done = 0
+
+        def step(n: int) -> None:
+            nonlocal done
+            done += n
+            with lock:
+                advance(n)
+
+        result = run_file_task(task, step if advance else None)
+        if advance:
+            with lock:
+                advance(max(0, sizes[task.rel] - done))
+        return result
+
+    order = sorted(tasks, key=lambda t: -sizes[t.rel])
+    with cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix="verify-file") as pool:
+        by_rel = {t.rel: r for t, r in zip(order, pool.map(run_one, order))}
+    return {t.rel: by_rel[t.rel] for t in tasks}
 
 
 def _worker_init(threads: int) -> None:

@@ -620,3 +620,37 @@ def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, monk
     _, torch_report = run(out)
     assert_fails(native_report, "values", "nan-inf", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
+
+
+def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, monkeypatch):
+    """One process checks two files at once (one's hash overlaps the other's checks); the report,
+    failures included, does not depend on it."""
+    import threading
+    import time
+
+    from mla_convert import verify as verify_mod
+
+    rewrite(out / mla_rel(1), lambda t: t[w_uv_name(1)].mul_(2))
+    fix_hash(out, mla_rel(1))
+    real, running, peak, lock = verify_mod.run_file_task, [0], [0], threading.Lock()
+
+    def tracked(task, progress=None):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        try:
+            return real(task, progress)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(verify_mod, "run_file_task", tracked)
+    reports = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(verify_mod, "FILE_THREADS", threads)
+        peak[0] = 0
+        _, report = run(out, tiny_src)
+        assert peak[0] == threads
+        reports[threads] = {k: v for k, v in report.items() if k not in ("seconds",)}
+    assert reports[1] == reports[2] and reports[1]["exit_code"] == 1
