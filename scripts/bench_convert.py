@@ -133,6 +133,7 @@ def main() -> None:
     ]  # fmt: skip
     times: dict[str, list[float]] = {m: [] for m in methods}
     rss: dict[str, int] = {m: 0 for m in methods}
+    written: dict[str, int] = {}  # bytes each method leaves in --out (bf16 writes ~1.9x the source)
     order = list(methods)
     for rep in range(args.reps):
         for name in order if rep % 2 == 0 else reversed(order):
@@ -141,6 +142,7 @@ def main() -> None:
             wall, peak = run_measured(methods[name])
             times[name].append(wall)
             rss[name] = max(rss[name], peak)
+            written[name] = _tree_bytes(out)
             print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
     shutil.rmtree(out, ignore_errors=True)
 
@@ -171,6 +173,9 @@ def main() -> None:
         rows.append({
             "method": m, "median_s": round(med[m], 3), "gb_per_s": round(size / med[m] / 1e9, 3),
             "x_cp": round(med[m] / cp, 2),
+            # against cp of as many bytes as this method wrote: where the disk is the limit, the floor
+            "written_bytes": written.get(m),
+            "x_cp_same_bytes": round(med[m] / (cp * written[m] / size), 2) if written.get(m) else None,
             "naive_over_this": round(naive / med[m], 2) if naive and m.startswith("mla-convert") else None,
             "x_first_convert": round(med[m] / first_convert, 2),
             "peak_rss_gib": round(rss[m] / 2**30, 3), "runs_s": [round(x, 2) for x in times[m]],
@@ -187,6 +192,10 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
         args.markdown.write_text(md)
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
 def _cpu_model() -> str:
@@ -212,13 +221,16 @@ def _markdown(r: dict) -> str:
         "RSS target 1 GiB + 2x largest tensor "
         f"= {r['rss_target_gib']:.2f} GiB",
         "",
-        "| method | median s | GB/s of source | time / cp | naive / this | time / first mla-convert | peak RSS GiB |",
-        "|---|---|---|---|---|---|---|",
+        "| method | median s | GB/s of source | time / cp | GB written | time / cp of as many bytes "
+        "| naive / this | time / first mla-convert | peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         nv = f"{row['naive_over_this']:.1f}x" if row["naive_over_this"] else ""
+        gb = f"{row['written_bytes'] / 1e9:.2f}" if row["written_bytes"] else ""
+        same = f"{row['x_cp_same_bytes']:.2f}" if row["x_cp_same_bytes"] else ""
         lines.append(
-            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {nv} | "
+            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {gb} | {same} | {nv} | "
             f"{row['x_first_convert']:.2f} | {row['peak_rss_gib']:.2f} |"
         )
     return "\n".join(lines) + "\n"
