@@ -85,10 +85,13 @@ class BufferedFile:
 
 class DirectFile(BufferedFile):
     """Whole aligned blocks written with O_DIRECT from page-aligned staging buffers: the caller
-    fills one while a thread writes the other, so the disk does not wait for the copy. Large
-    writes matter here: 8 MB direct writes ran at 0.31 GB/s, 64 MB ones at 0.48-0.59 GB/s."""
+    fills one while threads write others, so the disk does not wait for the copy. Large writes
+    matter here: 8 MB direct writes ran at 0.31 GB/s, 64 MB ones at 0.48-0.59 GB/s. Two writes in
+    flight (positional, at their own offsets) beat one: a 3.4 GB conversion took 13.77 s against
+    14.88 s (medians of 6 alternating pairs, faster in each)."""
 
-    STAGES = 2
+    STAGES = 4
+    IO_THREADS = 2
 
     def __init__(self, path: Path, stage_bytes: int = STAGE_BYTES):
         assert stage_bytes % ALIGN == 0
@@ -102,8 +105,12 @@ class DirectFile(BufferedFile):
         self._full: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._cur, self._fill = self._free.get(), 0
-        self._io = threading.Thread(target=self._io_loop, name=f"direct write {path.name}", daemon=True)
-        self._io.start()
+        self._io = [
+            threading.Thread(target=self._io_loop, name=f"direct write {path.name}", daemon=True)
+            for _ in range(self.IO_THREADS)
+        ]
+        for t in self._io:
+            t.start()
 
     def _io_loop(self) -> None:
         while (job := self._full.get()) is not None:
@@ -156,10 +163,11 @@ class DirectFile(BufferedFile):
             data.release()
 
     def _stop_io(self) -> None:
-        if self._io is not None:
+        for _ in self._io:
             self._full.put(None)
-            self._io.join()
-            self._io = None
+        for t in self._io:
+            t.join()
+        self._io = []
 
     def finish(self) -> None:
         whole = self._fill - self._fill % ALIGN
