@@ -46,6 +46,7 @@ from .safetensors_io import (
     nbytes_of,
     read_chunks,
     read_tensor,
+    will_need,
     write_bytes_atomic,
 )
 from .source import is_hub_source, resolve_source
@@ -101,6 +102,10 @@ class _Inputs:
         t = self.sources[name]
         return read_tensor(self._file(t.file), t.offset, t.dtype, t.shape, self.root / t.file, name)
 
+    def prefetch(self, name: str) -> None:
+        t = self.sources[name]
+        will_need(self._file(t.file).fileno(), t.offset, t.nbytes)
+
     def chunks(self, name: str):
         t = self.sources[name]
         return read_chunks(self._file(t.file), t.offset, t.nbytes, self.root / t.file, name)
@@ -142,6 +147,8 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
             for i, t in enumerate(spec.job.tensors):
                 if i == len(spec.job.tensors) // 2:
                     crash_point(f"shard-write:{spec.job.file}")
+                if i + 1 < len(spec.job.tensors):  # a cold source: read ahead while this one converts
+                    inputs.prefetch(spec.job.tensors[i + 1].source)
                 if t.op == COPY:
                     writer.write_raw(t.name, inputs.chunks(t.source))
                 elif t.op == FP8_SCALE:

@@ -26,7 +26,7 @@ from . import native
 from .kernels import fp8_readers
 from .numerics import dequantize_block_fp8, to_bf16
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
-from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
+from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo, will_need
 from .verify_math import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
@@ -46,6 +46,7 @@ from .verify_math import (
 from .verify_report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
 
 CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
+READ_AHEAD_BYTES = 128 * 1024 * 1024  # asked of the kernel past the tensor being read
 HEADS_PER_CHUNK = 8  # attention heads per chunk in the MLA artifact comparisons
 FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
 
@@ -128,6 +129,8 @@ class _Reader:
                 self.files[ref.path] = os.open(ref.path, os.O_RDONLY)
             except OSError as e:
                 raise _ReadError(f"{ref.path}: cannot open ({e.strerror or e})") from None
+        if first == 0 and count < shape[0]:  # the first of several chunks: read ahead the rest
+            will_need(self.files[ref.path], ref.offset, shape[0] * per_row)
         buf = bytearray(nbytes)
         got = os.preadv(self.files[ref.path], [buf], ref.offset + first * per_row) if nbytes else 0
         if got != nbytes:
@@ -166,6 +169,9 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
                 size += len(prefix)
                 buffers = _ReadBuffers()
                 for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
+                    # a cold file: this tensor and what follows are read in large requests, and
+                    # the disk goes on reading while this one is hashed and checked
+                    will_need(f.fileno(), task.header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
                     buf = buffers.read(f, info.nbytes)
                     h.update(buf)
                     size += len(buf)
