@@ -239,10 +239,8 @@ COUNT_NONFINITE(mla_count_nonfinite32, uint32_t)
 static inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
 /* One element into lane accumulators (separate lanes, so the compiler needs no reassociation). */
-static inline void bound_step(uint8_t wb, uint8_t qb, float sb, float rs, float rel, float floor_err, float *dd,
-                              float *xx, float *yy, float *mabs, float *mratio, float *ax, int32_t *bad) {
-    float x = decode_e4m3fn(wb) * sb;
-    float f = decode_e4m3fn(qb) * rs;
+static inline void bound_step(float x, float f, float rel, float floor_err, float *dd, float *xx, float *yy,
+                              float *mabs, float *mratio, float *ax, int32_t *bad) {
     float d = f - x;
     float adx = x < 0.0f ? -x : x, ad = d < 0.0f ? -d : d;
     float ratio = ad / (adx * rel + floor_err);
@@ -255,6 +253,8 @@ static inline void bound_step(uint8_t wb, uint8_t qb, float sb, float rs, float 
     *bad += !(ratio <= 1.0f);
 }
 
+/* A block's row segment decoded first (plain loops the compiler vectorizes), then the lane loop. */
+#define SEGMENT 256
 void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
                         const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
                         double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
@@ -274,14 +274,26 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
             float ldd[LANES] = {0}, lxx[LANES] = {0}, lyy[LANES] = {0};
             float labs[LANES] = {0}, lratio[LANES] = {0}, lax[LANES] = {0};
             int32_t lbad[LANES] = {0};
+            float xs[SEGMENT], fs[SEGMENT];
             int64_t j = j0;
-            for (; j + LANES <= j1; j += LANES)
-                for (int l = 0; l < LANES; l++)
-                    bound_step(wrow[j + l], qrow[j + l], sb, rs, rel, floor_err, &ldd[l], &lxx[l], &lyy[l], &labs[l],
-                               &lratio[l], &lax[l], &lbad[l]);
+            for (; j + LANES <= j1; j += SEGMENT) { /* whole lanes, a segment at a time */
+                const int64_t m = (j1 - j < SEGMENT ? j1 - j : SEGMENT) / LANES * LANES;
+                for (int64_t i = 0; i < m; i++)
+                    xs[i] = decode_e4m3fn(wrow[j + i]) * sb;
+                for (int64_t i = 0; i < m; i++)
+                    fs[i] = decode_e4m3fn(qrow[j + i]) * rs;
+                for (int64_t i = 0; i < m; i += LANES)
+                    for (int l = 0; l < LANES; l++)
+                        bound_step(xs[i + l], fs[i + l], rel, floor_err, &ldd[l], &lxx[l], &lyy[l], &labs[l],
+                                   &lratio[l], &lax[l], &lbad[l]);
+                if (m < SEGMENT) {
+                    j += m;
+                    break;
+                }
+            }
             for (int l = 0; j < j1; j++, l++) /* the block's tail, into the first lanes */
-                bound_step(wrow[j], qrow[j], sb, rs, rel, floor_err, &ldd[l], &lxx[l], &lyy[l], &labs[l], &lratio[l],
-                           &lax[l], &lbad[l]);
+                bound_step(decode_e4m3fn(wrow[j]) * sb, decode_e4m3fn(qrow[j]) * rs, rel, floor_err, &ldd[l], &lxx[l],
+                           &lyy[l], &labs[l], &lratio[l], &lax[l], &lbad[l]);
             for (int l = 0; l < LANES; l++) {
                 sdd += ldd[l];
                 sxx += lxx[l];

@@ -234,3 +234,36 @@ def test_native_nonfinite_count_across_thread_and_stretch_boundaries():
             assert native.count_nonfinite(t[1:]) == 4  # an odd start address
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("shape", "block"), [((300, 1000), (128, 128)), ((70, 700), (64, 300)), ((5, 13), (4, 3))])
+def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
+    """verify --source's one-pass C check against the same formulas in torch, per row: the maxima,
+    counts and first bad column exactly (they do not depend on summation order), the sums closely.
+    Shapes cover whole segments, a block wider than a segment, and tails that fill only some lanes."""
+    from mla_convert.numerics import dequantize_block_fp8
+
+    torch.manual_seed(sum(shape) + block[1])
+    w = (torch.randn(shape) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-shape[0] // block[0]), -(-shape[1] // block[1])) * 0.01 + 1e-3
+    q, sc = native.to_channel_fp8(w, s, block, 448.0)
+    codes = q.view(torch.uint8).clone()
+    codes[1, shape[1] // 2] ^= 0x21  # out of bound
+    codes[-1, -1] = 0x7F  # NaN
+    codes[2, :] = 0  # a zero row against a non-zero source row
+    q = codes.view(torch.float8_e4m3fn)
+    rel, half_step = 2.0**-4 + 2.0**-20, 2.0**-10
+    got = native.fp8_bound_rows(q, sc, w, s, block, rel, half_step)
+
+    x = dequantize_block_fp8(w, s, block)
+    f = q.float() * sc
+    d = f - x
+    ratio = d.abs() / (x.abs() * rel + sc * half_step)
+    bad = ~(ratio <= 1)
+    first = torch.where(bad.any(1), bad.float().argmax(1), torch.full((shape[0],), -1))
+    assert torch.equal(got["n_bad"], bad.sum(1)) and got["n_bad"].sum() >= 3
+    assert torch.equal(got["first_bad"], first)
+    for name, want in (("max_abs", d.abs().amax(1)), ("max_ratio", ratio.amax(1)), ("amax_x", x.abs().amax(1))):
+        torch.testing.assert_close(got[name], want, rtol=0, atol=0, equal_nan=True, msg=name)
+    for name, want in (("dd", d * d), ("xx", x * x), ("yy", f * f)):
+        torch.testing.assert_close(got[name], want.double().sum(1), rtol=1e-5, atol=0, equal_nan=True)
