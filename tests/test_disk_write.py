@@ -219,3 +219,29 @@ def test_a_failed_background_commit_fails_the_conversion_cleanly(tiny_src, tmp_p
     assert not list(out.rglob("*.partial")) and not (out / "model-00002-of-00004.safetensors").exists()
     manifest = json.loads((out / "mla-convert-manifest.json").read_text())
     assert manifest["status"] != "complete"
+
+
+def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it(tiny_src, tmp_path, monkeypatch):
+    """A cold source is read ahead: each converted tensor's source bytes are requested
+    (posix_fadvise WILLNEED) while the tensor before it converts."""
+    from mla_convert import convert as convert_mod
+
+    events = []
+    real_need, real_read = convert_mod.will_need, convert_mod.read_tensor
+    monkeypatch.setattr(
+        convert_mod, "will_need", lambda fd, off, n: (events.append(("need", off, n)), real_need(fd, off, n))
+    )
+
+    def read(f, offset, dtype, shape, *rest):
+        t = real_read(f, offset, dtype, shape, *rest)
+        events.append(("read", offset, t.numel() * t.element_size()))
+        return t
+
+    monkeypatch.setattr(convert_mod, "read_tensor", read)
+    convert(tiny_src, tmp_path / "out", Options())
+    needs = [e[1:] for e in events if e[0] == "need"]
+    weight_reads = [i for i, e in enumerate(events) if e[0] == "read" and e[2] > 4096]  # weights, not scales
+    assert len(weight_reads) > 10
+    ahead = [i for i in weight_reads[1:] if ("need", *events[i][1:]) in events[:i]]
+    assert len(ahead) >= len(weight_reads) - 1 - 4, "all but each shard's first weight requested early"
+    assert all(n > 0 for _, n in needs)
