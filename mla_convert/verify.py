@@ -9,8 +9,8 @@ mla-convert output, its manifest is unreadable, or --source cannot be opened.
 Five check groups (see verify_report.GROUP_TITLES). The header pass (verify_structure) runs first
 in this process; then every file is read once, front to back, by verify_stream (two files at a
 time on threads, or in worker processes with workers > 1), which hashes it and checks each tensor
-from the same buffer; the per-file hashes
-are then compared with the conversion manifest. Tolerances: verify_math.
+from the same buffer; the per-file hashes are then compared with the conversion manifest.
+Tolerances: verify_math.
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ class _Checks:
     def tensor(self, info: TensorInfo, buf) -> bool:
         """Check one tensor read from the file; True if a check keeps `buf` for later."""
         t = _decode(buf, DTYPES[info.dtype][0], info.shape)
-        kept = len(self.pending)
+        pending_before = len(self.pending)
         self._values(info, t)
         job = self.task.tensors.get(info.name)
         if job is not None:
@@ -288,7 +288,7 @@ class _Checks:
         if self.task.mla is not None:
             self.artifacts[info.name] = t
             return True
-        return len(self.pending) > kept
+        return len(self.pending) > pending_before
 
     def finish(self) -> None:
         if self.task.mla is not None:
