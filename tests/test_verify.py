@@ -654,3 +654,22 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
         assert peak[0] == threads
         reports[threads] = {k: v for k, v in report.items() if k not in ("seconds",)}
     assert reports[1] == reports[2] and reports[1]["exit_code"] == 1
+
+
+def test_read_buffers_are_reused_in_turn_unless_given_away():
+    """verify reads tensors into two buffers used in turn; a buffer a check keeps (a pending
+    weight, an MLA artifact) is given away and never written again."""
+    import io
+
+    from mla_convert.verify_stream import _ReadBuffers
+
+    f = io.BytesIO(bytes(range(256)) * 4)
+    bufs = _ReadBuffers()
+    a = bufs.read(f, 256)
+    bufs.give_away()  # kept by a check
+    kept = bytes(a)
+    b, c, d = bufs.read(f, 256), bufs.read(f, 128), bufs.read(f, 200)
+    assert bytes(a) == kept, "a given-away buffer was overwritten"
+    assert c.obj is not a.obj and d.obj is b.obj, "the slots are used in turn"
+    assert bytes(c) == bytes(range(128)) and bytes(d) == bytes(range(128, 256)) + bytes(range(72))
+    assert len(bufs.read(f, 300)) == 1024 - 840  # the end of the file: fewer bytes
