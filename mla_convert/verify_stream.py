@@ -12,7 +12,9 @@ import concurrent.futures as cf
 import dataclasses
 import hashlib
 import math
+import mmap
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,7 +169,7 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
                 prefix = f.read(task.header.data_start)
                 h.update(prefix)
                 size += len(prefix)
-                buffers = _ReadBuffers()
+                buffers = _thread_buffers()
                 for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
                     # a cold file: this tensor and what follows are read in large requests, and
                     # the disk goes on reading while this one is hashed and checked
@@ -177,8 +179,8 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
                     size += len(buf)
                     if len(buf) != info.nbytes:
                         raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
-                    if checks.tensor(info, buf):
-                        buffers.give_away()
+                    if (held := checks.tensor(info, buf)) is not None:
+                        buffers.keep(held)
                     del buf
                     if progress:
                         progress(info.nbytes)
@@ -192,35 +194,61 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
         tally.fail(INTEGRITY, "read", task.rel, expected="a readable file", found=str(e))
         return FileResult(task.rel, size, None, tally)
     finally:
-        checks.reader.close()
+        checks.close()
         h.close()
     tally.bytes_read += size
     return FileResult(task.rel, size, h.hexdigest(), tally)
 
 
 class _ReadBuffers:
-    """Two buffers, used in turn, for a file's tensors: the hash of one runs while the next is read
-    and checked (_BackgroundSha256 waits for it before taking the next). Reusing them saves a page
-    fault per 4 KB, which cost more than the copy from the page cache. Tensors over REUSE_BYTES
+    """Two buffers, used in turn, for the tensors a thread reads: the hash of one runs while the
+    next is read and checked (_BackgroundSha256 waits for it before taking the next). They are
+    reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than the copy
+    from the page cache. A buffer a check still holds when its turn comes again (an MLA artifact,
+    a weight whose scale comes later) is left to it and replaced. Tensors over REUSE_BYTES
     (embeddings: 1.85 GB in R1) get memory of their own, so none is held after its file."""
 
     REUSE_BYTES = 256 * 1024 * 1024
 
     def __init__(self) -> None:
-        self._slots, self._turn = [bytearray(), bytearray()], 0
+        self._slots = [_new_buffer(0), _new_buffer(0)]
+        self._held: list[Callable[[], bool] | None] = [None, None]
+        self._turn = 0
 
     def read(self, f, nbytes: int) -> memoryview:
         """The next `nbytes` of `f` (fewer at the end of the file)."""
         self._turn ^= 1
+        held, self._held[self._turn] = self._held[self._turn], None
         if nbytes > self.REUSE_BYTES:
-            return _read_into(f, memoryview(bytearray(nbytes)))
-        if len(self._slots[self._turn]) < nbytes:
-            self._slots[self._turn] = bytearray(nbytes)
+            return _read_into(f, memoryview(_new_buffer(nbytes)))
+        if (held is not None and held()) or len(self._slots[self._turn]) < nbytes:
+            self._slots[self._turn] = _new_buffer(nbytes)
         return _read_into(f, memoryview(self._slots[self._turn])[:nbytes])
 
-    def give_away(self) -> None:
-        """The last buffer read is kept by its reader: take a new one next time."""
-        self._slots[self._turn] = bytearray()
+    def keep(self, still_held: Callable[[], bool]) -> None:
+        """A check keeps the buffer last read while `still_held()`: not to be written until then."""
+        self._held[self._turn] = still_held
+
+
+_PER_THREAD = threading.local()
+
+
+def _thread_buffers() -> _ReadBuffers:
+    if not hasattr(_PER_THREAD, "buffers"):
+        _PER_THREAD.buffers = _ReadBuffers()
+    return _PER_THREAD.buffers
+
+
+def _new_buffer(nbytes: int):
+    """Writable memory for `nbytes`, its pages mapped in one call (MAP_POPULATE) rather than one
+    fault per 4 KB as they are first written; zero-filled like a bytearray, which is the fallback."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if nbytes and populate:
+        try:
+            return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        except OSError:
+            pass
+    return bytearray(nbytes)
 
 
 def _read_into(f, view: memoryview) -> memoryview:
@@ -267,10 +295,11 @@ class _Checks:
         self.pending: dict[str, tuple[TensorInfo, torch.Tensor]] = {}  # scale name -> its FP8 weight
         self.artifacts: dict[str, torch.Tensor] = {}
 
-    def tensor(self, info: TensorInfo, buf) -> bool:
-        """Check one tensor read from the file; True if a check keeps `buf` for later."""
+    def tensor(self, info: TensorInfo, buf) -> Callable[[], bool] | None:
+        """Check one tensor read from the file. If a check keeps `buf` for later, returns a test of
+        whether it still does."""
         t = _decode(buf, DTYPES[info.dtype][0], info.shape)
-        pending_before = len(self.pending)
+        pending_before = set(self.pending)
         self._values(info, t)
         job = self.task.tensors.get(info.name)
         if job is not None:
@@ -287,8 +316,16 @@ class _Checks:
                 )
         if self.task.mla is not None:
             self.artifacts[info.name] = t
-            return True
-        return len(self.pending) > pending_before
+            return lambda: info.name in self.artifacts
+        for key in self.pending.keys() - pending_before:  # a weight waiting for its scale
+            return lambda: key in self.pending
+        return None
+
+    def close(self) -> None:
+        """Drop what the checks kept (their buffers may be reused) and close the source files."""
+        self.pending.clear()
+        self.artifacts.clear()
+        self.reader.close()
 
     def finish(self) -> None:
         if self.task.mla is not None:
@@ -502,7 +539,7 @@ class _Checks:
             exact, what = True, "split_kv_b_proj(the stored bf16 kv_b_proj)"
         elif job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
             s = self.reader.rows(job.kv_b_scale)
-            x = self.reader.rows(job.kv_b).float() * s
+            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
             exact, what = False, "within the artifact bound of the stored channel-FP8 kv_b_proj"
         else:
             self.tally.fail(
@@ -551,7 +588,8 @@ class _Checks:
                     m.add(a[h0:h1], want, ~same_bits(a[h0:h1], want), h0)
                 continue
             ref = split_kv_b_proj(x[rows], part, torch.float32)
-            scale_layout = split_kv_b_proj(scale[rows].expand(-1, x.shape[1]), part, torch.float32)
+            # a row's scale laid out as a one-column kv_b_proj: [h, P, 1] and [h, 1, V], which broadcast
+            scale_layout = split_kv_b_proj(scale[rows], dataclasses.replace(part, kv_lora_rank=1), torch.float32)
             for m, a, want, sc in zip(bad, artifacts, ref, scale_layout):
                 af = a[h0:h1].float()
                 m.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)), h0)

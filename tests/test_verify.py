@@ -558,7 +558,7 @@ def test_functional_reference_agrees_with_the_documented_layout():
     w = torch.randn(3 * 14, 16, dtype=torch.float64)
     w_uk, w_uv = w.T.reshape(16, 3, 14).split([8, 6], dim=-1)
     uk_t, uv = w_uk.permute(1, 2, 0).contiguous(), w_uv.transpose(0, 1).contiguous()
-    assert functional_error(uk_t, uv, w, dims, rope_dim=4, seed=0) < 1e-12
+    assert functional_error(uk_t, uv, w, dims, rope_dim=4, seed=0) < 1e-5  # float32 rounding only
     assert functional_error(uk_t, uv.flip(0), w, dims, rope_dim=4, seed=0) > 0.1  # heads swapped
 
 
@@ -656,9 +656,9 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     assert reports[1] == reports[2] and reports[1]["exit_code"] == 1
 
 
-def test_read_buffers_are_reused_in_turn_unless_given_away():
-    """verify reads tensors into two buffers used in turn; a buffer a check keeps (a pending
-    weight, an MLA artifact) is given away and never written again."""
+def test_read_buffers_are_reused_in_turn_unless_held():
+    """verify reads tensors into two buffers used in turn; a buffer a check still holds (a pending
+    weight, an MLA artifact) is never written again, and is reused once the check lets it go."""
     import io
 
     from mla_convert.verify_stream import _ReadBuffers
@@ -666,10 +666,29 @@ def test_read_buffers_are_reused_in_turn_unless_given_away():
     f = io.BytesIO(bytes(range(256)) * 4)
     bufs = _ReadBuffers()
     a = bufs.read(f, 256)
-    bufs.give_away()  # kept by a check
+    bufs.keep(lambda: True)  # held for good
     kept = bytes(a)
-    b, c, d = bufs.read(f, 256), bufs.read(f, 128), bufs.read(f, 200)
-    assert bytes(a) == kept, "a given-away buffer was overwritten"
+    b, c = bufs.read(f, 256), bufs.read(f, 128)
+    c_held = [True]
+    bufs.keep(lambda: c_held[0])
+    d = bufs.read(f, 200)
+    assert bytes(a) == kept, "a held buffer was overwritten"
     assert c.obj is not a.obj and d.obj is b.obj, "the slots are used in turn"
     assert bytes(c) == bytes(range(128)) and bytes(d) == bytes(range(128, 256)) + bytes(range(72))
-    assert len(bufs.read(f, 300)) == 1024 - 840  # the end of the file: fewer bytes
+    c_held[0] = False  # the check let it go
+    e = bufs.read(f, 100)
+    assert e.obj is c.obj and bytes(e) == bytes(range(72, 172)), "a released buffer is reused"
+    assert len(bufs.read(f, 300)) == 1024 - 940  # the end of the file: fewer bytes
+
+
+def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
+    import threading
+
+    from mla_convert.verify_stream import _thread_buffers
+
+    mine = _thread_buffers()
+    other = []
+    t = threading.Thread(target=lambda: other.append(_thread_buffers()))
+    t.start()
+    t.join()
+    assert _thread_buffers() is mine and other[0] is not mine
