@@ -266,6 +266,10 @@ def verify_cmd(
     """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
 
     Exit code 0: every check passed; 1: a check failed; 2: verification could not run."""
+    from .read_ahead import read_ahead_in_background
+    from .verify_order import files_at_once, first_files
+
+    read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
     _import_torch()
     from .heap import keep_freed_pages
     from .verify import verify

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 from . import __version__
-from .safetensors_io import write_bytes_atomic
 
 MANIFEST_NAME = "mla-convert-manifest.json"
 COMPLETE = "complete"
@@ -30,6 +29,8 @@ def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: d
 
 
 def write_manifest(out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict]) -> None:
+    from .safetensors_io import write_bytes_atomic  # torch; this module is read before it is imported
+
     write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files))
 
 

@@ -23,6 +23,7 @@ import torch
 
 from . import disk_write
 from .errors import OutputError, SourceError
+from .read_ahead import will_need  # noqa: F401  (re-exported for the readers)
 
 # safetensors dtype string -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -388,16 +389,6 @@ class BackgroundCommits:
 
 
 RAW_CHUNK = 16 * 1024 * 1024
-
-
-def will_need(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start reading a byte range into the page cache, without waiting: the
-    disk reads the next tensor while this one is worked on (a no-op where unsupported)."""
-    if length > 0 and hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
 
 
 def read_tensor(f: BinaryIO, offset: int, dtype: str, shape: tuple[int, ...], path: Path, name: str) -> torch.Tensor:

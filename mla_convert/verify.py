@@ -36,12 +36,12 @@ from .manifest import COMPLETE, MANIFEST_NAME
 from .plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
 from .source import resolve_source
 from .verify_math import TOLERANCES
+from .verify_order import FILE_THREADS, largest_first
 from .verify_report import INTEGRITY, MLA, SOURCE, Tally, as_report
 from .verify_stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
 from .verify_structure import COPY_DTYPES, Layout, check_structure
 
 ProgressFactory = Callable[[int], Callable[[int], None]]
-FILE_THREADS = 2  # files verified at once in one process (sha256 of a file runs on one core)
 
 
 def verify(
@@ -248,8 +248,7 @@ def _run(
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
-        # Biggest files first, so one large shard does not start last.
-        futures = {pool.submit(run_file_task, t): t for t in sorted(tasks, key=lambda t: -sizes[t.rel])}
+        futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
         for fut in cf.as_completed(futures):
             task = futures[fut]
             results[task.rel] = fut.result()
@@ -279,10 +278,15 @@ def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> di
                 advance(max(0, sizes[task.rel] - done))
         return result
 
-    order = sorted(tasks, key=lambda t: -sizes[t.rel])
+    order = _largest_first(tasks, sizes)
     with cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix="verify-file") as pool:
-        by_rel = {t.rel: r for t, r in zip(order, pool.map(run_one, order))}
-    return {t.rel: by_rel[t.rel] for t in tasks}
+        results = {t.rel: r for t, r in zip(order, pool.map(run_one, order))}
+    return {t.rel: results[t.rel] for t in tasks}
+
+
+def _largest_first(tasks: list[FileTask], sizes: dict[str, int]) -> list[FileTask]:
+    by_rel = {t.rel: t for t in tasks}
+    return [by_rel[rel] for rel in largest_first({t.rel: sizes[t.rel] for t in tasks})]
 
 
 def _worker_init(threads: int) -> None:
