@@ -132,7 +132,7 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
 
 
@@ -222,8 +222,41 @@ TORCH_READERS = Fp8Readers("torch", _torch_decode, _torch_row_max_codes, _torch_
 _READERS: list[Fp8Readers] = []
 
 
+def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step: float) -> dict[str, torch.Tensor]:
+    """The per-row results of native.fp8_bound_rows that do not depend on summation order, from
+    the same fp32 formulas in torch: the FP8 bound of verify_math with x the exact source dequant."""
+    x = numerics.dequantize_block_fp8(w, s, block)
+    d = (q.float() * sc - x).abs()
+    ratio = d / (x.abs() * rel + sc * half_step)
+    bad = ~(ratio <= 1)
+    first = torch.where(bad.any(1), bad.float().argmax(1), torch.full((q.shape[0],), -1))
+    return {"n_bad": bad.sum(1), "first_bad": first, "max_abs": d.amax(1), "max_ratio": ratio.amax(1),
+            "amax_x": x.abs().amax(1)}  # fmt: skip
+
+
+def _bound_rows_agree(native) -> bool:
+    """verify --source's one-pass C check against torch_bound_rows on a probe with an element out
+    of bound, a NaN, a zero row and partial blocks."""
+    from .verify_math import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
+
+    g = torch.Generator().manual_seed(0)
+    block = (4, 96)
+    w = (torch.randn(10, 300, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(3, 4, generator=g) * 0.01 + 1e-3
+    q, sc = numerics.block_to_channel_fp8(w, s, block, 448.0)
+    codes = q.view(torch.uint8).clone()
+    codes[1, 150] ^= 0x21
+    codes[-1, -1] = 0x7F
+    codes[2, :] = 0
+    q = codes.view(torch.float8_e4m3fn)
+    args = (q, sc, w, s, block, FP8_REL + FP32_SLACK, FP8_SUBNORMAL_HALF_STEP)
+    got, want = native.fp8_bound_rows(*args), torch_bound_rows(*args)
+    return all(same_values(got[k], want[k].to(got[k].dtype)) for k in want)
+
+
 def fp8_readers() -> Fp8Readers:
-    """Built and checked once per process; torch's own ops when the native library is unusable."""
+    """Built and checked once per process; torch's own ops when the native library is unusable
+    (or when its bound check, which verify --source uses with it, disagrees with torch)."""
     if not _READERS:
         every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
         rows = every_byte.reshape(3, 256)[:, torch.randperm(256)]
@@ -234,6 +267,7 @@ def fp8_readers() -> Fp8Readers:
                 same_values(native.decode(every_byte), every_byte.float())
                 and torch.equal(native.row_max_codes(rows[:, :100]), _torch_row_max_codes(rows[:, :100]))
                 and all(native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern())
+                and _bound_rows_agree(native)
             )
             if not ok:
                 raise _Unusable("native reads differed from torch's")

@@ -267,3 +267,20 @@ def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
         torch.testing.assert_close(got[name], want, rtol=0, atol=0, equal_nan=True, msg=name)
     for name, want in (("dd", d * d), ("xx", x * x), ("yy", f * f)):
         torch.testing.assert_close(got[name], want.double().sum(1), rtol=1e-5, atol=0, equal_nan=True)
+
+
+def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkeypatch):
+    """verify --source counts out-of-bound elements in C only if, on a probe, the C check finds
+    exactly the rows, counts and maxima torch's formulation finds."""
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    assert kernels_mod.fp8_readers().name == "native"
+    real = native.fp8_bound_rows
+
+    def misses_one(*args):
+        out = real(*args)
+        out["n_bad"] = out["n_bad"].clamp(max=0)  # a check that never counts a bad element
+        return out
+
+    monkeypatch.setattr(native, "fp8_bound_rows", misses_one)
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    assert kernels_mod.fp8_readers().name == "torch"
