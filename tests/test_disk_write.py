@@ -45,6 +45,21 @@ def test_direct_and_buffered_files_hold_exactly_the_bytes_written(tmp_path, tota
     assert direct.size == buffered.size == total
 
 
+def test_direct_files_reuse_the_staging_buffers_of_closed_ones(tmp_path):
+    """A file's stages go back to the pool when it closes and the next file takes them, stale
+    bytes and all: only what the next file writes reaches the disk."""
+    size = 8 * disk_write.ALIGN  # a stage size no other test uses
+    first = disk_write.DirectFile(tmp_path / "first", stage_bytes=size)
+    first.write(b"\xff" * (3 * size))
+    first.finish()
+    created = disk_write.STAGE_POOL.created
+    second = disk_write.DirectFile(tmp_path / "second", stage_bytes=size)
+    second.write(b"ab" * 3000)
+    second.finish()
+    assert disk_write.STAGE_POOL.created == created, "the second file mapped fresh stages"
+    assert (tmp_path / "second").read_bytes() == b"ab" * 3000
+
+
 def _mount_table(monkeypatch, tmp_path, fs_type: str) -> None:
     """Stand-in mount table: `tmp_path` on a filesystem of `fs_type` (an NFS mount cannot be made here)."""
     table = tmp_path.parent / f"mounts-{tmp_path.name}"
