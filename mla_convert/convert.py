@@ -38,6 +38,7 @@ from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
 from .resume import Journal, completed_jobs, crash_point
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
+from .read_ahead import will_need
 from .safetensors_io import (
     BackgroundCommits,
     ShardWriter,
@@ -46,7 +47,6 @@ from .safetensors_io import (
     nbytes_of,
     read_chunks,
     read_tensor,
-    will_need,
     write_bytes_atomic,
 )
 from .source import is_hub_source, resolve_source

@@ -23,7 +23,6 @@ import torch
 
 from . import disk_write
 from .errors import OutputError, SourceError
-from .read_ahead import will_need  # noqa: F401  (re-exported for the readers)
 
 # safetensors dtype string -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {

@@ -28,7 +28,8 @@ from . import native
 from .kernels import fp8_readers
 from .numerics import dequantize_block_fp8, to_bf16
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
-from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo, will_need
+from .read_ahead import will_need
+from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
 from .verify_math import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
