@@ -286,7 +286,7 @@ def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> di
 
 def _largest_first(tasks: list[FileTask], sizes: dict[str, int]) -> list[FileTask]:
     by_rel = {t.rel: t for t in tasks}
-    return [by_rel[rel] for rel in largest_first({t.rel: sizes[t.rel] for t in tasks})]
+    return [by_rel[rel] for rel in largest_first(sizes)]
 
 
 def _worker_init(threads: int) -> None:

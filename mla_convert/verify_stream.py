@@ -318,7 +318,9 @@ class _Checks:
         if self.task.mla is not None:
             self.artifacts[info.name] = t
             return lambda: info.name in self.artifacts
-        for key in self.pending.keys() - pending_before:  # a weight waiting for its scale
+        added = self.pending.keys() - pending_before
+        if added:  # a weight waiting for its scale
+            key = added.pop()
             return lambda: key in self.pending
         return None
 
