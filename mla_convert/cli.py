@@ -267,7 +267,7 @@ def verify_cmd(
 
     Exit code 0: every check passed; 1: a check failed; 2: verification could not run."""
     from .read_ahead import read_ahead_in_background
-    from .verify_order import files_at_once, first_files
+    from .verify.order import files_at_once, first_files
 
     read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
     _import_torch()

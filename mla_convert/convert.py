@@ -7,8 +7,6 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import json
-import multiprocessing
-import os
 import shutil
 import tempfile
 import time
@@ -33,7 +31,6 @@ from mla_runtime.layout import split_kv_b_proj
 from . import __version__, disk_write, hub
 from .checkpoint import INDEX_NAME, checked_member, check_scale_values, open_source
 from .errors import ConvertError, OutputError, SourceError
-from .heap import keep_freed_pages
 from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
 from .resume import Journal, completed_jobs, crash_point
@@ -50,6 +47,7 @@ from .safetensors_io import (
     write_bytes_atomic,
 )
 from .source import is_hub_source, resolve_source
+from .workers import process_pool
 
 ProgressFn = Callable[[int], None]  # called with source bytes processed
 
@@ -201,11 +199,6 @@ def _write_mla_layer(
         return rel, commits.submit(w)
 
 
-def _worker_init(threads: int) -> None:
-    keep_freed_pages()
-    torch.set_num_threads(threads)
-
-
 def ensure_empty_dir(path: Path, overwrite: bool) -> None:
     """Create `path`, or accept it empty; a non-empty one only with `overwrite` (its contents go)."""
     if path.exists() and not path.is_dir():
@@ -308,9 +301,7 @@ def execute(
                 settle(wait=False)
             settle(wait=True)
         return files
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools have started can hang
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+    with process_pool(workers) as pool:
         running: dict[cf.Future, JobSpec] = {}
 
         def collect(timeout: float | None = None) -> None:

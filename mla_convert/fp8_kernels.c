@@ -231,7 +231,7 @@ COUNT_NONFINITE(mla_count_nonfinite32, uint32_t)
 
 /* verify --source for a channel-FP8 weight (q, per-row scale sc) against its block-FP8 source
  * (w, s), rows [r0, r1), in one pass: x = fp32(w) * s (exact source dequant), f = fp32(q) * sc,
- * d = f - x, allowed = |x| * rel + sc * half_step, all in fp32 as verify_math does in torch.
+ * d = f - x, allowed = |x| * rel + sc * half_step, all in fp32 as verify/bounds.py does in torch.
  * Per row: sums of d^2, x^2, f^2 (8 float lanes per block, then double), max |d|, max |d| / allowed,
  * how many elements are out of bound (not |d| / allowed <= 1, so NaN counts) and the first one's
  * column (-1: none), and max |x|. NaN sticks in every max. */

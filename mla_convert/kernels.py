@@ -224,7 +224,7 @@ _READERS: list[Fp8Readers] = []
 
 def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step: float) -> dict[str, torch.Tensor]:
     """The per-row results of native.fp8_bound_rows that do not depend on summation order, from
-    the same fp32 formulas in torch: the FP8 bound of verify_math with x the exact source dequant."""
+    the same fp32 formulas in torch: the FP8 bound of verify.bounds with x the exact source dequant."""
     x = numerics.dequantize_block_fp8(w, s, block)
     d = (q.float() * sc - x).abs()
     ratio = d / (x.abs() * rel + sc * half_step)
@@ -237,7 +237,7 @@ def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step:
 def _bound_rows_agree(native) -> bool:
     """verify --source's one-pass C check against torch_bound_rows on a probe with an element out
     of bound, a NaN, a zero row and partial blocks."""
-    from .verify_math import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
+    from .verify.bounds import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
 
     g = torch.Generator().manual_seed(0)
     block = (4, 96)

@@ -211,7 +211,7 @@ def _drop_page_cache() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as e:
         sys.exit(f"--cold: cannot drop the page cache ({e.strerror or e}); it needs root")
-    subprocess.run([sys.executable, "-c", "import torch, mla_convert.cli, mla_convert.verify"], check=True)
+    subprocess.run([sys.executable, "-c", "import torch, mla_convert.cli, mla_convert.verify.api"], check=True)
 
 
 def _tree_bytes(root: Path) -> int:

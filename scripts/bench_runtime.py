@@ -61,7 +61,7 @@ def exact_dequant(kv_b: nn.Module) -> torch.Tensor:
 def write_artifacts(mla_dir: Path, weights: list[nn.Module], layers: int, dims: MlaDims) -> None:
     """61 layer files as mla-convert writes them (the weights cycle: content does not matter here)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from mla_test_utils import write_artifacts as write
+    from support.artifacts import write_artifacts as write
 
     write(mla_dir, {i: exact_dequant(weights[i % len(weights)]) for i in range(layers)}, dims)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import load_json
-from reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
+from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 from safetensors import safe_open
 
 from mla_convert.convert import convert

@@ -1,4 +1,4 @@
-"""The real `huggingface_hub` client against `FakeHub` (tests/fake_hub.py), serving the tiny checkpoint."""
+"""The real `huggingface_hub` client against `FakeHub` (tests/support/fake_hub.py), serving the tiny checkpoint."""
 
 import hashlib
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-from fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
+from support.fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
 from huggingface_hub import HfApi, errors, hf_hub_download, snapshot_download
 
 REPO = "deepseek-ai/Tiny-R1"

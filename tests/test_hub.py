@@ -1,4 +1,4 @@
-"""Hub sources through the real huggingface_hub client against a local fake Hub (tests/fake_hub.py)."""
+"""Hub sources through the real huggingface_hub client against a local fake Hub (tests/support/fake_hub.py)."""
 
 import json
 import threading
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load_json
-from fake_hub import fake_hub  # noqa: F401  (fixture)
+from support.fake_hub import fake_hub  # noqa: F401  (fixture)
 from test_convert import tree_hashes
 from test_reliability import SHARD1, SHARD2, cli
 

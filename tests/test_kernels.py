@@ -8,7 +8,7 @@ import torch
 from conftest import load_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import ref_channel_fp8, ref_dequant_block, same_bits
+from support.reference import ref_channel_fp8, ref_dequant_block, same_bits
 from test_convert import tree_hashes
 
 from mla_convert import kernels as kernels_mod

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from reference import (
+from support.reference import (
     e4m3_error_bound,
     gaudi_load_time_channel_fp8,
     ref_channel_fp8,

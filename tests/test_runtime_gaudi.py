@@ -1,4 +1,4 @@
-"""The plugin on vllm-gaudi's HPUMLAAttention, without Gaudi: against a stand-in (tests/standins/)
+"""The plugin on vllm-gaudi's HPUMLAAttention, without Gaudi: against a stand-in (tests/support/standins/)
 that follows the documented process_weights_after_loading of vllm_gaudi.attention.oot_mla.
 
 For FP8 kv_b_proj with block (2-D) and channel (1-D) `weight_scale_inv`, a layer processed with
@@ -18,13 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mla_test_utils import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
+from support.artifacts import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
 
-STANDINS = Path(__file__).parent / "standins"
+STANDINS = Path(__file__).parent / "support" / "standins"
 DIMS = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 ROWS = DIMS.num_heads * (DIMS.qk_nope_head_dim + DIMS.v_head_dim)  # 2048
 L = DIMS.kv_lora_rank

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mla_test_utils import write_artifacts
+from support.artifacts import write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin

@@ -21,7 +21,7 @@ from mla_convert.numerics import quantize_channel_fp8
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from mla_convert.verify import verify
-from mla_convert.verify_math import fp8_allowed_error, functional_error
+from mla_convert.verify.bounds import fp8_allowed_error, functional_error
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 
 FP8, BF16 = "channel-fp8", "bf16"
@@ -426,7 +426,7 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
 def test_artifact_damage_is_located_across_head_chunks(out, tiny_src, monkeypatch, with_source):
     """The artifact comparisons run a few heads at a time; a damaged element in a later chunk is
     counted once and reported at its place in the whole tensor."""
-    from mla_convert import verify_stream
+    from mla_convert.verify import stream as verify_stream
 
     monkeypatch.setattr(verify_stream, "HEADS_PER_CHUNK", 1)
 
@@ -628,7 +628,7 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     import threading
     import time
 
-    from mla_convert import verify as verify_mod
+    from mla_convert.verify import api as verify_mod
 
     rewrite(out / mla_rel(1), lambda t: t[w_uv_name(1)].mul_(2))
     fix_hash(out, mla_rel(1))
@@ -661,7 +661,7 @@ def test_read_buffers_are_reused_in_turn_unless_held():
     weight, an MLA artifact) is never written again, and is reused once the check lets it go."""
     import io
 
-    from mla_convert.verify_stream import _ReadBuffers
+    from mla_convert.verify.stream import _ReadBuffers
 
     f = io.BytesIO(bytes(range(256)) * 4)
     bufs = _ReadBuffers()
@@ -684,7 +684,7 @@ def test_read_buffers_are_reused_in_turn_unless_held():
 def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
     import threading
 
-    from mla_convert.verify_stream import _thread_buffers
+    from mla_convert.verify.stream import _thread_buffers
 
     mine = _thread_buffers()
     other = []

@@ -24,13 +24,13 @@ import torch
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 
-from . import native
-from .kernels import fp8_readers
-from .numerics import dequantize_block_fp8, to_bf16
-from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
-from .read_ahead import will_need
-from .safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
-from .verify_math import (
+from .. import native
+from ..kernels import fp8_readers
+from ..numerics import dequantize_block_fp8, to_bf16
+from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
+from ..read_ahead import will_need
+from ..safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
+from .bounds import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
@@ -46,7 +46,7 @@ from .verify_math import (
     same_bits,
     scale_limit,
 )
-from .verify_report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
+from .report import INTEGRITY, MLA, SOURCE, VALUES, Tally, TensorStats
 
 CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
 READ_AHEAD_BYTES = 128 * 1024 * 1024  # asked of the kernel past the tensor being read

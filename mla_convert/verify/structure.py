@@ -25,12 +25,12 @@ from mla_runtime.format import (
     read_manifest as read_mla_manifest,
 )
 
-from .checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
-from .errors import SourceError
-from .output_config import FP8_FLAVOR_GAUDI2
-from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Plan
-from .safetensors_io import ShardHeader, read_header
-from .verify_report import MLA, STRUCTURE, Tally
+from ..checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
+from ..errors import SourceError
+from ..output_config import FP8_FLAVOR_GAUDI2
+from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Plan
+from ..safetensors_io import ShardHeader, read_header
+from .report import MLA, STRUCTURE, Tally
 
 FP8_LINEAR = "fp8-linear"  # a linear DeepSeek ships in block FP8 (attention, MLP, experts)
 LINEAR = "linear"  # a linear that is never FP8 (lm_head, router gate, eh_proj, shared_head.head)

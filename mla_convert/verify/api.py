@@ -6,40 +6,38 @@
 Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
 mla-convert output, its manifest is unreadable, or --source cannot be opened.
 
-Five check groups (see verify_report.GROUP_TITLES). The header pass (verify_structure) runs first
-in this process; then every file is read once, front to back, by verify_stream (two files at a
+Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first
+in this process; then every file is read once, front to back, by stream (two files at a
 time on threads, or in worker processes with workers > 1), which hashes it and checks each tensor
 from the same buffer; the per-file hashes are then compared with the conversion manifest.
-Tolerances: verify_math.
+Tolerances: bounds.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 
 from mla_runtime.format import MLA_DIR_NAME, layer_file_name
 
-from .checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
-from .errors import ConvertError, VerificationError
-from .heap import keep_freed_pages
-from .kernels import fp8_readers
-from .manifest import COMPLETE, MANIFEST_NAME
-from .plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
-from .source import resolve_source
-from .verify_math import TOLERANCES
-from .verify_order import FILE_THREADS, largest_first
-from .verify_report import INTEGRITY, MLA, SOURCE, Tally, as_report
-from .verify_stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
-from .verify_structure import COPY_DTYPES, Layout, check_structure
+from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
+from ..errors import ConvertError, VerificationError
+from ..kernels import fp8_readers
+from ..manifest import COMPLETE, MANIFEST_NAME
+from ..plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
+from ..source import resolve_source
+from ..workers import process_pool
+from .bounds import TOLERANCES
+from .order import FILE_THREADS, largest_first
+from .report import INTEGRITY, MLA, SOURCE, Tally, as_report
+from .stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
+from .structure import COPY_DTYPES, Layout, check_structure
 
 ProgressFactory = Callable[[int], Callable[[int], None]]
 
@@ -245,9 +243,7 @@ def _run(
     results: dict[str, FileResult] = {}
     if workers <= 1 or len(tasks) <= 1:
         return _run_in_threads(tasks, sizes, advance)
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools started can hang
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+    with process_pool(workers) as pool:
         futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
         for fut in cf.as_completed(futures):
             task = futures[fut]
@@ -287,11 +283,6 @@ def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> di
 def _largest_first(tasks: list[FileTask], sizes: dict[str, int]) -> list[FileTask]:
     by_rel = {t.rel: t for t in tasks}
     return [by_rel[rel] for rel in largest_first(sizes)]
-
-
-def _worker_init(threads: int) -> None:
-    keep_freed_pages()
-    torch.set_num_threads(threads)
 
 
 def _size(path: Path) -> int:

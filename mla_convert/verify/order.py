@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from .manifest import MANIFEST_NAME
+from ..manifest import MANIFEST_NAME
 
 FILE_THREADS = 2  # files verified at once in one process (sha256 of a file runs on one core)
 
