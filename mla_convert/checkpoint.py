@@ -123,7 +123,9 @@ def check_config(config: dict, path: Path) -> tuple[int, int]:
         or len(block) != 2
         or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
     ):
-        raise SourceError(f"{path}: weight_block_size {block!r} is not supported; expected two positive ints like [128, 128]")
+        raise SourceError(
+            f"{path}: weight_block_size {block!r} is not supported; expected two positive ints like [128, 128]"
+        )
     return block[0], block[1]
 
 
@@ -211,11 +213,15 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
             raise SourceError(f"{where}: scale {name!r} has no weight {wname!r}")
         w, s = info(wname), info(name)
         if w.dtype != "F8_E4M3":
-            raise SourceError(f"{root / weight_map[wname]}: tensor {wname!r} has a block scale but dtype {w.dtype}, expected F8_E4M3")
+            raise SourceError(
+                f"{root / weight_map[wname]}: tensor {wname!r} has a block scale but dtype {w.dtype}, expected F8_E4M3"
+            )
         if s.dtype != "F32":
             raise SourceError(f"{where}: scale {name!r} has dtype {s.dtype}, expected F32")
         if len(w.shape) != 2:
-            raise SourceError(f"{root / weight_map[wname]}: FP8 weight {wname!r} has shape {list(w.shape)}, expected 2-D")
+            raise SourceError(
+                f"{root / weight_map[wname]}: FP8 weight {wname!r} has shape {list(w.shape)}, expected 2-D"
+            )
         grid = (math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1]))
         if tuple(s.shape) != grid:
             raise SourceError(

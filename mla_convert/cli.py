@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,8 @@ app = typer.Typer(
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory (created; must be empty).")]
 FormatOpt = Annotated[
-    str, typer.Option("--format", "-f", help="channel-fp8 (compressed-tensors, loads as is in vLLM/vllm-gaudi) or bf16.")
+    str,
+    typer.Option("--format", "-f", help="channel-fp8 (compressed-tensors, loads as is in vLLM/vllm-gaudi) or bf16."),
 ]
 TargetOpt = Annotated[
     str, typer.Option("--target", "-t", help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240).")
@@ -138,14 +139,14 @@ def deepseek_r1(
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
     ignore: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--ignore",
             help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
             "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
         ),
     ] = None,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
     stream: Annotated[
         bool,
         typer.Option(
@@ -166,7 +167,8 @@ def deepseek_r1(
         ),
     ] = False,
     device: Annotated[
-        str, typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical.")
+        str,
+        typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical."),
     ] = "cpu",
     kernels: Annotated[
         str,
@@ -220,7 +222,7 @@ def _report(summary: dict, json_out: bool, quiet: bool, title: str) -> None:
 @app.command()
 def demo(
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Where to put the demo (default: a new temporary directory).")
+        Path | None, typer.Option("--out", "-o", help="Where to put the demo (default: a new temporary directory).")
     ] = None,
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
@@ -256,7 +258,7 @@ def demo(
 def verify_cmd(
     dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert deepseek-r1.")],
     source: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),
     ] = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Files checked in parallel (processes).")] = 1,
@@ -275,9 +277,8 @@ def verify_cmd(
     from .verify import verify
 
     keep_freed_pages()
-    with _errors_to_exit():
-        with _byte_progress(not (quiet or json_out), "verifying") as progress:
-            report = verify(dir, source, workers=workers, progress_factory=progress)
+    with _errors_to_exit(), _byte_progress(not (quiet or json_out), "verifying") as progress:
+        report = verify(dir, source, workers=workers, progress_factory=progress)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

@@ -10,14 +10,16 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from mla_runtime.format import (
     MANIFEST_NAME as MLA_MANIFEST_NAME,
+)
+from mla_runtime.format import (
     MLA_DIR_NAME,
     LayerEntry,
     MlaDims,
@@ -29,13 +31,13 @@ from mla_runtime.format import (
 from mla_runtime.layout import split_kv_b_proj
 
 from . import __version__, disk_write, hub
-from .checkpoint import INDEX_NAME, checked_member, check_scale_values, open_source
+from .checkpoint import INDEX_NAME, check_scale_values, checked_member, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
-from .resume import Journal, completed_jobs, crash_point
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
+from .resume import Journal, completed_jobs, crash_point
 from .safetensors_io import (
     BackgroundCommits,
     ShardWriter,
@@ -91,7 +93,7 @@ class _Inputs:
     def _file(self, rel: str):
         if rel not in self.files:
             try:
-                self.files[rel] = open(self.root / rel, "rb")
+                self.files[rel] = open(self.root / rel, "rb")  # noqa: SIM115 (kept open for the job; close())
             except OSError as e:
                 raise SourceError(f"{self.root / rel}: cannot open ({e.strerror or e})") from None
         return self.files[rel]
@@ -247,8 +249,20 @@ def job_specs(
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
         specs.append(
-            JobSpec(str(src.root), str(out_dir), job, sources, scales, src.block, plan.options.fp8_max, src.dims,
-                    device, kernels, ops, write_io)  # fmt: skip
+            JobSpec(
+                str(src.root),
+                str(out_dir),
+                job,
+                sources,
+                scales,
+                src.block,
+                plan.options.fp8_max,
+                src.dims,
+                device,
+                kernels,
+                ops,
+                write_io,
+            )
         )
     return specs
 
@@ -368,7 +382,7 @@ def _json_bytes(obj: dict) -> bytes:
 def convert(
     source: str | Path,
     out_dir: str | Path,
-    options: Options = Options(),
+    options: Options = Options(),  # noqa: B008 (frozen: one shared default is safe)
     *,
     revision: str | None = None,
     workers: int = 1,
@@ -420,12 +434,22 @@ def convert(
             summary |= _hub_summary(repo, plan, workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
         if dry_run:
             return summary
-        return summary | _run(plan, out_dir, repo, t0, overwrite=overwrite, resume=resume, workers=workers,
-                              device=device, kernels=kernels, write_io=write_io,
-                              progress_factory=progress_factory)  # fmt: skip
+        return summary | _run(
+            plan,
+            out_dir,
+            repo,
+            t0,
+            overwrite=overwrite,
+            resume=resume,
+            workers=workers,
+            device=device,
+            kernels=kernels,
+            write_io=write_io,
+            progress_factory=progress_factory,
+        )
 
 
-def _hub_summary(repo: "hub.HubRepo", plan: Plan, workers: int) -> dict:
+def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
     shard_sizes = sorted((f.size or 0 for p, f in repo.files.items() if p.endswith(".safetensors")), reverse=True)
     out = plan.summary()["disk_needed"]
     return {
@@ -471,8 +495,17 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
     if progress:
         progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
-    run = functools.partial(execute, plan, out_dir, skip=set(done), workers=workers, device=device,
-                            kernels=kernels, write_io=write_io, progress=progress)  # fmt: skip
+    run = functools.partial(
+        execute,
+        plan,
+        out_dir,
+        skip=set(done),
+        workers=workers,
+        device=device,
+        kernels=kernels,
+        write_io=write_io,
+        progress=progress,
+    )
     if stream:
         todo = [(j.file, sorted(set(plan.inputs_of(j).values()))) for j in plan.shards if j.file not in done]
         with hub.ShardStreamer(repo, src.root, todo, ahead=workers) as streamer:
@@ -482,7 +515,9 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
                 journal.record(job_file, results)
                 streamer.release(job_file, needs[job_file])
 
-            files |= run(on_job_done=job_done, inputs_ready=lambda spec, timeout: streamer.wait_for(spec.job.file, timeout))
+            files |= run(
+                on_job_done=job_done, inputs_ready=lambda spec, timeout: streamer.wait_for(spec.job.file, timeout)
+            )
         result |= {"peak_source_bytes_on_disk": streamer.peak_on_disk}
     else:
         files |= run(on_job_done=journal.record)

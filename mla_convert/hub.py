@@ -47,9 +47,13 @@ def hub_errors(repo_id: str, revision: str | None):
     try:
         yield
     except errors.GatedRepoError:
-        raise SourceError(f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)") from None
+        raise SourceError(
+            f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)"
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise SourceError(f"{repo_id}: repository not found on the Hub (or no access: log in with hf auth login)") from None
+        raise SourceError(
+            f"{repo_id}: repository not found on the Hub (or no access: log in with hf auth login)"
+        ) from None
     except errors.RevisionNotFoundError:
         raise SourceError(f"{repo_id}: revision {revision!r} not found") from None
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
@@ -87,9 +91,12 @@ def snapshot(repo: HubRepo, allow_patterns=None, ignore_patterns=None, local_dir
     with hub_errors(repo.repo_id, repo.commit):
         return Path(
             snapshot_download(
-                repo.repo_id, revision=repo.commit, allow_patterns=allow_patterns,
-                ignore_patterns=ignore_patterns, local_dir=local_dir,
-            )  # fmt: skip
+                repo.repo_id,
+                revision=repo.commit,
+                allow_patterns=allow_patterns,
+                ignore_patterns=ignore_patterns,
+                local_dir=local_dir,
+            )
         )
 
 
@@ -151,7 +158,9 @@ def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -
     for attempt in range(2):
         with hub_errors(repo.repo_id, repo.commit):
             path = Path(
-                hf_hub_download(repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0)
+                hf_hub_download(
+                    repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                )
             )
         problem = check_file(repo, filename, path)
         if problem is None:
@@ -199,7 +208,7 @@ class ShardStreamer:
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="mla-convert download", daemon=True)
 
-    def __enter__(self) -> "ShardStreamer":
+    def __enter__(self) -> ShardStreamer:
         self.thread.start()
         return self
 
@@ -213,7 +222,7 @@ class ShardStreamer:
         try:
             for k, (job, files) in enumerate(self.jobs):
                 with self.cond:
-                    self.cond.wait_for(lambda: self.stopping or k <= self.oldest_unfinished + self.ahead)
+                    self.cond.wait_for(lambda k=k: self.stopping or k <= self.oldest_unfinished + self.ahead)
                     if self.stopping:
                         return
                 for f in files:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -142,7 +142,7 @@ def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
         for w, s in _probes(block):
             got, want = funcs[op](w, s), eager[op](w, s)
             got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-            if not all(same_values(a, b) for a, b in zip(got, want)):
+            if not all(same_values(a, b) for a, b in zip(got, want, strict=True)):
                 raise _Unusable(f"{name} output of {op!r} differed from eager")
 
 

@@ -154,9 +154,11 @@ def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
         jobs.append(ShardJob(file, tensors, layers))
     # User patterns go in as compressed-tensors 're:' entries (re.match, as vLLM applies them);
     # listing every matched expert by name would make R1's config.json megabytes long.
-    ignored = [f"re:{p}" for p in options.ignore] + sorted(
-        m for m in unquantized if not is_ignored(m, options.ignore)
-    ) if options.format == "channel-fp8" else []
+    ignored = (
+        [f"re:{p}" for p in options.ignore] + sorted(m for m in unquantized if not is_ignored(m, options.ignore))
+        if options.format == "channel-fp8"
+        else []
+    )
     return Plan(src, options, jobs, output_config(src.config, options.format, options.target, ignored), ignored)
 
 

@@ -69,7 +69,9 @@ def completed_jobs(
     try:
         manifest = read_manifest(out_dir)
     except (OSError, ValueError) as e:
-        raise OutputError(f"{out_dir / MANIFEST_NAME}: unreadable ({e}); cannot resume, start over with --overwrite") from None
+        raise OutputError(
+            f"{out_dir / MANIFEST_NAME}: unreadable ({e}); cannot resume, start over with --overwrite"
+        ) from None
     if manifest is None:
         raise OutputError(f"{out_dir}: no {MANIFEST_NAME}; this is not an mla-convert output and cannot be resumed")
     recorded = manifest.get("options", {})

@@ -15,9 +15,10 @@ import os
 import queue
 import struct
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 import torch
 
@@ -241,14 +242,16 @@ class ShardWriter:
         self._inflight = 0
         self.peak_inflight = 0  # the most bytes that waited at once (tests read it)
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         try:
             self._out = disk_write.open_for_write(self._tmp, self._write_mode)
             self._put(self._prefix)
         except BaseException:
             self.abort()
             raise
-        for q, fn, what in zip(self._queues, (self._write, self._hash.update), ("write", "sha256")):
+        for q, fn, what in zip(
+            self._queues, (self._write, self._hash.update), ("write", "sha256"), strict=False
+        ):  # no queues: no threads
             t = threading.Thread(target=self._drain, args=(q, fn), name=f"{what} {self.path.name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -380,7 +383,7 @@ class BackgroundCommits:
         """A future of writer.commit()'s WrittenFile (or its exception)."""
         return self._pool.submit(writer.commit)
 
-    def __enter__(self) -> "BackgroundCommits":
+    def __enter__(self) -> BackgroundCommits:
         return self
 
     def __exit__(self, *exc) -> None:

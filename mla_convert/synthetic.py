@@ -49,16 +49,32 @@ class CheckpointSpec:
     extra_config: dict = field(default_factory=dict)
 
     @classmethod
-    def r1_dims(cls, num_hidden_layers: int = 2, n_routed_experts: int = 16, num_shards: int = 4, **kw) -> "CheckpointSpec":
+    def r1_dims(
+        cls, num_hidden_layers: int = 2, n_routed_experts: int = 16, num_shards: int = 4, **kw
+    ) -> CheckpointSpec:
         """True DeepSeek-R1 tensor shapes with fewer layers/experts (for benchmarks); `kw` overrides."""
         dims = dict(
-            hidden_size=7168, num_hidden_layers=num_hidden_layers, first_k_dense_replace=1,
-            num_nextn_predict_layers=0, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-            qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
-            moe_intermediate_size=2048, n_routed_experts=n_routed_experts, n_shared_experts=1,
-            num_experts_per_tok=min(8, n_routed_experts), n_group=1, topk_group=1, vocab_size=129280,
-            num_shards=num_shards, split_scale_of="model.layers.1.mlp.experts.1.down_proj.weight",
-        )  # fmt: skip
+            hidden_size=7168,
+            num_hidden_layers=num_hidden_layers,
+            first_k_dense_replace=1,
+            num_nextn_predict_layers=0,
+            num_attention_heads=128,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            intermediate_size=18432,
+            moe_intermediate_size=2048,
+            n_routed_experts=n_routed_experts,
+            n_shared_experts=1,
+            num_experts_per_tok=min(8, n_routed_experts),
+            n_group=1,
+            topk_group=1,
+            vocab_size=129280,
+            num_shards=num_shards,
+            split_scale_of="model.layers.1.mlp.experts.1.down_proj.weight",
+        )
         return cls(**(dims | kw))
 
     def config(self) -> dict:
@@ -225,7 +241,7 @@ def write_checkpoint(out_dir: str | Path, spec: CheckpointSpec = CheckpointSpec(
     for t in tensors:
         by_shard[shard_of[t[0]]].append(t)
     total = 0
-    for fname, items in zip(names, by_shard):
+    for fname, items in zip(names, by_shard, strict=True):
         specs = {n: (_ST_DTYPE[k], s) for n, k, s in items}
         with ShardWriter(out_dir / fname, specs) as w:
             for n, k, s in items:
@@ -245,7 +261,7 @@ def _assign_shards(tensors, spec: CheckpointSpec) -> dict[str, int]:
     sizes = [nbytes_of(_ST_DTYPE[k], s) for _, k, s in tensors]
     per = sum(sizes) / spec.num_shards
     shard_of, acc = {}, 0
-    for (name, _, _), size in zip(tensors, sizes):
+    for (name, _, _), size in zip(tensors, sizes, strict=True):
         shard_of[name] = min(int(acc // per), spec.num_shards - 1)
         acc += size
     w = spec.split_scale_of
@@ -264,10 +280,17 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
             for i, t in enumerate(specials)
-        ],  # fmt: skip
+        ],
         "normalizer": None,
         "pre_tokenizer": {"type": "WhitespaceSplit"},
         "post_processor": None,

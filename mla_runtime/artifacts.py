@@ -260,7 +260,7 @@ def _ranges(ids: list[int]) -> str:
     if not ids:
         return "none"
     parts, start, prev = [], ids[0], ids[0]
-    for i in ids[1:] + [None]:
+    for i in [*ids[1:], None]:
         if i is not None and i == prev + 1:
             prev = i
             continue

@@ -66,7 +66,7 @@ class MlaDims:
         return (self.num_heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)
 
     @classmethod
-    def from_model_config(cls, config: dict) -> "MlaDims":
+    def from_model_config(cls, config: dict) -> MlaDims:
         try:
             return cls(
                 num_heads=int(config["num_attention_heads"]),
@@ -111,7 +111,7 @@ class MlaManifest:
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, origin: str = "manifest") -> "MlaManifest":
+    def from_json(cls, text: str, origin: str = "manifest") -> MlaManifest:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -130,8 +130,7 @@ class MlaManifest:
         try:
             dims = MlaDims(**{k: int(v) for k, v in d["dims"].items()})
             layers = tuple(
-                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"]))
-                for e in d["layers"]
+                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"])) for e in d["layers"]
             )
             fp = str(d["source_fingerprint"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -123,7 +123,7 @@ def _run_hook(hook: Callable, module) -> None:
     """A hook that fails (say, a vLLM whose classes moved) must not break vLLM's own import."""
     try:
         hook(module)
-    except Exception as e:  # noqa: BLE001 - logged; vLLM then runs without the plugin's hook
+    except Exception as e:
         logger.warning(
             "mla_runtime: cannot hook %s (%s: %s); vLLM computes W_UK_T/W_UV itself",
             module.__name__, type(e).__name__, e,

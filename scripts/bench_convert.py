@@ -72,7 +72,9 @@ def build(src: Path, experts: int, vocab: int, shards: int) -> None:
     if not (marker.exists() and json.loads(marker.read_text()) == spec_key):
         shutil.rmtree(src, ignore_errors=True)
         t = time.perf_counter()
-        spec = CheckpointSpec.r1_dims(num_hidden_layers=2, n_routed_experts=experts, num_shards=shards, vocab_size=vocab)
+        spec = CheckpointSpec.r1_dims(
+            num_hidden_layers=2, n_routed_experts=experts, num_shards=shards, vocab_size=vocab
+        )
         write_checkpoint(src, spec)
         marker.write_text(json.dumps(spec_key))
         print(f"built {src} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -153,11 +155,22 @@ def main() -> None:
 
     if args.verify:
         # verify needs a finished output: convert once, then time reading it vs verifying it.
-        subprocess.run(methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL
+        )
         vmethods = {
             "read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"],
             "verify": [sys.executable, "-m", "mla_convert", "verify", str(out), "--quiet"],
-            "verify --source": [sys.executable, "-m", "mla_convert", "verify", str(out), "--source", str(src), "--quiet"],
+            "verify --source": [
+                sys.executable,
+                "-m",
+                "mla_convert",
+                "verify",
+                str(out),
+                "--source",
+                str(src),
+                "--quiet",
+            ],
         }
         if args.cold:
             vmethods = {f"{name} (cold cache)": cmd for name, cmd in vmethods.items()}

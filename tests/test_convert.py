@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import load_json
-from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 from safetensors import safe_open
 
 from mla_convert.convert import convert
 from mla_convert.manifest import MANIFEST_NAME
 from mla_convert.plan import Options
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
+from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 
 
 def load_all(root: Path) -> dict[str, torch.Tensor]:
@@ -20,14 +20,16 @@ def load_all(root: Path) -> dict[str, torch.Tensor]:
     out = {}
     for file in sorted(set(index.values())):
         with safe_open(str(root / file), "pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 out[name] = f.get_tensor(name)
     return out
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -42,7 +44,10 @@ def test_fixture_has_the_awkward_cases(tiny_src):
     assert any(wm[n] != wm[n[: -len("_scale_inv")]] for n in wm if n.endswith("_scale_inv"))
     assert len(set(wm.values())) >= 3
     assert "model.layers.3.eh_proj.weight" in wm and "model.layers.3.self_attn.kv_b_proj.weight" in wm
-    assert "model.layers.1.mlp.experts.7.down_proj.weight" in wm and "model.layers.2.mlp.shared_experts.up_proj.weight" in wm
+    assert (
+        "model.layers.1.mlp.experts.7.down_proj.weight" in wm
+        and "model.layers.2.mlp.shared_experts.up_proj.weight" in wm
+    )
     with safe_open(str(tiny_src / wm["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]), "pt") as f:
         assert f.get_slice("model.layers.0.self_attn.kv_a_proj_with_mqa.weight").get_shape() == [576, 256]
 
@@ -90,7 +95,9 @@ def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, s
     for i in range(layers):
         name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
         bf16 = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
-        uk_t, uv = seed_split(bf16, cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"])
+        uk_t, uv = seed_split(
+            bf16, cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        )
         with safe_open(str(out / "mla" / manifest.entry(i).file), "pt") as f:
             assert same_bits(f.get_tensor(w_uk_t_name(i)), uk_t)
             assert same_bits(f.get_tensor(w_uv_name(i)), uv)
@@ -181,7 +188,9 @@ def test_transformers_loads_bf16_output_with_reference_logits(converted, src_ten
     n_layers = cfg.num_hidden_layers
     state = {}
     for name, t in src_tensors.items():
-        if name.endswith("_scale_inv") or any(name.startswith(f"model.layers.{i}.") for i in range(n_layers, n_layers + 1)):
+        if name.endswith("_scale_inv") or any(
+            name.startswith(f"model.layers.{i}.") for i in range(n_layers, n_layers + 1)
+        ):
             continue
         scale = src_tensors.get(name + "_scale_inv")
         state[name] = ref_dequant_block(t, scale).to(torch.bfloat16) if scale is not None else t

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-from support.fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
 from huggingface_hub import HfApi, errors, hf_hub_download, snapshot_download
+
+from support.fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
 
 REPO = "deepseek-ai/Tiny-R1"
 SHARD = "model-00002-of-00004.safetensors"
@@ -285,7 +286,7 @@ def test_revisions(fake_hub, tiny_src, tmp_path):  # noqa: F811
 
 
 def test_subprocesses_inherit_the_environment(hub, tiny_src):
-    code = "import huggingface_hub as h; print(h.snapshot_download(%r))" % REPO
+    code = f"import huggingface_hub as h; print(h.snapshot_download({REPO!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     path = Path(out.stdout.strip().splitlines()[-1])

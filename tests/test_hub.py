@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from conftest import load_json
-from support.fake_hub import fake_hub  # noqa: F401  (fixture)
 from test_convert import tree_hashes
 from test_reliability import SHARD1, SHARD2, cli
 
@@ -15,6 +14,7 @@ from mla_convert.convert import convert
 from mla_convert.errors import SourceError
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from support.fake_hub import fake_hub  # noqa: F401  (fixture)
 
 REPO = "deepseek-ai/Tiny-R1"
 
@@ -31,7 +31,9 @@ def shards(src: Path) -> list[str]:
 
 def fetches(hub, filename: str) -> int:
     """How many whole copies of a file the server sent (header range reads are a few KB)."""
-    sent = sum(r.bytes_sent for r in hub.requests if r.method == "GET" and r.filename == filename and r.kind == "resolve")
+    sent = sum(
+        r.bytes_sent for r in hub.requests if r.method == "GET" and r.filename == filename and r.kind == "resolve"
+    )
     return sent // hub.file_info(REPO, filename)["size"]
 
 
@@ -64,7 +66,9 @@ def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_sh
         while not done.is_set():
             staging = out / ".mla-convert-source"
             if staging.exists():
-                peak["bytes"] = max(peak["bytes"], sum(p.stat().st_size for p in staging.glob("*.safetensors") if p.exists()))
+                peak["bytes"] = max(
+                    peak["bytes"], sum(p.stat().st_size for p in staging.glob("*.safetensors") if p.exists())
+                )
             time.sleep(0.002)
 
     t = threading.Thread(target=watch)
@@ -117,7 +121,9 @@ def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, st
 @pytest.mark.slow
 def test_interrupted_stream_resumes_without_downloading_converted_shards(hub, converted, tmp_path):
     out = tmp_path / "out"
-    r = cli("deepseek-r1", REPO, "--out", out, "--stream", "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"})
+    r = cli(
+        "deepseek-r1", REPO, "--out", out, "--stream", "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"}
+    )
     assert r.returncode == -9, r.stderr
     assert fetches(hub, SHARD1) == 1
     r = cli("deepseek-r1", REPO, "--out", out, "--stream", "--resume", "--json")

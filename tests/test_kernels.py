@@ -8,7 +8,6 @@ import torch
 from conftest import load_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.reference import ref_channel_fp8, ref_dequant_block, same_bits
 from test_convert import tree_hashes
 
 from mla_convert import kernels as kernels_mod
@@ -17,6 +16,7 @@ from mla_convert.convert import convert
 from mla_convert.kernels import eager_kernels, resolve_mode, same_values, select_kernels
 from mla_convert.plan import Options
 from mla_convert.synthetic import quantize_block_fp8
+from support.reference import ref_channel_fp8, ref_dequant_block, same_bits
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, 
     k = select_kernels(block, fp8_max, "cpu", "native", ("fp8", "bf16"))
     assert k.name == "native", k.reason
     eager = eager_kernels(block, fp8_max)
-    for a, b in zip(k.to_channel_fp8(w, s), eager.to_channel_fp8(w, s)):
+    for a, b in zip(k.to_channel_fp8(w, s), eager.to_channel_fp8(w, s), strict=True):
         assert same_values(a, b)
     assert same_values(k.to_bf16(w, s), eager.to_bf16(w, s))
 

@@ -2,6 +2,9 @@
 
 import pytest
 import torch
+
+from mla_convert.numerics import FP8_MAX, dequantize_block_fp8, quantize_channel_fp8, to_bf16
+from mla_convert.synthetic import quantize_block_fp8
 from support.reference import (
     e4m3_error_bound,
     gaudi_load_time_channel_fp8,
@@ -9,9 +12,6 @@ from support.reference import (
     ref_dequant_block,
     same_bits,
 )
-
-from mla_convert.numerics import FP8_MAX, dequantize_block_fp8, quantize_channel_fp8, to_bf16
-from mla_convert.synthetic import quantize_block_fp8
 
 # Full blocks, partial edge blocks in either dimension (576 rows = 4.5 blocks, like kv_a_proj_with_mqa).
 SHAPES = [(128, 128), (576, 384), (300, 200), (129, 257), (1, 1), (5, 130)]
@@ -95,7 +95,7 @@ def test_zero_rows_give_finite_scales_and_zero_weights():
 def test_saturation_never_exceeds_range_or_makes_nan(fp8_max):
     # The row maximum maps exactly to +-fp8_max; values that round up past it stay saturated.
     x = torch.tensor([[1.0, -1.0, 0.5, 1.0 - 1e-7], [3e38, -3e38, 1.0, 0.0]])
-    q, scale = quantize_channel_fp8(x, fp8_max)
+    q, _scale = quantize_channel_fp8(x, fp8_max)
     qf = q.float()
     assert not torch.isnan(qf).any()
     assert qf.abs().max() == fp8_max

@@ -32,7 +32,7 @@ def test_read_ahead_asks_for_the_planned_ranges(tmp_path, monkeypatch):
         files.append(tmp_path / name)
     asked = []
     monkeypatch.setattr(read_ahead, "will_need", lambda fd, off, n: asked.append((off, n)))
-    read_ahead_in_background(files + [tmp_path / "missing"], streams=3, budget=600).join(timeout=10)
+    read_ahead_in_background([*files, tmp_path / "missing"], streams=3, budget=600).join(timeout=10)
     assert sorted(asked) == sorted((off, n) for _, off, n in plan_startup_reads([300, 100, 0], 3, 600))
 
 

@@ -250,7 +250,9 @@ def test_index_entry_escaping_the_source(src_copy, tmp_path, entry):
     outside.write_bytes((src_copy / SHARD1).read_bytes())
     if entry == "link.safetensors":
         (src_copy / entry).symlink_to(outside)
-    edit_json(src_copy / "model.safetensors.index.json", lambda i: i["weight_map"].__setitem__("model.norm.weight", entry))
+    edit_json(
+        src_copy / "model.safetensors.index.json", lambda i: i["weight_map"].__setitem__("model.norm.weight", entry)
+    )
     convert_fails(src_copy, tmp_path / "o", entry)
 
 

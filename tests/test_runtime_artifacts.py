@@ -134,7 +134,7 @@ def test_bit_flip_is_found_by_sha256_mode_naming_layer(served_copy):
 def test_sha256_mode_from_environment(served_copy, monkeypatch):
     monkeypatch.setenv("MLA_RUNTIME_VERIFY", "sha256")
     arts = _flip_and_open(served_copy, None)
-    with pytest.raises(ArtifactError, match="layer 1 .*sha256"):
+    with pytest.raises(ArtifactError, match=r"layer 1 .*sha256"):
         arts.load_layer(1)
 
 
@@ -195,7 +195,7 @@ def test_served_layer_dims_are_checked_per_rank(served):
         arts.check_served_dims(layer=1, num_heads=4, tp_size=4, qk_nope_head_dim=128, v_head_dim=128,
                                kv_lora_rank=512)  # fmt: skip
     assert "layer 1" in str(e.value) and "layer-001.safetensors" in str(e.value) and "2 per rank" in str(e.value)
-    with pytest.raises(ArtifactError, match="layer 3 .*v_head_dim=64, the artifacts 128"):
+    with pytest.raises(ArtifactError, match=r"layer 3 .*v_head_dim=64, the artifacts 128"):
         arts.check_served_dims(layer=3, num_heads=8, tp_size=1, qk_nope_head_dim=128, v_head_dim=64, kv_lora_rank=512)
 
 

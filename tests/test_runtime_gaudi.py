@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.artifacts import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
+from support.artifacts import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 
 STANDINS = Path(__file__).parent / "support" / "standins"
 DIMS = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)

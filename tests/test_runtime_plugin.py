@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.artifacts import write_artifacts
 from torch import nn
 
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
+from support.artifacts import write_artifacts
 
 DIMS = MlaDims(num_heads=4, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 
@@ -55,7 +55,7 @@ FAKE_UPSTREAM = textwrap.dedent(
 @pytest.fixture
 def upstream(monkeypatch):
     mod = types.ModuleType("fake_mla_attention")
-    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)  # noqa: S102 - a fixed test module
+    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)
     monkeypatch.setitem(sys.modules, "fake_mla_attention", mod)
     for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
         monkeypatch.delenv(var, raising=False)
@@ -99,7 +99,7 @@ def test_split_is_taken_from_artifacts_and_the_rest_runs(upstream, tmp_path, cap
             layer.process_weights_after_loading(torch.bfloat16)
     assert upstream.split_calls == calls_before  # vLLM's split never ran
     assert upstream.split_kv_b_proj.__name__ == "split_kv_b_proj"  # and is back in place
-    for layer, ref in zip(layers, reference):
+    for layer, ref in zip(layers, reference, strict=True):
         assert layer.after == ["impl", "scales"]
         assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
         assert layer.W_UK_T.is_contiguous() and layer.W_UV.is_contiguous()

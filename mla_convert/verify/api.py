@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 from mla_runtime.format import MLA_DIR_NAME, layer_file_name
 
 from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
@@ -276,7 +275,7 @@ def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> di
 
     order = _largest_first(tasks, sizes)
     with cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix="verify-file") as pool:
-        results = {t.rel: r for t, r in zip(order, pool.map(run_one, order))}
+        results = {t.rel: r for t, r in zip(order, pool.map(run_one, order), strict=True)}
     return {t.rel: results[t.rel] for t in tasks}
 
 

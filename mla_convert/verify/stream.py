@@ -31,10 +31,10 @@ from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
 from ..read_ahead import will_need
 from ..safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
 from .bounds import (
+    BF16_REL,
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
-    BF16_REL,
     FUNCTIONAL_TOL_EXACT,
     FUNCTIONAL_TOL_FP8,
     ErrorStats,
@@ -587,16 +587,16 @@ class _Checks:
             h1 = min(dims.num_heads, h0 + HEADS_PER_CHUNK)
             part, rows = dataclasses.replace(dims, num_heads=h1 - h0), slice(h0 * per_head, h1 * per_head)
             if scale is None:
-                for m, a, want in zip(bad, artifacts, split_kv_b_proj(x[rows], part, torch.bfloat16)):
+                for m, a, want in zip(bad, artifacts, split_kv_b_proj(x[rows], part, torch.bfloat16), strict=True):
                     m.add(a[h0:h1], want, ~same_bits(a[h0:h1], want), h0)
                 continue
             ref = split_kv_b_proj(x[rows], part, torch.float32)
             # a row's scale laid out as a one-column kv_b_proj: [h, P, 1] and [h, 1, V], which broadcast
             scale_layout = split_kv_b_proj(scale[rows], dataclasses.replace(part, kv_lora_rank=1), torch.float32)
-            for m, a, want, sc in zip(bad, artifacts, ref, scale_layout):
+            for m, a, want, sc in zip(bad, artifacts, ref, scale_layout, strict=True):
                 af = a[h0:h1].float()
                 m.add(af, want, ~((af - want).abs() <= artifact_allowed_error(af, sc)), h0)
-        for name, a, m in zip(names, artifacts, bad):
+        for name, a, m in zip(names, artifacts, bad, strict=True):
             if scale is None:
                 self._verdict(m, MLA, "split-exact", name, f"bit-exact {what}", a.numel(), "differs: ")
             else:

@@ -53,7 +53,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import pytest
 
-__all__ = ["FakeHub", "RequestRecord", "fake_hub", "ENV_UNSET"]
+__all__ = ["ENV_UNSET", "FakeHub", "RequestRecord", "fake_hub"]
 
 _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
@@ -189,7 +189,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, hub: "FakeHub", host: str):
+    def __init__(self, hub: FakeHub, host: str):
         self.hub = hub
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
@@ -213,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.conns_lock:
                 self.server.conns.discard(self.connection)
 
-    def log_message(self, format, *args):  # noqa: A002 - quiet
+    def log_message(self, format, *args):
         pass
 
     def do_GET(self):
@@ -265,7 +265,7 @@ class FakeHub:
 
     # ---- lifecycle
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         if self._server is not None:
             return self
         self._server = _Server(self, self.host)
@@ -292,7 +292,7 @@ class FakeHub:
             self._thread.join(timeout=5)
         self._thread = None
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -678,8 +678,12 @@ class FakeHub:
         return entry
 
     def _dir_entry(self, commit: _Commit, path: str, expand: bool) -> dict:
-        entry: dict = {"type": "directory", "oid": hashlib.sha1(f"{commit.sha}:{path}".encode()).hexdigest(),
-                       "size": 0, "path": path}
+        entry: dict = {
+            "type": "directory",
+            "oid": hashlib.sha1(f"{commit.sha}:{path}".encode()).hexdigest(),
+            "size": 0,
+            "path": path,
+        }
         if expand:
             entry["lastCommit"] = {"id": commit.sha, "title": "Upload", "date": _DATE}
         return entry
@@ -693,8 +697,11 @@ class FakeHub:
                 s["size"] = f.size
                 s["blobId"] = f.git_oid
                 if f.lfs:
-                    s["lfs"] = {"sha256": self._advertised_sha256(repo, f), "size": f.size,
-                                "pointerSize": f.pointer_size}
+                    s["lfs"] = {
+                        "sha256": self._advertised_sha256(repo, f),
+                        "size": f.size,
+                        "pointerSize": f.pointer_size,
+                    }
             siblings.append(s)
         ns = repo.repo_id.split("/")[0] if "/" in repo.repo_id else None
         data = {
@@ -725,13 +732,13 @@ class FakeHub:
         prefix = sub + "/" if sub else ""
 
         def wanted(p: str) -> bool:
-            return p.startswith(prefix) and (recursive or "/" not in p[len(prefix):])
+            return p.startswith(prefix) and (recursive or "/" not in p[len(prefix) :])
 
         entries = [self._dir_entry(commit, d, expand) for d in sorted(commit.dirs) if wanted(d)]
         entries += [self._file_entry(repo, commit, f, expand) for p, f in commit.files.items() if wanted(p)]
         page = max(1, self.tree_expand_page_size if expand else self.tree_page_size)
         start = int((query.get("cursor") or ["0"])[-1] or 0)
-        chunk = entries[start:start + page]
+        chunk = entries[start : start + page]
         headers = {}
         if start + page < len(entries):
             q = {k: v[-1] for k, v in query.items() if k != "cursor"}
@@ -752,7 +759,7 @@ class FakeHub:
             raise _HubError(404, "RepoNotFound", "Repository not found (FakeHub serves models only)")
         if len(raw_segs) < i + 3:
             raise _HubError(404, None, "Not Found")
-        rec.filename = unquote("/".join(raw_segs[i + 2:]))
+        rec.filename = unquote("/".join(raw_segs[i + 2 :]))
         if len(prefix) not in (1, 2):
             rec.repo_id = "/".join(unquote(s) for s in prefix)
             raise _HubError(404, "RepoNotFound", "Repository not found")
@@ -818,7 +825,7 @@ class FakeHub:
         # bytes_sent is counted before each write: the client may return as soon as it has the last byte.
         if data is not None:
             rec.bytes_sent = limit
-            h.wfile.write(data[start:start + limit])
+            h.wfile.write(data[start : start + limit])
         else:
             with open(f.disk, "rb") as fh:
                 fh.seek(start)
@@ -863,7 +870,7 @@ def _parse_range(value: str, total: int) -> tuple[int, int] | None:
     """Single `bytes=a-b`, `bytes=a-` or `bytes=-n` range -> inclusive (start, end), None if unsatisfiable."""
     if not value.startswith("bytes=") or "," in value:
         return None
-    a, _, b = value[len("bytes="):].strip().partition("-")
+    a, _, b = value[len("bytes=") :].strip().partition("-")
     try:
         if a == "":
             n = int(b)
