@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mla_runtime.format import MlaDims
+from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 from .errors import SourceError
-from .safetensors_io import ShardHeader, TensorInfo, read_header, read_tensor
+from .safetensors_io import read_header, read_tensor
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"

@@ -29,6 +29,7 @@ from mla_runtime.format import (
     w_uv_name,
 )
 from mla_runtime.layout import split_kv_b_proj
+from mla_runtime.safetensors_file import nbytes_of
 
 from . import __version__, disk_write, hub
 from .checkpoint import INDEX_NAME, check_scale_values, checked_member, open_source
@@ -43,7 +44,6 @@ from .safetensors_io import (
     ShardWriter,
     WrittenFile,
     copy_file_atomic,
-    nbytes_of,
     read_chunks,
     read_tensor,
     write_bytes_atomic,

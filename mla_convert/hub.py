@@ -15,9 +15,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mla_runtime.safetensors_file import ShardHeader, file_sha256
+
 from .checkpoint import CONFIG_NAME, INDEX_NAME
 from .errors import SourceError
-from .safetensors_io import ShardHeader, file_sha256, header_length, parse_header
+from .safetensors_io import header_length, parse_header
 
 STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
 

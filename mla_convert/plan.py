@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass, field
 
 from mla_runtime.format import MLA_DIR_NAME, kv_b_layer_index, layer_file_name
+from mla_runtime.safetensors_file import nbytes_of
 
 from .checkpoint import SourceCheckpoint, module_of
 from .errors import ConvertError
 from .numerics import FP8_MAX
 from .output_config import output_config
-from .safetensors_io import nbytes_of
 
 FORMATS = ("channel-fp8", "bf16")
 TARGETS = tuple(FP8_MAX)

@@ -12,9 +12,10 @@ import os
 import signal
 from pathlib import Path
 
+from mla_runtime.safetensors_file import file_sha256
+
 from .errors import OutputError
 from .manifest import COMPLETE, MANIFEST_NAME, read_manifest
-from .safetensors_io import file_sha256
 
 JOURNAL_NAME = ".mla-convert-journal.jsonl"
 PARTIAL_SUFFIX = ".partial"

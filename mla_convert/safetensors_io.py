@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
-import math
 import os
 import queue
 import struct
@@ -22,162 +21,63 @@ from typing import BinaryIO
 
 import torch
 
+from mla_runtime import safetensors_file
+from mla_runtime.safetensors_file import (
+    DTYPE_SIZES,
+    HASH_CHUNK,
+    HeaderError,
+    ShardHeader,
+    nbytes_of,
+)
+
 from . import disk_write
 from .errors import OutputError, SourceError
 
-# safetensors dtype string -> (torch dtype, bytes per element)
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
-    "BF16": (torch.bfloat16, 2),
-    "F16": (torch.float16, 2),
-    "F32": (torch.float32, 4),
-    "F64": (torch.float64, 8),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "I16": (torch.int16, 2),
-    "I32": (torch.int32, 4),
-    "I64": (torch.int64, 8),
-    "BOOL": (torch.bool, 1),
+# safetensors dtype string -> torch dtype (sizes: mla_runtime.safetensors_file.DTYPE_SIZES)
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
 }
-TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-HASH_CHUNK = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str  # safetensors dtype string
-    shape: tuple[int, ...]
-    begin: int  # offsets relative to the start of the data section
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.begin
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class ShardHeader:
-    path: Path
-    tensors: dict[str, TensorInfo]
-    data_start: int  # byte offset of the data section in the file
-    file_size: int
-    header_bytes: bytes  # the raw JSON header, for fingerprints
-    metadata: dict
-
-
-def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
-    return math.prod(shape) * DTYPES[dtype][1]
+assert TORCH_DTYPES.keys() == DTYPE_SIZES.keys()
+TORCH_TO_ST = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 def read_header(path: Path) -> ShardHeader:
-    """Parse and validate a safetensors header without reading tensor data.
-
-    Raises SourceError naming the file for anything a safe reader must refuse: short file, header
-    length out of range, bad JSON, unknown dtype, size/shape mismatch, offsets out of range,
-    overlapping or non-contiguous tensors, bytes after the last tensor.
-    """
-    path = Path(path)
+    """The strict header parser (mla_runtime.safetensors_file), its refusals as SourceError."""
     try:
-        file_size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = header_length(path, head, file_size)
-            raw = f.read(n)
-    except OSError as e:
-        raise SourceError(f"{path}: cannot read ({e.strerror or e})") from None
-    return parse_header(path, raw, file_size)
-
-
-def header_length(path: Path, first8: bytes, file_size: int) -> int:
-    """The JSON header length from a file's first 8 bytes, checked against the file size."""
-    if len(first8) < 8:
-        raise SourceError(f"{path}: truncated safetensors file ({file_size} bytes, no header)")
-    (n,) = struct.unpack("<Q", first8[:8])
-    if n == 0 or n > MAX_HEADER_BYTES or 8 + n > file_size:
-        raise SourceError(
-            f"{path}: corrupt safetensors header length {n} (file is {file_size} bytes); "
-            "the file is truncated or not a safetensors file"
-        )
-    return n
+        return safetensors_file.read_header(path)
+    except HeaderError as e:
+        raise SourceError(str(e)) from None
 
 
 def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
-    """Validate the JSON header `raw` of a safetensors file of `file_size` bytes (local or remote)."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SourceError(f"{path}: corrupt safetensors header (not JSON: {e})") from None
-    if not isinstance(header, dict):
-        raise SourceError(f"{path}: corrupt safetensors header (not a JSON object)")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise SourceError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
-    data_start = 8 + len(raw)
-    data_len = file_size - data_start
-    tensors: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        tensors[name] = _tensor_info(path, name, entry, data_len)
-    pos = 0
-    for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
-        if t.begin != pos:
-            kind = "overlaps the previous tensor" if t.begin < pos else "leaves a gap before it"
-            raise SourceError(f"{path}: tensor {t.name!r} at offset {t.begin} {kind} (expected {pos})")
-        pos = t.end
-    if pos != data_len:
-        raise SourceError(
-            f"{path}: data section is {data_len} bytes but the tensors cover {pos}"
-            + ("; the file is truncated" if pos > data_len else "; trailing bytes after the last tensor")
-        )
-    return ShardHeader(path, tensors, data_start, file_size, raw, metadata)
+        return safetensors_file.parse_header(path, raw, file_size)
+    except HeaderError as e:
+        raise SourceError(str(e)) from None
 
 
-def _tensor_info(path: Path, name: str, entry: object, data_len: int) -> TensorInfo:
-    if not isinstance(entry, dict):
-        raise SourceError(f"{path}: tensor {name!r}: header entry is not an object")
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise SourceError(f"{path}: tensor {name!r}: unsupported dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise SourceError(f"{path}: tensor {name!r}: bad shape {shape!r}")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
-    ):
-        raise SourceError(f"{path}: tensor {name!r}: bad data_offsets {offsets!r}")
-    begin, end = offsets
-    if end > data_len:
-        raise SourceError(
-            f"{path}: tensor {name!r} ends at {end} but the data section has {data_len} bytes; the file is truncated"
-        )
-    expected = nbytes_of(dtype, tuple(shape))
-    if end - begin != expected:
-        raise SourceError(f"{path}: tensor {name!r}: {end - begin} bytes for {dtype}{shape}, expected {expected}")
-    return TensorInfo(name, dtype, tuple(shape), begin, end)
+def header_length(path: Path, first8: bytes, file_size: int) -> int:
+    try:
+        return safetensors_file.header_length(path, first8, file_size)
+    except HeaderError as e:
+        raise SourceError(str(e)) from None
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of a tensor (zero-copy for contiguous CPU tensors)."""
     t = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
-
-
-def file_sha256(path: Path) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -405,7 +305,7 @@ def read_tensor(f: BinaryIO, offset: int, dtype: str, shape: tuple[int, ...], pa
         got = f.readinto(memoryview(buf.numpy()))
         if got != nbytes:
             raise SourceError(f"{path}: tensor {name!r}: file ended after {got} of {nbytes} bytes (truncated?)")
-    return buf.view(DTYPES[dtype][0]).reshape(shape)
+    return buf.view(TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def read_chunks(f: BinaryIO, offset: int, nbytes: int, path: Path, name: str) -> Iterable[bytes]:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from mla_runtime.safetensors_file import nbytes_of
+
 from .checkpoint import INDEX_NAME
-from .safetensors_io import ShardWriter, nbytes_of
+from .safetensors_io import ShardWriter
 
 BLOCK = 128
 

@@ -23,13 +23,14 @@ import torch
 
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
+from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, TensorInfo
 
 from .. import native
 from ..kernels import fp8_readers
 from ..numerics import dequantize_block_fp8, to_bf16
 from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
 from ..read_ahead import will_need
-from ..safetensors_io import DTYPES, HASH_CHUNK, ShardHeader, TensorInfo
+from ..safetensors_io import TORCH_DTYPES
 from .bounds import (
     BF16_REL,
     FP8_REL,
@@ -122,7 +123,7 @@ class _Reader:
         self.files: dict[str, int] = {}
 
     def rows(self, ref: Ref, first: int = 0, count: int | None = None) -> torch.Tensor:
-        dtype, size = DTYPES[ref.dtype]
+        dtype, size = TORCH_DTYPES[ref.dtype], DTYPE_SIZES[ref.dtype]
         shape = ref.shape or (1,)
         per_row = math.prod(shape[1:]) * size
         count = shape[0] - first if count is None else count
@@ -299,7 +300,7 @@ class _Checks:
     def tensor(self, info: TensorInfo, buf) -> Callable[[], bool] | None:
         """Check one tensor read from the file. If a check keeps `buf` for later, returns a test of
         whether it still does."""
-        t = _decode(buf, DTYPES[info.dtype][0], info.shape)
+        t = _decode(buf, TORCH_DTYPES[info.dtype], info.shape)
         pending_before = set(self.pending)
         self._values(info, t)
         job = self.task.tensors.get(info.name)

@@ -24,12 +24,13 @@ from mla_runtime.format import (
 from mla_runtime.format import (
     read_manifest as read_mla_manifest,
 )
+from mla_runtime.safetensors_file import ShardHeader
 
 from ..checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
 from ..errors import SourceError
 from ..output_config import FP8_FLAVOR_GAUDI2
 from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Plan
-from ..safetensors_io import ShardHeader, read_header
+from ..safetensors_io import read_header
 from .report import MLA, STRUCTURE, Tally
 
 FP8_LINEAR = "fp8-linear"  # a linear DeepSeek ships in block FP8 (attention, MLP, experts)
