@@ -13,14 +13,13 @@ Validation happens in two steps, both before any tensor reaches the caller:
   sha256, and reads only rank r's heads [r*N/T, (r+1)*N/T) from disk: one positioned read of exactly
   those bytes per tensor (heads are the leading dimension, so a rank's heads are contiguous).
 
-Every error is an `ArtifactError` naming the layer and the file. Depends on torch, safetensors and
-the standard library only.
+Every error is an `ArtifactError` naming the layer and the file. Depends on torch and the standard
+library only (safetensors files are read by `mla_runtime.safetensors_file`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import math
 import os
@@ -30,7 +29,11 @@ from pathlib import Path
 import torch
 
 from .format import (
-    ARTIFACT_DTYPE,
+    ARTIFACT_ST_DTYPE,
+    CONFIG_NAME,
+    CONVERT_MANIFEST_NAME,
+    MANIFEST_NAME,
+    MLA_DIR_NAME,
     ArtifactError,
     LayerEntry,
     MlaDims,
@@ -40,9 +43,8 @@ from .format import (
     w_uk_t_name,
     w_uv_name,
 )
+from .safetensors_file import DTYPE_SIZES, HeaderError, ShardHeader, TensorInfo, file_sha256, pread_exact, read_header
 
-CONVERT_MANIFEST_NAME = "mla-convert-manifest.json"  # written by mla-convert next to config.json
-_ST_DTYPE = {"bfloat16": "BF16"}
 VERIFY_MODES = ("size", "sha256")
 
 
@@ -59,14 +61,6 @@ def head_range(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
     return tp_rank * per, (tp_rank + 1) * per
 
 
-def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _open_no_readahead(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY)
     if hasattr(os, "posix_fadvise"):  # read what is asked for, not the rest of the file
@@ -74,50 +68,29 @@ def _open_no_readahead(path: Path) -> int:
     return fd
 
 
-def _pread_exact(fd: int, buf, offset: int) -> None:
-    view, done = memoryview(buf), 0
-    while done < len(buf):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got <= 0:
-            raise ValueError(f"short read: {done} of {len(buf)} bytes at offset {offset}")
-        done += got
-
-
-def _read_header(path: Path) -> tuple[dict, int]:
-    """The safetensors JSON header of `path` (names -> dtype, shape, data_offsets) and where the data
-    section starts, read without torch."""
+def _read_header(path: Path) -> ShardHeader:
+    """The layer file's header, checked by the strict parser, read without reading ahead."""
     fd = _open_no_readahead(path)
     try:
-        raw = bytearray(8)
-        _pread_exact(fd, raw, 0)
-        n = int.from_bytes(raw, "little")
-        if n > 100 << 20:
-            raise ValueError(f"header length {n} is implausible")
-        head = bytearray(n)
-        _pread_exact(fd, head, 8)
+        return read_header(path, fd=fd)
     finally:
         os.close(fd)
-    return json.loads(bytes(head)), 8 + n
 
 
-def _read_rows(path: Path, info: dict, data_start: int, start: int, end: int) -> torch.Tensor:
+def _read_rows(path: Path, info: TensorInfo, data_start: int, start: int, end: int) -> torch.Tensor:
     """Rows [start, end) of a bf16 tensor (first dimension), read with one positioned read of
     exactly those bytes: nothing else of the file is read."""
-    shape = tuple(info["shape"])
-    row_bytes = 2 * math.prod(shape[1:])
-    begin, stop = info["data_offsets"]
-    if stop - begin != row_bytes * shape[0]:
-        raise ValueError(f"data_offsets {info['data_offsets']} do not fit shape {shape}")
+    row_bytes = DTYPE_SIZES[info.dtype] * math.prod(info.shape[1:])
     nbytes = row_bytes * (end - start)
     out = torch.empty(nbytes, dtype=torch.uint8)  # read straight into the tensor: no zero-fill, no copy
     if nbytes:
         view = memoryview((ctypes.c_ubyte * nbytes).from_address(out.data_ptr())).cast("B")
         fd = _open_no_readahead(path)
         try:
-            _pread_exact(fd, view, data_start + begin + start * row_bytes)
+            pread_exact(fd, view, data_start + info.begin + start * row_bytes)
         finally:
             os.close(fd)
-    return out.view(torch.bfloat16).view(end - start, *shape[1:])
+    return out.view(torch.bfloat16).view(end - start, *info.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -136,22 +109,18 @@ class MlaArtifacts:
     def layers(self) -> list[int]:
         return self.manifest.layer_ids()
 
-    @property
-    def source_fingerprint(self) -> str:
-        return self.manifest.source_fingerprint
-
     def layer_path(self, layer: int) -> Path:
         return self.artifacts_dir / self._entry(layer).file
 
     def _entry(self, layer: int) -> LayerEntry:
-        for e in self.manifest.layers:
-            if e.layer == layer:
-                return e
-        raise ArtifactError(
-            f"layer {layer}: no MLA artifacts for this layer in {self.artifacts_dir / 'manifest.json'} "
-            f"(expected file {self.artifacts_dir / layer_file_name(layer)}; the manifest lists layers "
-            f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
-        )
+        try:
+            return self.manifest.entry(layer)
+        except ArtifactError:
+            raise ArtifactError(
+                f"layer {layer}: no MLA artifacts for this layer in {self.artifacts_dir / MANIFEST_NAME} "
+                f"(expected file {self.artifacts_dir / layer_file_name(layer)}; the manifest lists layers "
+                f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
+            ) from None
 
     def check_size(self, layer: int) -> Path:
         """The layer's file exists with the size the manifest records; returns its path."""
@@ -168,40 +137,43 @@ class MlaArtifacts:
             )
         return path
 
-    def check_layer(self, layer: int, *, sha256: bool | None = None) -> tuple[dict, int]:
+    def check_layer(self, layer: int, *, sha256: bool | None = None) -> ShardHeader:
         """Size, header (names, dtype, shapes) and, if asked (or verify='sha256'), sha256 of one layer.
 
-        Returns the file's safetensors header and the offset of its data section."""
+        Returns the file's safetensors header."""
         entry = self._entry(layer)
         path = self.check_size(layer)
         where = f"layer {layer} ({path})"
         try:
-            header, data_start = _read_header(path)
-        except (OSError, ValueError) as e:
-            raise ArtifactError(f"{where}: not a readable safetensors file ({e})") from None
+            header = _read_header(path)
+        except HeaderError as e:
+            raise ArtifactError(
+                f"{where}: not a readable safetensors file ({str(e).removeprefix(f'{path}: ')})"
+            ) from None
+        except OSError as e:
+            raise ArtifactError(f"{where}: not a readable safetensors file ({e.strerror or e})") from None
         want = {
             w_uk_t_name(layer): self.dims.w_uk_t_shape(),
             w_uv_name(layer): self.dims.w_uv_shape(),
         }
         for name, shape in want.items():
-            info = header.get(name)
-            if not isinstance(info, dict):
+            info = header.tensors.get(name)
+            if info is None:
                 raise ArtifactError(f"{where}: tensor {name!r} is missing (the file holds another layer?)")
-            if info.get("dtype") != _ST_DTYPE[ARTIFACT_DTYPE]:
-                raise ArtifactError(f"{where}: tensor {name!r} has dtype {info.get('dtype')}, expected BF16")
-            if tuple(info.get("shape", ())) != shape:
+            if info.dtype != ARTIFACT_ST_DTYPE:
+                raise ArtifactError(f"{where}: tensor {name!r} has dtype {info.dtype}, expected {ARTIFACT_ST_DTYPE}")
+            if info.shape != shape:
                 raise ArtifactError(
-                    f"{where}: tensor {name!r} has shape {tuple(info.get('shape', ()))}, expected {shape} "
-                    f"from the manifest's dims"
+                    f"{where}: tensor {name!r} has shape {info.shape}, expected {shape} from the manifest's dims"
                 )
         if sha256 if sha256 is not None else self.verify == "sha256":
-            digest = _sha256_file(path)
+            _, digest = file_sha256(path)
             if digest != entry.sha256:
                 raise ArtifactError(
                     f"{where}: sha256 {digest} differs from the manifest's {entry.sha256}; the artifact is "
                     "corrupted: re-run mla-convert"
                 )
-        return header, data_start
+        return header
 
     def load_layer(
         self,
@@ -217,7 +189,7 @@ class MlaArtifacts:
         Only that rank's heads are read from disk; both tensors are contiguous, on `device`, in
         `dtype` (the artifacts are bf16: another dtype is a cast of them).
         """
-        header, data_start = self.check_layer(layer)
+        header = self.check_layer(layer)
         path = self.layer_path(layer)
         try:
             start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
@@ -226,8 +198,8 @@ class MlaArtifacts:
         out = []
         for name in (w_uk_t_name(layer), w_uv_name(layer)):
             try:
-                part = _read_rows(path, header[name], data_start, start, end)
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                part = _read_rows(path, header.tensors[name], header.data_start, start, end)
+            except (OSError, EOFError) as e:
                 raise ArtifactError(f"layer {layer} ({path}): cannot read {name!r} ({e})") from None
             out.append(part.to(device=device, dtype=dtype).contiguous())
         return out[0], out[1]
@@ -271,7 +243,7 @@ def _ranges(ids: list[int]) -> str:
 
 
 def _model_config(model_dir: Path) -> dict | None:
-    path = model_dir / "config.json"
+    path = model_dir / CONFIG_NAME
     if not path.exists():
         return None
     try:
@@ -312,7 +284,7 @@ def open_artifacts(
         raise ArtifactError(f"{artifacts_dir}: no such directory of MLA artifacts")
     manifest = read_manifest(artifacts_dir)
     arts = MlaArtifacts(artifacts_dir, manifest, verify)
-    manifest_path = artifacts_dir / "manifest.json"
+    manifest_path = artifacts_dir / MANIFEST_NAME
 
     if model_dir is not None and model_config is None:
         model_config = _model_config(Path(model_dir))
@@ -349,7 +321,7 @@ def open_artifacts(
         if fp != manifest.source_fingerprint:
             raise ArtifactError(
                 f"{manifest_path}: the artifacts were computed from another checkpoint (source fingerprint "
-                f"{manifest.source_fingerprint[:16]}... vs {fp[:16]}... in {origin}); use the mla/ "
+                f"{manifest.source_fingerprint[:16]}... vs {fp[:16]}... in {origin}); use the {MLA_DIR_NAME}/ "
                 "directory written with this model"
             )
 

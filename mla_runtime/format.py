@@ -13,9 +13,14 @@ from pathlib import Path
 
 FORMAT_NAME = "mla-precomputed"
 FORMAT_VERSION = 1
-MLA_DIR_NAME = "mla"
-MANIFEST_NAME = "manifest.json"
-ARTIFACT_DTYPE = "bfloat16"
+MLA_DIR_NAME = "mla"  # the artifacts' directory inside the converted model directory
+MANIFEST_NAME = "manifest.json"  # the MLA manifest, inside MLA_DIR_NAME
+ARTIFACT_DTYPE = "bfloat16"  # as the manifest records it
+ARTIFACT_ST_DTYPE = "BF16"  # the same, as the layer files' safetensors headers name it
+
+# Files of the converted model directory that the runtime reads too.
+CONFIG_NAME = "config.json"
+CONVERT_MANIFEST_NAME = "mla-convert-manifest.json"  # mla-convert's record of the whole conversion
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight$")
 

@@ -70,8 +70,11 @@ def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
     return math.prod(shape) * DTYPE_SIZES[dtype]
 
 
-def read_header(path: str | Path) -> ShardHeader:
+def read_header(path: str | Path, *, fd: int | None = None) -> ShardHeader:
     """Parse and validate a safetensors file's header without reading tensor data.
+
+    With `fd` (an open descriptor of `path`) the header is read through it, so read-ahead advice
+    the caller gave on it applies; otherwise `path` is opened for the read and closed.
 
     Raises HeaderError naming the file for anything a safe reader must refuse: short file, header
     length out of range, bad JSON, unknown dtype, size/shape mismatch, offsets out of range,
@@ -79,13 +82,27 @@ def read_header(path: str | Path) -> ShardHeader:
     """
     path = Path(path)
     try:
-        file_size = path.stat().st_size
-        with open(path, "rb") as f:
-            n = header_length(path, f.read(8), file_size)
-            raw = f.read(n)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                return _read_header_at(path, fd)
+            finally:
+                os.close(fd)
+        return _read_header_at(path, fd)
     except OSError as e:
         raise HeaderError(f"{path}: cannot read ({e.strerror or e})") from None
-    return parse_header(path, raw, file_size)
+
+
+def _read_header_at(path: Path, fd: int) -> ShardHeader:
+    file_size = os.fstat(fd).st_size
+    try:
+        first8 = bytearray(min(8, file_size))
+        pread_exact(fd, first8, 0)
+        raw = bytearray(header_length(path, bytes(first8), file_size))
+        pread_exact(fd, raw, 8)
+    except EOFError:  # shorter than fstat said: cut while being read
+        raise HeaderError(f"{path}: truncated safetensors file (it shrank while its header was read)") from None
+    return parse_header(path, bytes(raw), file_size)
 
 
 def header_length(path: Path, first8: bytes, file_size: int) -> int:

@@ -138,6 +138,37 @@ def test_sha256_mode_from_environment(served_copy, monkeypatch):
         arts.load_layer(1)
 
 
+def _edit_header_in_place(path: Path, edit) -> None:
+    """Rewrite a safetensors header, padded to its old length: the file keeps its size."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= n
+    path.write_bytes(data[:8] + raw.ljust(n) + data[8 + n :])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda h, uk, uv: h[uv].update(data_offsets=[5, 0]), "bad data_offsets"),
+        (lambda h, uk, uv: h[uv].update(data_offsets=h[uk]["data_offsets"]), "overlaps"),
+        (lambda h, uk, uv: h[uk].update(dtype="Q9"), "unsupported dtype"),
+    ],
+)
+def test_corrupt_layer_header_is_refused_naming_layer(served_copy, edit, message):
+    path = served_copy / "mla" / "layer-002.safetensors"
+    _edit_header_in_place(path, lambda h: edit(h, w_uk_t_name(2), w_uv_name(2)))
+    arts = open_artifacts(served_copy / "mla", model_dir=served_copy)  # same size: opens
+    with pytest.raises(ArtifactError) as e:
+        arts.load_layer(2, tp_rank=1, tp_size=2)
+    msg = str(e.value)
+    assert msg.startswith(f"layer 2 ({path}): not a readable safetensors file (") and message in msg
+    assert msg.count(str(path)) == 1, msg  # the path once, not repeated by the parser's message
+    arts.load_layer(1)  # the other layers still load
+
+
 def test_layer_file_holding_another_layer_is_refused(served_copy):
     mla = served_copy / "mla"
     shutil.copyfile(mla / "layer-002.safetensors", mla / "layer-001.safetensors")  # same size
