@@ -20,8 +20,8 @@ warn and let vLLM recompute instead of failing), MLA_RUNTIME_VERIFY=sha256 (hash
 before use), MLA_RUNTIME_CHECK=0 (skip the per-layer spot check against the served kv_b_proj).
 
 One INFO line per process, starting with `mla_runtime:`, says how many layers were loaded from
-where and how long it took. Imports only torch, safetensors and the standard library (and vLLM's
-own modules, which are already loaded when vLLM calls the plugin).
+where and how long it took. Imports only torch and the standard library (and vLLM's own modules,
+which are already loaded when vLLM calls the plugin).
 """
 
 from __future__ import annotations

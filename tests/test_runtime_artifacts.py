@@ -262,11 +262,29 @@ def test_runtime_imports_no_cli_or_converter_packages():
 
     code = (
         "import sys, mla_runtime, mla_runtime.artifacts, mla_runtime.plugin; "
+        "mla_runtime.plugin.register(); "
         "bad = [m for m in ('typer', 'rich', 'mla_convert', 'vllm', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_format_modules_import_without_torch():
+    """The format and the safetensors reader are usable (and mla_convert's start-up runs) before torch loads."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mla_runtime.format, mla_runtime.safetensors_file; "
+        "from mla_runtime import ArtifactError, MlaDims, MlaManifest, read_manifest; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, "importing mla_runtime.format or .safetensors_file imported torch" + r.stderr
+    code = "import mla_runtime; from mla_runtime import open_artifacts, split_kv_b_proj, head_range, MlaArtifacts"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr  # the torch names still come from the package
 
 
 def test_dims_type():
