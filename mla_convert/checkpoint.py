@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_runtime.format import MlaDims
+from mla_runtime.format import CONFIG_NAME, MlaDims, kv_b_name
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 from .errors import SourceError
@@ -17,7 +17,6 @@ from .safetensors_io import read_header, read_tensor
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 SCALE_SUFFIX = ".weight_scale_inv"
 REQUIRED_CONFIG_KEYS = (
@@ -155,7 +154,7 @@ def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None 
     if not root.is_dir():
         raise SourceError(f"{root}: not a directory")
     config_path = root / CONFIG_NAME
-    config, config_bytes = _load_json(config_path, "config.json")
+    config, config_bytes = _load_json(config_path, CONFIG_NAME)
     block = check_config(config, config_path)
 
     index_path = root / INDEX_NAME
@@ -239,7 +238,7 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
 def _check_layers(src: SourceCheckpoint) -> None:
     dims = src.dims
     for i in range(src.num_layers_with_mtp):
-        name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
+        name = kv_b_name(i)
         if name not in src.weight_map:
             raise SourceError(f"{src.root}: layer {i} has no {name!r}; the checkpoint is incomplete")
         shape = src.info(name).shape

@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from mla_runtime.format import (
-    MANIFEST_NAME as MLA_MANIFEST_NAME,
-)
-from mla_runtime.format import (
+    ARTIFACT_ST_DTYPE,
+    CONFIG_NAME,
     MLA_DIR_NAME,
     LayerEntry,
     MlaDims,
@@ -27,6 +26,9 @@ from mla_runtime.format import (
     kv_b_layer_index,
     w_uk_t_name,
     w_uv_name,
+)
+from mla_runtime.format import (
+    MANIFEST_NAME as MLA_MANIFEST_NAME,
 )
 from mla_runtime.layout import split_kv_b_proj
 from mla_runtime.safetensors_file import nbytes_of
@@ -194,7 +196,10 @@ def _write_mla_layer(
     """W_UK_T / W_UV from the exact fp32 dequant of the SOURCE kv_b_proj, never the requantized copy."""
     w_uk_t, w_uv = split_kv_b_proj(kv_b_dequant, dims, torch.bfloat16)
     rel = mla_file_rel(layer)
-    specs = {w_uk_t_name(layer): ("BF16", tuple(w_uk_t.shape)), w_uv_name(layer): ("BF16", tuple(w_uv.shape))}
+    specs = {
+        w_uk_t_name(layer): (ARTIFACT_ST_DTYPE, tuple(w_uk_t.shape)),
+        w_uv_name(layer): (ARTIFACT_ST_DTYPE, tuple(w_uv.shape)),
+    }
     with ShardWriter(out_dir / rel, specs, write_mode=write_io) as w:
         w.write(w_uk_t_name(layer), w_uk_t)
         w.write(w_uv_name(layer), w_uv)
@@ -354,7 +359,7 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
 
     for rel in src.side_files:
         record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
-    record("config.json", write_bytes_atomic(out_dir / "config.json", _json_bytes(plan.config)))
+    record(CONFIG_NAME, write_bytes_atomic(out_dir / CONFIG_NAME, _json_bytes(plan.config)))
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

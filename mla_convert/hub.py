@@ -15,9 +15,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mla_runtime.format import CONFIG_NAME
 from mla_runtime.safetensors_file import ShardHeader, file_sha256
 
-from .checkpoint import CONFIG_NAME, INDEX_NAME
+from .checkpoint import INDEX_NAME, SINGLE_FILE_NAME
 from .errors import SourceError
 from .safetensors_io import header_length, parse_header
 
@@ -278,7 +279,7 @@ def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
         except (ValueError, KeyError, TypeError, AttributeError):
             raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from None
     else:
-        shards = ["model.safetensors"]
+        shards = [SINGLE_FILE_NAME]
     headers = {}
     for rel in shards:
         if not isinstance(rel, str) or os.path.isabs(rel) or ".." in Path(rel).parts:

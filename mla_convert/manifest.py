@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mla_runtime.format import CONVERT_MANIFEST_NAME as MANIFEST_NAME  # the runtime reads its fingerprint
+
 from . import __version__
 
-MANIFEST_NAME = "mla-convert-manifest.json"
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"
 

@@ -1,8 +1,9 @@
 """Crash safety and resume: a journal of finished shard jobs, and the checks a resume needs.
 
-Every output file is written under a temporary name and renamed when complete; a job is recorded
-in the journal (fsynced) only after all its files were renamed. A resume trusts nothing else: it
-re-hashes each journaled file and redoes any job whose files are missing or differ.
+Every output file is written under a hidden temporary name (`partial_name`) and renamed when
+complete; a job is recorded in the journal (fsynced) only after all its files were renamed. A resume
+trusts nothing else: it removes leftover temporary files, re-hashes each journaled file and redoes
+any job whose files are missing or differ.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from .manifest import COMPLETE, MANIFEST_NAME, read_manifest
 
 JOURNAL_NAME = ".mla-convert-journal.jsonl"
 PARTIAL_SUFFIX = ".partial"
+
+
+def partial_name(path: Path) -> Path:
+    """The hidden name an output file is written under until it is complete."""
+    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
 
 
 class Journal:

@@ -32,6 +32,7 @@ from mla_runtime.safetensors_file import (
 
 from . import disk_write
 from .errors import OutputError, SourceError
+from .resume import partial_name
 
 # safetensors dtype string -> torch dtype (sizes: mla_runtime.safetensors_file.DTYPE_SIZES)
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -85,10 +86,6 @@ class WrittenFile:
     path: Path
     size: int
     sha256: str
-
-
-def partial_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.partial")
 
 
 class ShardWriter:

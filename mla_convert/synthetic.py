@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from mla_runtime.format import CONFIG_NAME
 from mla_runtime.safetensors_file import nbytes_of
 
 from .checkpoint import INDEX_NAME
@@ -253,7 +254,7 @@ def write_checkpoint(out_dir: str | Path, spec: CheckpointSpec = CheckpointSpec(
     weight_map = {n: names[shard_of[n]] for n, _, _ in tensors}
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    (out_dir / "config.json").write_text(json.dumps(spec.config(), indent=2) + "\n")
+    (out_dir / CONFIG_NAME).write_text(json.dumps(spec.config(), indent=2) + "\n")
     _write_side_files(out_dir, spec)
     return out_dir
 

@@ -29,6 +29,11 @@ class ArtifactError(ValueError):
     """The MLA artifacts are missing, malformed or do not match what is being served."""
 
 
+def kv_b_name(layer: int) -> str:
+    """The checkpoint's kv_b_proj weight of a layer, which the artifacts are computed from."""
+    return f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+
+
 def w_uk_t_name(layer: int) -> str:
     return f"model.layers.{layer}.self_attn.W_UK_T"
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mla_runtime.format import MLA_DIR_NAME, layer_file_name
+from mla_runtime.format import MLA_DIR_NAME, kv_b_name, layer_file_name
 
 from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from ..errors import ConvertError, VerificationError
@@ -214,7 +214,7 @@ def _tensor_job(name: str, info, lay: Layout, src: SourceCheckpoint | None) -> T
 
 
 def _mla_job(layer: int, lay: Layout, src: SourceCheckpoint | None) -> MlaJob:
-    kv_b = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+    kv_b = kv_b_name(layer)
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)

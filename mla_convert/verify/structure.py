@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mla_runtime.format import (
+    ARTIFACT_ST_DTYPE,
     MLA_DIR_NAME,
     ArtifactError,
     MlaDims,
@@ -20,6 +21,9 @@ from mla_runtime.format import (
     layer_file_name,
     w_uk_t_name,
     w_uv_name,
+)
+from mla_runtime.format import (
+    MANIFEST_NAME as MLA_MANIFEST_NAME,
 )
 from mla_runtime.format import (
     read_manifest as read_mla_manifest,
@@ -414,11 +418,15 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
         man = read_mla_manifest(mla_root)
     except ArtifactError as e:
         tally.fail(
-            STRUCTURE, "mla-manifest", f"{MLA_DIR_NAME}/manifest.json", expected="a valid MLA manifest", found=str(e)
+            STRUCTURE,
+            "mla-manifest",
+            f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
+            expected="a valid MLA manifest",
+            found=str(e),
         )
         return
     lay.mla_manifest = man
-    rel_manifest = f"{MLA_DIR_NAME}/manifest.json"
+    rel_manifest = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
     tally.expect(man.dims == lay.dims, STRUCTURE, "mla-manifest", rel_manifest, expected=lay.dims, found=man.dims)
     tally.expect(
         man.layer_ids() == lay.mla_layers,
@@ -459,8 +467,8 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
             continue
         lay.mla_headers[entry.layer] = hd
         want = {
-            w_uk_t_name(entry.layer): ("BF16", man.dims.w_uk_t_shape()),
-            w_uv_name(entry.layer): ("BF16", man.dims.w_uv_shape()),
+            w_uk_t_name(entry.layer): (ARTIFACT_ST_DTYPE, man.dims.w_uk_t_shape()),
+            w_uv_name(entry.layer): (ARTIFACT_ST_DTYPE, man.dims.w_uv_shape()),
         }
         for name, (dtype, shape) in want.items():
             t = hd.tensors.get(name)
