@@ -1,11 +1,10 @@
 """Sequential file output, either past the page cache (O_DIRECT) or through it.
 
-On the VM this was built on, copying into the page cache costs about 2 CPU-seconds per GB
-(`cp` of 3.4 GB: 6.5 s of system time), while a direct write of the same bytes costs about
-0.25 s/GB: the disk's DMA reads the user buffer. On a 2-core host that CPU is what the fp8
-kernels and sha256 need. Direct writes must be block-aligned in memory, offset and length, so
-bytes are staged in a page-aligned buffer and written in whole blocks; the unaligned tail goes
-through the page cache at the end. resolve_mode picks the mode once per output directory.
+Copying into the page cache costs CPU time for every byte, while a direct write of the same bytes
+costs a small fraction of it: the disk's DMA reads the user buffer. On a host with few cores that
+CPU is what the fp8 kernels and sha256 need. Direct writes must be block-aligned in memory, offset
+and length, so bytes are staged in a page-aligned buffer and written in whole blocks; the
+unaligned tail goes through the page cache at the end. resolve_mode picks the mode once per output directory.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 AUTO, DIRECT, BUFFERED = "auto", "direct", "buffered"
 MODES = (AUTO, DIRECT, BUFFERED)
 ALIGN = 4096  # a multiple of every logical block size Linux devices use
-STAGE_BYTES = 32 * 1024 * 1024  # x2 stages; 16-64 MB measured alike, 8 MB slower
+STAGE_BYTES = 32 * 1024 * 1024  # per staging buffer, one direct write each: small ones are slower
 WRITEBACK_STEP = 64 * 1024 * 1024
 
 
@@ -57,8 +56,8 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 
 
 class BufferedFile:
-    """Writes through the page cache, asking the kernel to start writeback every 64 MB so the
-    disk works while the caller computes, and the final fsync has little left to wait for."""
+    """Writes through the page cache, asking the kernel to start writeback every WRITEBACK_STEP
+    bytes so the disk works while the caller computes and the final fsync has little left to do."""
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -85,10 +84,9 @@ class BufferedFile:
 
 class DirectFile(BufferedFile):
     """Whole aligned blocks written with O_DIRECT from page-aligned staging buffers: the caller
-    fills one while threads write others, so the disk does not wait for the copy. Large writes
-    matter here: 8 MB direct writes ran at 0.31 GB/s, 64 MB ones at 0.48-0.59 GB/s. Two writes in
-    flight (positional, at their own offsets) beat one: a 3.4 GB conversion took 13.77 s against
-    14.88 s (medians of 6 alternating pairs, faster in each)."""
+    fills one while threads write others, so the disk does not wait for the copy. The writes are
+    large because small direct writes leave the disk idle between them, and two are in flight at
+    once (positional, at their own offsets) because that keeps it busier than one."""
 
     STAGES = 4
     IO_THREADS = 2
@@ -192,8 +190,8 @@ class DirectFile(BufferedFile):
 
 class StagePool:
     """Staging buffers kept from one direct file to the next: a fresh one costs a page fault per
-    4 KB written into it, 128 MB of them per output file (163 shards in R1). Private anonymous
-    maps (page-aligned); at most `keep` of each size wait here between files."""
+    4 KB written into it, STAGES x STAGE_BYTES of them per output file (163 shards in R1). Private
+    anonymous maps (page-aligned); at most `keep` of each size wait here between files."""
 
     def __init__(self, keep: int):
         self.keep = keep

@@ -1,13 +1,13 @@
 """Keep freed memory in the process heap instead of handing it back to the kernel.
 
 A conversion allocates buffers of the same few sizes for every tensor. By default glibc serves
-large ones with mmap and unmaps them when freed, so each tensor page-faults its buffers in again
-(about 0.7 s of CPU per GB on the VM this was measured on). Here buffers up to 32 MB (glibc's
-largest mmap threshold; every routed expert's weight in R1 is 14.7 MB, 29 MB as bf16) come from
-the heap and are reused as they are, and the heap is not trimmed. Bigger ones (dense-layer
+large ones with mmap and unmaps them when freed, so each tensor page-faults its buffers in again,
+at a CPU cost per byte. Here buffers up to 32 MB (glibc's largest mmap threshold; every routed
+expert's weight in R1 is 14.7 MB, 29 MB as bf16) come from the heap and are reused as they are,
+and the heap is not trimmed. Bigger ones (dense-layer
 weights, a handful per checkpoint) are still unmapped when freed, so the heap's high-water mark,
-which is what RSS shows, stays low: turning mmap off altogether saved more faults on the
-dense-heavy bench but raised the bf16 peak RSS from ~1.0 to up to 1.4 GB (measured).
+which is what RSS shows, stays low: turning mmap off altogether saves more faults, but each
+dense-layer buffer then stays in the heap and raises the peak RSS.
 Process-wide, so only the CLI and the converter's worker processes turn it on.
 """
 

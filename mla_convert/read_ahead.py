@@ -1,7 +1,7 @@
 """Ask the kernel to read file ranges into the page cache ahead of use (posix_fadvise WILLNEED).
 
 No torch here: the CLI starts the disk on a command's first files while Python is still importing
-torch (~2.5 s on the machine kind this was measured on, in which a cold disk there reads 2-3 GB).
+torch, which takes long enough for a cold disk to read gigabytes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Safetensors at the byte level: a strict header parser and a streaming, hashing, atomic writer.
+"""Safetensors with torch: a streaming, hashing, atomic writer and tensor reads. Header parsing is
+mla_runtime.safetensors_file's (torch-free); its refusals are raised here as SourceError.
 
 The writer knows every tensor's name, dtype and shape up front (from the plan), writes the header
 first and then one tensor at a time, so no shard is ever held in memory, and hashes the bytes as
@@ -131,7 +132,7 @@ class ShardWriter:
         self._write_mode = write_mode
         self._out: disk_write.BufferedFile | None = None
         # Background: one thread writes, another hashes, each from its own queue of the same
-        # buffers (sha256 and the disk's writeback each take a core-second per ~1.4 GB here).
+        # buffers (sha256 and the write each cost about as much CPU, so they overlap).
         self._queues: list[queue.Queue] = [queue.Queue() for _ in range(2)] if background else []
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
@@ -268,8 +269,8 @@ class ShardWriter:
 class BackgroundCommits:
     """Commits finished ShardWriters (drain, fsync, rename) on one thread, in the order given.
 
-    fsync waits for the disk to flush (0.5-0.8 s per shard file on the VM this was measured on, a
-    third of a 3.4 GB conversion when done inline); here it overlaps the next tensors' work.
+    fsync waits for the disk to flush the whole file, a large share of a conversion's time when done
+    inline; here it overlaps the next tensors' work.
     Leaving the `with` block waits for every commit, so no file is still being written after it.
     """
 
