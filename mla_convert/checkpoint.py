@@ -33,7 +33,6 @@ def module_of(weight_name: str) -> str:
 @dataclass(frozen=True)
 class Fp8Pair:
     weight: TensorInfo
-    weight_file: str
     scale: TensorInfo
     scale_file: str
 
@@ -228,7 +227,7 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
                 f"{where}: scale {name!r} has shape {list(s.shape)} but weight {wname!r} {list(w.shape)} "
                 f"with {block[0]}x{block[1]} blocks needs {list(grid)}"
             )
-        pairs[wname] = Fp8Pair(w, weight_map[wname], s, weight_map[name])
+        pairs[wname] = Fp8Pair(w, s, weight_map[name])
     for name, rel in weight_map.items():
         if headers[rel].tensors[name].dtype == "F8_E4M3" and name not in pairs:
             raise SourceError(f"{root / rel}: FP8 tensor {name!r} has no {name}_scale_inv; cannot dequantize it")

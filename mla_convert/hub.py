@@ -88,7 +88,7 @@ def list_repo(repo_id: str, revision: str | None) -> HubRepo:
     return HubRepo(repo_id, info.sha, files)
 
 
-def snapshot(repo: HubRepo, allow_patterns=None, ignore_patterns=None, local_dir: Path | None = None) -> Path:
+def snapshot(repo: HubRepo, ignore_patterns=None, local_dir: Path | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     with hub_errors(repo.repo_id, repo.commit):
@@ -96,7 +96,6 @@ def snapshot(repo: HubRepo, allow_patterns=None, ignore_patterns=None, local_dir
             snapshot_download(
                 repo.repo_id,
                 revision=repo.commit,
-                allow_patterns=allow_patterns,
                 ignore_patterns=ignore_patterns,
                 local_dir=local_dir,
             )

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from .errors import SourceError
 
-DEFAULT_SOURCE = "deepseek-ai/DeepSeek-R1"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

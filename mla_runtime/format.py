@@ -154,10 +154,6 @@ class MlaManifest:
         return cls(dims=dims, layers=layers, source_fingerprint=fp, producer=dict(d.get("producer") or {}))
 
 
-def mla_dir(model_dir: str | Path) -> Path:
-    return Path(model_dir) / MLA_DIR_NAME
-
-
 def read_manifest(artifacts_dir: str | Path) -> MlaManifest:
     path = Path(artifacts_dir) / MANIFEST_NAME
     try:
