@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import json
 import os
 import queue
-import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from mla_runtime.safetensors_file import (
     HASH_CHUNK,
     HeaderError,
     ShardHeader,
+    encode_header,
     nbytes_of,
 )
 
@@ -114,18 +113,9 @@ class ShardWriter:
         # The plan's order: a weight's channel scale follows the weight, so only that small scale
         # is held between two writes (safetensors readers do not need aligned offsets).
         self.order = list(specs)
-        header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
-        pos = 0
-        for name in self.order:
-            dtype, shape = specs[name]
-            size = nbytes_of(dtype, shape)
-            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + size]}
-            pos += size
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-(8 + len(raw)) % 8)
         self._specs = specs
-        self._prefix = struct.pack("<Q", len(raw)) + raw
-        self.total_size = len(self._prefix) + pos
+        self._prefix = encode_header(specs, metadata or {"format": "pt"})
+        self.total_size = len(self._prefix) + sum(nbytes_of(*specs[name]) for name in self.order)
         self._next = 0
         self._hash = hashlib.sha256()
         self._tmp = partial_name(self.path)

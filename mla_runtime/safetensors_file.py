@@ -1,8 +1,8 @@
-"""Safetensors at the byte level, without torch: header length and strict header parsing, tensor
-info and dtype sizes, file hashing, and exact positioned reads.
+"""Safetensors at the byte level, without torch: header length and strict header parsing, the
+header a writer puts first, tensor info and dtype sizes, file hashing, and exact positioned reads.
 
-The one implementation of these details for both packages: `mla_convert` reads sources and
-verifies outputs with it, `mla_runtime` reads the MLA artifacts with it. Standard library only, so
+The one implementation of these details for both packages: `mla_convert` reads sources, writes
+outputs and verifies them with it, `mla_runtime` reads the MLA artifacts with it. Standard library only, so
 it can run while torch is still importing.
 """
 
@@ -170,6 +170,21 @@ def _tensor_info(path: Path, name: str, entry: object, data_len: int) -> TensorI
     if end - begin != expected:
         raise HeaderError(f"{path}: tensor {name!r}: {end - begin} bytes for {dtype}{shape}, expected {expected}")
     return TensorInfo(name, dtype, tuple(shape), begin, end)
+
+
+def encode_header(specs: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str]) -> bytes:
+    """The bytes before the data section of a file holding `specs` (name -> dtype, shape) back to
+    back in that order: the 8-byte length and the compact JSON header, padded with spaces so the
+    data starts at a multiple of 8."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    pos = 0
+    for name, (dtype, shape) in specs.items():
+        size = nbytes_of(dtype, shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + size]}
+        pos += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 def file_sha256(path: str | Path, chunk: int = HASH_CHUNK) -> tuple[int, str]:
