@@ -2,8 +2,8 @@
 header a writer puts first, tensor info and dtype sizes, file hashing, and exact positioned reads.
 
 The one implementation of these details for both packages: `mla_convert` reads sources, writes
-outputs and verifies them with it, `mla_runtime` reads the MLA artifacts with it. Standard library only, so
-it can run while torch is still importing.
+outputs and verifies them with it, `mla_runtime` reads the MLA artifacts with it. Standard library
+only, so it can run while torch is still importing.
 """
 
 from __future__ import annotations
