@@ -50,8 +50,8 @@ def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "re
     return Kernels("eager", reason, f["fp8"], f["bf16"], f["dequant"])
 
 
-# Below this many FP8 bytes, torch.compile (~15 s cold on 2 cores, ~2 s from inductor's cache)
-# costs more than it saves over eager. The native kernels build in well under a second.
+# Below this many FP8 bytes, torch.compile's compile time (long when inductor's cache is cold)
+# costs more than it saves over eager. The native kernels build much faster, and are cached too.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
 # What each --kernels mode tries, in order; each falls back to the next with the reason.
@@ -169,7 +169,7 @@ def _compiled(block, fp8_max, ops) -> Kernels:
     # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
     # that converts is the one checked here. `dynamic=True` would also make the captured block
-    # size and FP8 max symbolic, and the kernel ~15x slower (measured).
+    # size and FP8 max symbolic, which makes the generated kernel much slower.
     eager = _funcs(block, fp8_max)
     chosen = dict(eager)
     try:
@@ -194,7 +194,8 @@ class Fp8Readers:
     name: str  # "native" or "torch"
     decode: Callable[[torch.Tensor], torch.Tensor]  # t.float()
     row_max_codes: Callable[[torch.Tensor], torch.Tensor]  # (t.view(uint8) & 0x7F).amax(dim=1), 2-D
-    # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (torch's isfinite runs ~0.2 GB/s here)
+    # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (natively from the exponent bits, as
+    # torch's isfinite is slow on CPU)
     count_nonfinite: Callable[[torch.Tensor], int]
 
 
