@@ -169,7 +169,6 @@ def _file_tasks(
 ) -> list[FileTask]:
     common = {
         "root": str(root),
-        "fmt": options.format,
         "fp8_max": options.fp8_max,
         "block": src.block if src else None,
         "dims": lay.dims,

@@ -95,7 +95,6 @@ class FileTask:
     root: str
     rel: str
     header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
-    fmt: str
     fp8_max: float
     block: tuple[int, int] | None = None  # the source's block size (with --source)
     dims: MlaDims | None = None
