@@ -692,3 +692,43 @@ def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
     t.start()
     t.join()
     assert _thread_buffers() is mine and other[0] is not mine
+
+
+def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
+    """Source tensors are read by offset; a read that returns fewer bytes than asked (a network
+    file system, a signal) is continued, so the rows are still exact."""
+    import os
+
+    from mla_convert.verify.stream import Ref, _Reader
+
+    t = torch.randn(37, 11)
+    path = tmp_path / "source.bin"
+    path.write_bytes(b"\0" * 13 + t.numpy().tobytes())
+    real, calls = os.preadv, []
+
+    def at_most_7_bytes(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0])[:7]], offset)
+
+    monkeypatch.setattr(os, "preadv", at_most_7_bytes)
+    reader = _Reader()
+    try:
+        ref = Ref(str(path), "w", 13, "F32", (37, 11))
+        assert torch.equal(reader.rows(ref), t)
+        assert torch.equal(reader.rows(ref, 5, 9), t[5:14])
+    finally:
+        reader.close()
+    assert len(calls) >= (37 + 9) * 11 * 4 // 7
+
+
+def test_a_truncated_source_file_names_the_file_and_tensor(tmp_path):
+    from mla_convert.verify.stream import Ref, _Reader, _ReadError
+
+    path = tmp_path / "source.bin"
+    path.write_bytes(b"\0" * 100)
+    reader = _Reader()
+    try:
+        with pytest.raises(_ReadError, match=rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"):
+            reader.rows(Ref(str(path), "w", 13, "BF16", (6, 10)))
+    finally:
+        reader.close()

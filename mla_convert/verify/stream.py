@@ -23,7 +23,7 @@ import torch
 
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
-from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, TensorInfo
+from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, TensorInfo, pread_exact
 
 from .. import native
 from ..kernels import fp8_readers
@@ -57,9 +57,11 @@ FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
 
 @dataclass(frozen=True)
 class Ref:
-    """Where a tensor's bytes lie: a file, the absolute offset of its data, dtype and shape."""
+    """Where a tensor's bytes lie: a file, the tensor's name, the absolute offset of its data, dtype
+    and shape."""
 
     path: str
+    name: str
     offset: int
     dtype: str
     shape: tuple[int, ...]
@@ -67,7 +69,7 @@ class Ref:
     @classmethod
     def of(cls, path: Path, header: ShardHeader, name: str) -> Ref | None:
         t = header.tensors.get(name)
-        return None if t is None else cls(str(path), header.data_start + t.begin, t.dtype, t.shape)
+        return None if t is None else cls(str(path), name, header.data_start + t.begin, t.dtype, t.shape)
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,10 @@ class _Reader:
         if first == 0 and count < shape[0]:  # the first of several chunks: read ahead the rest
             will_need(self.files[ref.path], ref.offset, shape[0] * per_row)
         buf = bytearray(nbytes)
-        got = os.preadv(self.files[ref.path], [buf], ref.offset + first * per_row) if nbytes else 0
-        if got != nbytes:
-            raise _ReadError(f"{ref.path}: short read ({got} of {nbytes} bytes); the file is truncated")
+        try:
+            pread_exact(self.files[ref.path], buf, ref.offset + first * per_row)
+        except EOFError as e:
+            raise _ReadError(f"{ref.path}: tensor {ref.name!r}: {e}; the file is truncated") from None
         return _decode(buf, dtype, (count, *shape[1:]))
 
     def close(self) -> None:
