@@ -166,25 +166,23 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
     path = Path(task.root) / task.rel
     h = _BackgroundSha256()
     size = 0
-    checks = _Checks(task, tally)
+    checks = _Checks(task, tally, _thread_buffers())
     try:
         with open(path, "rb") as f:
             if task.header is not None:
                 prefix = f.read(task.header.data_start)
                 h.update(prefix)
                 size += len(prefix)
-                buffers = _thread_buffers()
                 for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
                     # a cold file: this tensor and what follows are read in large requests, and
                     # the disk goes on reading while this one is hashed and checked
                     will_need(f.fileno(), task.header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
-                    buf = buffers.read(f, info.nbytes)
+                    buf = checks.buffers.read(f, info.nbytes)
                     h.update(buf)
                     size += len(buf)
                     if len(buf) != info.nbytes:
                         raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
-                    if (held := checks.tensor(info, buf)) is not None:
-                        buffers.keep(held)
+                    checks.tensor(info, buf)
                     del buf
                     if progress:
                         progress(info.nbytes)
@@ -204,34 +202,52 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
     return FileResult(task.rel, size, h.hexdigest(), tally)
 
 
+@dataclass(eq=False)
+class Lease:
+    """A holder's claim on the read buffer a tensor lives in: while the lease is live, the
+    buffer set does not write that buffer again. The holder releases it when it drops the tensor."""
+
+    owner: str  # the tensor kept in the buffer
+    live: bool = True
+
+    def release(self) -> None:
+        self.live = False
+
+
 class _ReadBuffers:
     """Two buffers, used in turn, for the tensors a thread reads: the hash of one runs while the
     next is read and checked (_BackgroundSha256 waits for it before taking the next). They are
     reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than the copy
-    from the page cache. A buffer a check still holds when its turn comes again (an MLA artifact,
-    a weight whose scale comes later) is left to it and replaced. Tensors over REUSE_BYTES
-    (embeddings: 1.85 GB in R1) get memory of their own, so none is held after its file."""
+    from the page cache. A buffer under a live lease when its turn comes again (a check keeps an MLA
+    artifact, or a weight whose scale comes later) is left to its holder and replaced. Tensors over
+    REUSE_BYTES (embeddings) get memory of their own, so none is held after its file."""
 
     REUSE_BYTES = 256 * 1024 * 1024
 
     def __init__(self) -> None:
         self._slots = [_new_buffer(0), _new_buffer(0)]
-        self._held: list[Callable[[], bool] | None] = [None, None]
+        self._leases: list[list[Lease]] = [[], []]  # per slot: the leases handed out on its buffer
         self._turn = 0
 
     def read(self, f, nbytes: int) -> memoryview:
         """The next `nbytes` of `f` (fewer at the end of the file)."""
         self._turn ^= 1
-        held, self._held[self._turn] = self._held[self._turn], None
         if nbytes > self.REUSE_BYTES:
             return _read_into(f, memoryview(_new_buffer(nbytes)))
-        if (held is not None and held()) or len(self._slots[self._turn]) < nbytes:
-            self._slots[self._turn] = _new_buffer(nbytes)
-        return _read_into(f, memoryview(self._slots[self._turn])[:nbytes])
+        turn = self._turn
+        if any(lease.live for lease in self._leases[turn]) or len(self._slots[turn]) < nbytes:
+            self._slots[turn] = _new_buffer(nbytes)
+        self._leases[turn] = []
+        return _read_into(f, memoryview(self._slots[turn])[:nbytes])
 
-    def keep(self, still_held: Callable[[], bool]) -> None:
-        """A check keeps the buffer last read while `still_held()`: not to be written until then."""
-        self._held[self._turn] = still_held
+    def lease(self, view: memoryview, owner: str) -> Lease:
+        """Lease the buffer behind `view` (returned by read) to `owner`, until it releases it. A
+        tensor over REUSE_BYTES has memory of its own, which no later read writes anyway."""
+        lease = Lease(owner)
+        for slot, leases in zip(self._slots, self._leases, strict=True):
+            if view.obj is slot:
+                leases.append(lease)
+        return lease
 
 
 _PER_THREAD = threading.local()
@@ -293,22 +309,24 @@ class _BackgroundSha256:
 class _Checks:
     """The per-tensor checks of one file, fed in file order."""
 
-    def __init__(self, task: FileTask, tally: Tally):
+    def __init__(self, task: FileTask, tally: Tally, buffers: _ReadBuffers):
         self.task, self.tally, self.rel = task, tally, task.rel
+        self.buffers = buffers  # what the file's tensors are read into
         self.reader = _Reader()
         self.pending: dict[str, tuple[TensorInfo, torch.Tensor]] = {}  # scale name -> its FP8 weight
         self.artifacts: dict[str, torch.Tensor] = {}
+        self.leases: dict[str, Lease] = {}  # a kept tensor's name -> the lease on its buffer
 
-    def tensor(self, info: TensorInfo, buf) -> Callable[[], bool] | None:
-        """Check one tensor read from the file. If a check keeps `buf` for later, returns a test of
-        whether it still does."""
+    def tensor(self, info: TensorInfo, buf: memoryview) -> None:
+        """Check one tensor, read into `buf` by self.buffers. A tensor kept for a later check (an
+        MLA artifact, a weight waiting for its scale) leases `buf` until that check is done."""
         t = _decode(buf, TORCH_DTYPES[info.dtype], info.shape)
-        pending_before = set(self.pending)
         self._values(info, t)
+        kept = False
         job = self.task.tensors.get(info.name)
         if job is not None:
             try:
-                self._role(info, t, job)
+                kept = self._role(info, t, job)
             except _ReadError as e:
                 self.tally.fail(
                     SOURCE if job.source else INTEGRITY,
@@ -320,17 +338,21 @@ class _Checks:
                 )
         if self.task.mla is not None:
             self.artifacts[info.name] = t
-            return lambda: info.name in self.artifacts
-        added = self.pending.keys() - pending_before
-        if added:  # a weight waiting for its scale
-            key = added.pop()
-            return lambda: key in self.pending
-        return None
+            kept = True
+        if kept:
+            self.leases[info.name] = self.buffers.lease(buf, owner=info.name)
+
+    def _drop(self, name: str) -> None:
+        """A kept tensor is no longer needed: its buffer may be read into again."""
+        self.leases.pop(name).release()
 
     def close(self) -> None:
-        """Drop what the checks kept (their buffers may be reused) and close the source files."""
+        """Drop what the checks kept, release its buffers for reuse, and close the source files."""
         self.pending.clear()
         self.artifacts.clear()
+        for lease in self.leases.values():
+            lease.release()
+        self.leases.clear()
         self.reader.close()
 
     def finish(self) -> None:
@@ -392,12 +414,13 @@ class _Checks:
                 "rows off: ",
             )
 
-    def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+    def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> bool:
+        """The checks of the tensor's role in the conversion. Returns whether `t` is kept for later."""
         if job.op == TO_FP8 and job.source is not None and job.scale is not None:
             if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
                 self.pending[job.scale_name] = (info, t)  # checked when its scale streams by
-            else:
-                self._compare_fp8(info, t, self.reader.rows(job.scale), job)
+                return True
+            self._compare_fp8(info, t, self.reader.rows(job.scale), job)
         elif job.op == FP8_SCALE:
             bad = ~(torch.isfinite(t) & (t > 0))
             m = Mismatches()
@@ -405,11 +428,15 @@ class _Checks:
             self._verdict(m, VALUES, "fp8-scale", info.name, "finite scales > 0", t.numel())
             if info.name in self.pending:
                 w_info, q = self.pending.pop(info.name)
-                self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
+                try:
+                    self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
+                finally:
+                    self._drop(w_info.name)
         elif job.op == TO_BF16 and job.source is not None:
             self._compare_bf16(info, t, job)
         elif job.op == COPY and job.source is not None:
             self._compare_copy(info, t, job)
+        return False
 
     def _compare_fp8(self, info: TensorInfo, q: torch.Tensor, s: torch.Tensor, job: TensorJob) -> None:
         """A channel-FP8 weight with its scale against the source: the FP8 bound element-wise, and
