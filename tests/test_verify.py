@@ -594,6 +594,7 @@ def test_report_lists_tolerances_and_counts(converted):
     assert report["mla_layers"] == 4 and report["files"] == len(
         json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"]
     )
+    assert report["readers"] == "native" and "agree with torch on the probes" in report["readers_reason"]
 
 
 @pytest.mark.parametrize("what", ["byte", "nan", "scale"])
@@ -618,6 +619,8 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, wh
     _, torch_report = run(fp8_out, tiny_src)
     assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
+    assert (native_report["readers"], torch_report["readers"]) == ("native", "torch")
+    assert torch_report["readers_reason"] == kernels.TORCH_READERS.reason
 
 
 @pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC1])  # +Inf, -Inf, a NaN

@@ -70,6 +70,9 @@ def verify(
         _check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, options.target, fingerprint, plan, tally)
     tasks = _file_tasks(root, layout, manifest, options, src)
+    # Probed here for the report, and before the file threads need them; worker processes probe
+    # the same library on the same CPU.
+    readers = fp8_readers()
     results = _run(tasks, root, workers, progress_factory)
     for r in results.values():
         tally.merge(r.tally)
@@ -86,6 +89,8 @@ def verify(
         "tensors": sum(len(h.tensors) for h in layout.headers.values()),
         "mla_layers": len(layout.mla_headers),
         "workers": workers,
+        "readers": readers.name,
+        "readers_reason": readers.reason,
         "tolerances": TOLERANCES,
     }
     report = as_report(tally, skipped, info)
@@ -254,7 +259,6 @@ def _run(
 def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
     """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
     sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks."""
-    fp8_readers()  # probe once, before the threads need it
     lock = threading.Lock()
 
     def run_one(task: FileTask) -> FileResult:
