@@ -117,6 +117,15 @@ class _ReadError(Exception):
     pass
 
 
+@dataclass
+class _Fp8Findings:
+    """What comparing one channel-FP8 weight with its source gathers over its row chunks."""
+
+    stats: ErrorStats = field(default_factory=ErrorStats)
+    bad: Mismatches = field(default_factory=Mismatches)  # elements out of the FP8 bound
+    big_scale: Mismatches = field(default_factory=Mismatches)  # rows whose scale is over the limit
+
+
 class _Reader:
     """Reads row ranges of tensors by offset (source tensors, partner scales); files stay open."""
 
@@ -163,43 +172,43 @@ def _row_chunks(n_rows: int, row_elems: int, align: int = 1):
 def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None) -> FileResult:
     """Hash one file and check every tensor in it; never raises for a bad file (records it)."""
     tally = Tally()
-    path = Path(task.root) / task.rel
     h = _BackgroundSha256()
-    size = 0
     checks = _Checks(task, tally, _thread_buffers())
     try:
-        with open(path, "rb") as f:
+        with open(Path(task.root) / task.rel, "rb") as f:
             if task.header is not None:
-                prefix = f.read(task.header.data_start)
-                h.update(prefix)
-                size += len(prefix)
-                for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
-                    # a cold file: this tensor and what follows are read in large requests, and
-                    # the disk goes on reading while this one is hashed and checked
-                    will_need(f.fileno(), task.header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
-                    buf = checks.buffers.read(f, info.nbytes)
-                    h.update(buf)
-                    size += len(buf)
-                    if len(buf) != info.nbytes:
-                        raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
-                    checks.tensor(info, buf)
-                    del buf
-                    if progress:
-                        progress(info.nbytes)
+                _hash_and_check_tensors(f, task.header, h, checks, progress)
             while chunk := f.read(HASH_CHUNK):
                 h.update(chunk)
-                size += len(chunk)
         checks.finish()
     except FileNotFoundError:
         return FileResult(task.rel, None, None, tally)
     except (OSError, _ReadError) as e:
         tally.fail(INTEGRITY, "read", task.rel, expected="a readable file", found=str(e))
-        return FileResult(task.rel, size, None, tally)
+        return FileResult(task.rel, h.nbytes, None, tally)
     finally:
         checks.close()
         h.close()
-    tally.bytes_read += size
-    return FileResult(task.rel, size, h.hexdigest(), tally)
+    tally.bytes_read += h.nbytes
+    return FileResult(task.rel, h.nbytes, h.hexdigest(), tally)
+
+
+def _hash_and_check_tensors(f, header: ShardHeader, h: _BackgroundSha256, checks: _Checks, progress) -> None:
+    """The header and then each tensor of the open file `f`, in file order: read once, hashed and
+    checked from the same buffer."""
+    h.update(f.read(header.data_start))
+    for info in sorted(header.tensors.values(), key=lambda t: t.begin):
+        # a cold file: this tensor and what follows are read in large requests, and the disk goes
+        # on reading while this one is hashed and checked
+        will_need(f.fileno(), header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
+        buf = checks.buffers.read(f, info.nbytes)
+        h.update(buf)
+        if len(buf) != info.nbytes:
+            raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
+        checks.tensor(info, buf)
+        del buf
+        if progress:
+            progress(info.nbytes)
 
 
 @dataclass(eq=False)
@@ -289,11 +298,13 @@ class _BackgroundSha256:
         self._h = hashlib.sha256()
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="verify-sha256")
         self._last: cf.Future | None = None
+        self.nbytes = 0  # handed to update so far
 
     def update(self, data) -> None:
         if self._last is not None:
             self._last.result()
         self._last = self._pool.submit(self._h.update, data)
+        self.nbytes += len(data)
 
     def hexdigest(self) -> str:
         self.close()
@@ -443,21 +454,12 @@ class _Checks:
         a scale no larger than max|row| / FP8_MAX allows (zero rows: any scale, the bound forces q = 0)."""
         if job.source is None:
             return
-        stats, bad, big_scale = ErrorStats(), Mismatches(), Mismatches()
+        findings = _Fp8Findings()
+        chunk = self._fp8_chunk_native if fp8_readers().name == "native" else self._fp8_chunk_torch
         for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
-            if fp8_readers().name == "native":
-                self._fp8_chunk_native(job, q, s, r0, r1, stats, bad, big_scale)
-                continue
-            x = self._source_dequant(job, r0, r1)
-            sc = s[r0:r1]
-            found = fp8_readers().decode(q[r0:r1]) * sc
-            abs_x = x.abs()
-            ratio = stats.add(found, x, fp8_allowed_error(abs_x, sc))
-            if not stats.chunk_bound_use <= 1:
-                bad.add(found, x, ~(ratio <= 1), r0)
-            self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), big_scale, r0)
+            chunk(job, q, s, r0, r1, findings)
         self._verdict(
-            bad,
+            findings.bad,
             SOURCE,
             "fp8-bound",
             info.name,
@@ -466,7 +468,7 @@ class _Checks:
             "out of bound: ",
         )
         self._verdict(
-            big_scale,
+            findings.big_scale,
             SOURCE,
             "fp8-scale",
             job.scale_name,
@@ -474,25 +476,37 @@ class _Checks:
             q.shape[0],
             "scale too large (value vs limit): ",
         )
-        self._record(info, "fp8", stats)
+        self._record(info, "fp8", findings.stats)
 
-    def _fp8_chunk_native(self, job, q, s, r0, r1, stats: ErrorStats, bad: Mismatches, big_scale: Mismatches) -> None:
-        """The loop body of _compare_fp8 in one C pass (the same fp32 formulas); the torch
+    def _fp8_chunk_torch(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+        """Rows [r0, r1) of _compare_fp8, in torch."""
+        x = self._source_dequant(job, r0, r1)
+        sc = s[r0:r1]
+        found = fp8_readers().decode(q[r0:r1]) * sc
+        abs_x = x.abs()
+        ratio = findings.stats.add(found, x, fp8_allowed_error(abs_x, sc))
+        if not findings.stats.chunk_bound_use <= 1:
+            findings.bad.add(found, x, ~(ratio <= 1), r0)
+        self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), findings.big_scale, r0)
+
+    def _fp8_chunk_native(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+        """Rows [r0, r1) of _compare_fp8 in one C pass (the same fp32 formulas); the torch
         formulation runs only to describe the first bad element."""
         bn = self.task.block[0]
         w, src_scale = self._source_rows(job, r0, r1)
         sc = s[r0:r1]
         o = native.fp8_bound_rows(q[r0:r1], sc, w, src_scale, self.task.block, FP8_REL + FP32_SLACK,
                                   FP8_SUBNORMAL_HALF_STEP)  # fmt: skip
-        stats.add_sums(float(o["dd"].sum()), float(o["xx"].sum()), float(o["yy"].sum()), float(o["max_abs"].max()),
-                       float(o["max_ratio"].max()))  # fmt: skip
+        findings.stats.add_sums(float(o["dd"].sum()), float(o["xx"].sum()), float(o["yy"].sum()),
+                                float(o["max_abs"].max()), float(o["max_ratio"].max()))  # fmt: skip
         n_bad = int(o["n_bad"].sum())
         if n_bad:
             row = int(torch.nonzero(o["n_bad"])[0])
             col = int(o["first_bad"][row])
             x = dequantize_block_fp8(w[row : row + 1], src_scale[row // bn : row // bn + 1], self.task.block)
-            bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]), float(x[0, col]))
-        self._check_scale(sc, o["amax_x"].unsqueeze(1), big_scale, r0)
+            findings.bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]),
+                                     float(x[0, col]))  # fmt: skip
+        self._check_scale(sc, o["amax_x"].unsqueeze(1), findings.big_scale, r0)
 
     def _check_scale(self, sc: torch.Tensor, amax: torch.Tensor, big_scale: Mismatches, r0: int) -> None:
         """A channel scale no larger than max|row| / FP8_MAX allows (zero rows: any scale)."""
@@ -554,6 +568,7 @@ class _Checks:
     # --- MLA artifacts -----------------------------------------------------------------------------
 
     def _mla(self, job: MlaJob) -> None:
+        """The layer's W_UK_T and W_UV against its kv_b_proj: split, and absorbed vs naive attention."""
         dims, layer = self.task.dims, job.layer
         uk, uv = self.artifacts.get(w_uk_t_name(layer)), self.artifacts.get(w_uv_name(layer))
         for name, a, shape in (
@@ -564,17 +579,8 @@ class _Checks:
                 found = "missing" if a is None else f"{a.dtype}{list(a.shape)}"
                 self.tally.fail(MLA, "artifact", self.rel, name, expected=f"bfloat16{list(shape)}", found=found)
                 return
-        if job.source is not None:
-            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
-            exact, what = True, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
-        elif job.kv_b is not None and job.kv_b.dtype == "BF16":
-            x = self.reader.rows(job.kv_b)
-            exact, what = True, "split_kv_b_proj(the stored bf16 kv_b_proj)"
-        elif job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
-            s = self.reader.rows(job.kv_b_scale)
-            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
-            exact, what = False, "within the artifact bound of the stored channel-FP8 kv_b_proj"
-        else:
+        reference = self._mla_reference(job)
+        if reference is None:
             self.tally.fail(
                 MLA,
                 "reference",
@@ -584,6 +590,7 @@ class _Checks:
                 found="none usable (see the structure failures)",
             )
             return
+        x, s, what = reference
         if tuple(x.shape) != dims.kv_b_shape():
             self.tally.fail(
                 MLA,
@@ -594,8 +601,8 @@ class _Checks:
                 found=list(x.shape),
             )
             return
-        self._compare_split(layer, (uk, uv), x, None if exact else s, what)
-        tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
+        self._compare_split(layer, (uk, uv), x, s, what)
+        tol = FUNCTIONAL_TOL_EXACT if s is None else FUNCTIONAL_TOL_FP8
         err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
         self.tally.expect(
             err <= tol,
@@ -606,6 +613,21 @@ class _Checks:
             expected=f"absorbed decode == naive attention within relative error {tol:g}",
             found=f"relative error {err:.3g}",
         )
+
+    def _mla_reference(self, job: MlaJob) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+        """The kv_b_proj the artifacts are compared with, fp32: (x, its channel scale when x is the
+        stored channel-FP8 kv_b_proj (the artifacts are then within a bound of it, else bit-exact
+        splits of it), what it is); None when there is none to use."""
+        if job.source is not None:
+            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
+            return x, None, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
+        if job.kv_b is not None and job.kv_b.dtype == "BF16":
+            return self.reader.rows(job.kv_b), None, "split_kv_b_proj(the stored bf16 kv_b_proj)"
+        if job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
+            s = self.reader.rows(job.kv_b_scale)
+            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
+            return x, s, "within the artifact bound of the stored channel-FP8 kv_b_proj"
+        return None
 
     def _compare_split(self, layer: int, artifacts, x: torch.Tensor, scale: torch.Tensor | None, what: str) -> None:
         """W_UK_T / W_UV against split_kv_b_proj(x): bit-exact, or within the artifact bound of a
