@@ -157,7 +157,7 @@ class _Reader:
             os.close(fd)
 
 
-def _decode(buf: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+def _decode(buf: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if not buf:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(shape)
