@@ -50,8 +50,8 @@ def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "re
     return Kernels("eager", reason, f["fp8"], f["bf16"], f["dequant"])
 
 
-# Below this many FP8 bytes, torch.compile (~15 s cold on 2 cores, ~2 s from inductor's cache)
-# costs more than it saves over eager. The native kernels build in well under a second.
+# Below this many FP8 bytes, torch.compile's compile time (long when inductor's cache is cold)
+# costs more than it saves over eager. The native kernels build much faster, and are cached too.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
 # What each --kernels mode tries, in order; each falls back to the next with the reason.
@@ -169,7 +169,7 @@ def _compiled(block, fp8_max, ops) -> Kernels:
     # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
     # that converts is the one checked here. `dynamic=True` would also make the captured block
-    # size and FP8 max symbolic, and the kernel ~15x slower (measured).
+    # size and FP8 max symbolic, which makes the generated kernel much slower.
     eager = _funcs(block, fp8_max)
     chosen = dict(eager)
     try:
@@ -179,22 +179,28 @@ def _compiled(block, fp8_max, ops) -> Kernels:
     except _Unusable:
         raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        raise _Unusable(f"torch.compile unavailable ({type(e).__name__}: {first})") from None
+        raise _Unusable(f"torch.compile unavailable ({_first_line(e)})") from None
     return Kernels(
         "torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen["fp8"], chosen["bf16"],
         chosen["dequant"],
     )  # fmt: skip
 
 
+def _first_line(e: Exception) -> str:
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}"
+
+
 @dataclass(frozen=True)
 class Fp8Readers:
-    """Exact reads of e4m3fn tensors for verify: native when it agrees with torch on all 256 bytes."""
+    """Exact reads of e4m3fn tensors for verify: native when it agrees with torch on the probes."""
 
     name: str  # "native" or "torch"
+    reason: str  # why this one was chosen
     decode: Callable[[torch.Tensor], torch.Tensor]  # t.float()
     row_max_codes: Callable[[torch.Tensor], torch.Tensor]  # (t.view(uint8) & 0x7F).amax(dim=1), 2-D
-    # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (torch's isfinite runs ~0.2 GB/s here)
+    # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (natively from the exponent bits, as
+    # torch's isfinite is slow on CPU)
     count_nonfinite: Callable[[torch.Tensor], int]
 
 
@@ -218,7 +224,7 @@ def _torch_decode(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
 
-TORCH_READERS = Fp8Readers("torch", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite)
+TORCH_READERS = Fp8Readers("torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite)
 _READERS: list[Fp8Readers] = []
 
 
@@ -255,23 +261,45 @@ def _bound_rows_agree(native) -> bool:
 
 
 def fp8_readers() -> Fp8Readers:
-    """Built and checked once per process; torch's own ops when the native library is unusable
-    (or when its bound check, which verify --source uses with it, disagrees with torch)."""
+    """Built and probed once per process; torch's own ops, with the reason, when the native library
+    is unusable or any of its readers (the bound check verify --source uses with them included)
+    disagrees with torch on the probes."""
     if not _READERS:
-        every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
-        rows = every_byte.reshape(3, 256)[:, torch.randperm(256)]
         try:
-            from . import native
-
-            ok = (
-                same_values(native.decode(every_byte), every_byte.float())
-                and torch.equal(native.row_max_codes(rows[:, :100]), _torch_row_max_codes(rows[:, :100]))
-                and all(native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern())
-                and _bound_rows_agree(native)
-            )
-            if not ok:
-                raise _Unusable("native reads differed from torch's")
-            _READERS.append(Fp8Readers("native", native.decode, native.row_max_codes, native.count_nonfinite))
-        except Exception:  # no compiler, a mismatch: torch's ops are always right
-            _READERS.append(TORCH_READERS)
+            _READERS.append(_native_readers())
+        except _Unusable as e:  # torch's ops are always right
+            _READERS.append(dataclasses.replace(TORCH_READERS, reason=str(e)))
     return _READERS[0]
+
+
+def _native_readers() -> Fp8Readers:
+    """The native readers, each probed against torch; raises _Unusable naming the first that is not
+    usable."""
+    from . import native
+
+    try:
+        native.library()
+    except Exception as e:  # no compiler, a failed build or load
+        detail = str(e) if isinstance(e, native.NativeUnavailable) else _first_line(e)
+        raise _Unusable(f"native library unavailable ({detail})") from None
+    every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
+    rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
+    probes = {
+        "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
+        "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
+        "non-finite count": lambda: all(
+            native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern()
+        ),
+        "bound check": lambda: _bound_rows_agree(native),
+    }
+    for what, agrees in probes.items():
+        try:
+            ok = agrees()
+        except Exception as e:
+            raise _Unusable(f"native {what} failed on the probe ({_first_line(e)})") from None
+        if not ok:
+            raise _Unusable(f"native {what} disagreed with torch on the probe")
+    return Fp8Readers(
+        "native", f"C readers built for this CPU; {', '.join(probes)} agree with torch on the probes", native.decode,
+        native.row_max_codes, native.count_nonfinite,
+    )  # fmt: skip

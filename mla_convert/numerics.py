@@ -25,9 +25,11 @@ def dequantize_block_fp8(
     if (gn, gk) != (math.ceil(n / bn), math.ceil(k / bk)):
         raise ValueError(f"scale grid {(gn, gk)} does not fit weight {(n, k)} with block {block}")
     # Each element's scale by index (row // bn, col // bk): no padding or slicing, so
-    # torch.compile keeps one graph for aligned and partial shapes and fuses the gather into a
-    # single pass (~1.6 GB/s on 2 cores vs ~0.08 GB/s eager, measured here). A padded-view
-    # formulation recompiled per alignment class; a padded-always one compiled to slow code.
+    # torch.compile keeps one graph for aligned and partial shapes and fuses the gather and the
+    # multiply into one pass. That pass is still bound by the fp8 -> fp32 cast, which inductor
+    # emits as scalar code on CPUs without AVX-512, as torch's eager cast is (native.py's C
+    # kernels vectorize it). A padded-view formulation recompiled per alignment class; a
+    # padded-always one compiled to slow code.
     rows = torch.arange(n, device=weight.device) // bn
     cols = torch.arange(k, device=weight.device) // bk
     return (decode(weight) if decode else weight.float()) * scale_inv.float()[rows][:, cols]

@@ -273,7 +273,8 @@ def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkey
     """verify --source counts out-of-bound elements in C only if, on a probe, the C check finds
     exactly the rows, counts and maxima torch's formulation finds."""
     monkeypatch.setattr(kernels_mod, "_READERS", [])
-    assert kernels_mod.fp8_readers().name == "native"
+    readers = kernels_mod.fp8_readers()
+    assert readers.name == "native" and "bound check agree with torch" in readers.reason
     real = native.fp8_bound_rows
 
     def misses_one(*args):
@@ -283,4 +284,33 @@ def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkey
 
     monkeypatch.setattr(native, "fp8_bound_rows", misses_one)
     monkeypatch.setattr(kernels_mod, "_READERS", [])
-    assert kernels_mod.fp8_readers().name == "torch"
+    readers = kernels_mod.fp8_readers()
+    assert (readers.name, readers.reason) == ("torch", "native bound check disagreed with torch on the probe")
+
+
+def test_verify_readers_fall_back_to_torch_without_a_c_compiler(fresh_native, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    readers = kernels_mod.fp8_readers()
+    assert readers.name == "torch" and readers.decode is kernels_mod.TORCH_READERS.decode
+    assert readers.reason.startswith("native library unavailable (") and "/nonexistent/cc" in readers.reason
+
+
+@pytest.mark.parametrize("how", ["disagrees", "raises"])
+def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeypatch, how):
+    real = native.row_max_codes
+
+    def broken(t):
+        if how == "raises":
+            raise ValueError("no such kernel\nmore detail")
+        return real(t) ^ 1
+
+    monkeypatch.setattr(native, "row_max_codes", broken)
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    readers = kernels_mod.fp8_readers()
+    assert readers.name == "torch" and readers.row_max_codes is not broken
+    why = {
+        "disagrees": "disagreed with torch on the probe",
+        "raises": "failed on the probe (ValueError: no such kernel)",
+    }
+    assert readers.reason == f"native row max {why[how]}"

@@ -128,6 +128,24 @@ def rewrite(path: Path, change) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def move_to_end(path: Path, tensor: str) -> None:
+    """Rewrite a safetensors file with `tensor`'s bytes last, the others in their order."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header, data = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    names.remove(tensor)
+    parts, pos = [], 0
+    for name in [*names, tensor]:
+        begin, end = header[name]["data_offsets"]
+        parts.append(data[begin:end])
+        header[name]["data_offsets"] = [pos, pos + end - begin]
+        pos += end - begin
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(parts))
+
+
 def kv_b(layer: int) -> str:
     return f"model.layers.{layer}.self_attn.kv_b_proj.weight"
 
@@ -576,6 +594,7 @@ def test_report_lists_tolerances_and_counts(converted):
     assert report["mla_layers"] == 4 and report["files"] == len(
         json.loads((converted[FP8] / MANIFEST_NAME).read_text())["files"]
     )
+    assert report["readers"] == "native" and "agree with torch on the probes" in report["readers_reason"]
 
 
 @pytest.mark.parametrize("what", ["byte", "nan", "scale"])
@@ -600,6 +619,8 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, wh
     _, torch_report = run(fp8_out, tiny_src)
     assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
+    assert (native_report["readers"], torch_report["readers"]) == ("native", "torch")
+    assert torch_report["readers_reason"] == kernels.TORCH_READERS.reason
 
 
 @pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC1])  # +Inf, -Inf, a NaN
@@ -656,29 +677,47 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     assert reports[1] == reports[2] and reports[1]["exit_code"] == 1
 
 
-def test_read_buffers_are_reused_in_turn_unless_held():
-    """verify reads tensors into two buffers used in turn; a buffer a check still holds (a pending
-    weight, an MLA artifact) is never written again, and is reused once the check lets it go."""
+def test_read_buffers_are_reused_in_turn_unless_leased(monkeypatch):
+    """verify reads tensors into two buffers used in turn; a buffer leased to a check (a pending
+    weight, an MLA artifact) is never written again, and is reused once the lease is released."""
     import io
 
     from mla_convert.verify.stream import _ReadBuffers
 
-    f = io.BytesIO(bytes(range(256)) * 4)
+    f = io.BytesIO(bytes(range(256)) * 8)
     bufs = _ReadBuffers()
     a = bufs.read(f, 256)
-    bufs.keep(lambda: True)  # held for good
+    bufs.lease(a, "a")  # held for good
     kept = bytes(a)
     b, c = bufs.read(f, 256), bufs.read(f, 128)
-    c_held = [True]
-    bufs.keep(lambda: c_held[0])
+    lease_c = bufs.lease(c, "c")
     d = bufs.read(f, 200)
-    assert bytes(a) == kept, "a held buffer was overwritten"
+    assert bytes(a) == kept, "a leased buffer was overwritten"
     assert c.obj is not a.obj and d.obj is b.obj, "the slots are used in turn"
     assert bytes(c) == bytes(range(128)) and bytes(d) == bytes(range(128, 256)) + bytes(range(72))
-    c_held[0] = False  # the check let it go
+    assert lease_c.owner == "c" and lease_c.live
+    lease_c.release()
     e = bufs.read(f, 100)
     assert e.obj is c.obj and bytes(e) == bytes(range(72, 172)), "a released buffer is reused"
-    assert len(bufs.read(f, 300)) == 1024 - 940  # the end of the file: fewer bytes
+    assert bytes(d) == bytes(range(128, 256)) + bytes(range(72)), "the other slot was left alone"
+    monkeypatch.setattr(_ReadBuffers, "REUSE_BYTES", 64)
+    big = bufs.read(f, 100)  # over REUSE_BYTES: memory of its own; its lease holds no slot
+    assert big.obj is not d.obj and big.obj is not e.obj and bytes(big) == bytes(range(172, 256)) + bytes(range(16))
+    bufs.lease(big, "big")
+    assert bufs.read(f, 10).obj is e.obj, "the slots stay free for later tensors"
+    assert len(bufs.read(f, 1000)) == 2048 - 1050  # the end of the file: fewer bytes
+
+
+def test_a_weight_waiting_for_its_scale_keeps_its_buffer(fp8_out, tiny_src):
+    """A channel-FP8 weight whose scale comes later in its file is compared with the source when
+    the scale streams by; the tensors read in between go to other memory than the weight's."""
+    name = "model.layers.0.mlp.down_proj.weight"
+    rel = shard_of(fp8_out, name)
+    move_to_end(fp8_out / rel, name + "_scale")
+    fix_hash(fp8_out, rel)
+    code, report = run(fp8_out, tiny_src)
+    assert code == 0, "\n".join(f["message"] for f in failures(report))
+    assert report["groups"]["source"]["checked"] > 0
 
 
 def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
@@ -692,3 +731,43 @@ def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
     t.start()
     t.join()
     assert _thread_buffers() is mine and other[0] is not mine
+
+
+def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
+    """Source tensors are read by offset; a read that returns fewer bytes than asked (a network
+    file system, a signal) is continued, so the rows are still exact."""
+    import os
+
+    from mla_convert.verify.stream import Ref, _Reader
+
+    t = torch.randn(37, 11)
+    path = tmp_path / "source.bin"
+    path.write_bytes(b"\0" * 13 + t.numpy().tobytes())
+    real, calls = os.preadv, []
+
+    def at_most_7_bytes(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0])[:7]], offset)
+
+    monkeypatch.setattr(os, "preadv", at_most_7_bytes)
+    reader = _Reader()
+    try:
+        ref = Ref(str(path), "w", 13, "F32", (37, 11))
+        assert torch.equal(reader.rows(ref), t)
+        assert torch.equal(reader.rows(ref, 5, 9), t[5:14])
+    finally:
+        reader.close()
+    assert len(calls) >= (37 + 9) * 11 * 4 // 7
+
+
+def test_a_truncated_source_file_names_the_file_and_tensor(tmp_path):
+    from mla_convert.verify.stream import Ref, _Reader, _ReadError
+
+    path = tmp_path / "source.bin"
+    path.write_bytes(b"\0" * 100)
+    reader = _Reader()
+    try:
+        with pytest.raises(_ReadError, match=rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"):
+            reader.rows(Ref(str(path), "w", 13, "BF16", (6, 10)))
+    finally:
+        reader.close()

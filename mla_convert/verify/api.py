@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mla_runtime.format import MLA_DIR_NAME, kv_b_name, layer_file_name
+from mla_runtime.format import MLA_DIR_NAME, MlaManifest, kv_b_name, layer_file_name
 
 from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from ..errors import ConvertError, VerificationError
@@ -54,13 +54,7 @@ def verify(
         raise VerificationError(f"--workers {workers}: must be at least 1")
     root = Path(out_dir)
     manifest = _read_conversion_manifest(root)
-    try:
-        options = Options(
-            **{k: manifest["options"][k] for k in ("format", "target")},
-            ignore=tuple(manifest["options"].get("ignore") or ()),
-        )
-    except (ConvertError, KeyError, TypeError) as e:
-        raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from None
+    options = _recorded_options(root, manifest)
     src = _open_source(source) if source is not None else None
     plan = make_plan(src, options) if src is not None else None
 
@@ -70,6 +64,9 @@ def verify(
         _check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, options.target, fingerprint, plan, tally)
     tasks = _file_tasks(root, layout, manifest, options, src)
+    # Probed here for the report, and before the file threads need them; worker processes probe
+    # the same library on the same CPU.
+    readers = fp8_readers()
     results = _run(tasks, root, workers, progress_factory)
     for r in results.values():
         tally.merge(r.tally)
@@ -86,6 +83,8 @@ def verify(
         "tensors": sum(len(h.tensors) for h in layout.headers.values()),
         "mla_layers": len(layout.mla_headers),
         "workers": workers,
+        "readers": readers.name,
+        "readers_reason": readers.reason,
         "tolerances": TOLERANCES,
     }
     report = as_report(tally, skipped, info)
@@ -119,6 +118,17 @@ def _read_conversion_manifest(root: Path) -> dict:
     ):
         raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
     return manifest
+
+
+def _recorded_options(root: Path, manifest: dict) -> Options:
+    """The conversion's options, as its manifest records them."""
+    try:
+        return Options(
+            **{k: manifest["options"][k] for k in ("format", "target")},
+            ignore=tuple(manifest["options"].get("ignore") or ()),
+        )
+    except (ConvertError, KeyError, TypeError) as e:
+        raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from None
 
 
 def _open_source(source: str | Path) -> SourceCheckpoint:
@@ -169,7 +179,6 @@ def _file_tasks(
 ) -> list[FileTask]:
     common = {
         "root": str(root),
-        "fmt": options.format,
         "fp8_max": options.fp8_max,
         "block": src.block if src else None,
         "dims": lay.dims,
@@ -255,7 +264,6 @@ def _run(
 def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
     """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
     sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks."""
-    fp8_readers()  # probe once, before the threads need it
     lock = threading.Lock()
 
     def run_one(task: FileTask) -> FileResult:
@@ -304,6 +312,23 @@ def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str,
     ):
         return
     files: dict = manifest["files"]
+    _check_listed_files(files, results, tally)
+    _check_unlisted_files(root, files, tally)
+    if lay.mla_manifest is not None:
+        _check_against_mla_manifest(lay.mla_manifest, results, tally)
+    for i in sorted(set(lay.mla_layers) - set(lay.mla_headers)):
+        tally.fail(
+            MLA,
+            "artifact",
+            f"{MLA_DIR_NAME}/{layer_file_name(i)}",
+            f"layer {i}",
+            expected="W_UK_T and W_UV of this layer",
+            found="no readable artifact file",
+        )
+
+
+def _check_listed_files(files: dict, results: dict[str, FileResult], tally: Tally) -> None:
+    """Each file the conversion manifest lists is there, with the recorded size and sha256."""
     for rel in sorted(files):
         meta, r = files[rel], results.get(rel)
         if r is None or r.size is None:
@@ -313,6 +338,10 @@ def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str,
             tally.expect(
                 r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel, expected=meta.get("sha256"), found=r.sha256
             )
+
+
+def _check_unlisted_files(root: Path, files: dict, tally: Tally) -> None:
+    """No file on disk that the conversion manifest does not list."""
     for rel in _files_on_disk(root):
         if rel != MANIFEST_NAME:
             tally.expect(
@@ -323,29 +352,22 @@ def _check_integrity(root: Path, manifest: dict, lay: Layout, results: dict[str,
                 expected="only files the manifest lists",
                 found="a file the conversion did not write",
             )
-    if lay.mla_manifest is not None:
-        for e in lay.mla_manifest.layers:
-            rel = f"{MLA_DIR_NAME}/{e.file}"
-            r = results.get(rel)
-            if r is not None and r.sha256 is not None:
-                tally.expect(
-                    (r.size, r.sha256) == (e.size, e.sha256),
-                    INTEGRITY,
-                    "mla-manifest",
-                    rel,
-                    expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
-                    found=f"{r.size} bytes, sha256 {r.sha256}",
-                )
-    expected_layers = set(lay.mla_layers)
-    for i in sorted(expected_layers - set(lay.mla_headers)):
-        tally.fail(
-            MLA,
-            "artifact",
-            f"{MLA_DIR_NAME}/{layer_file_name(i)}",
-            f"layer {i}",
-            expected="W_UK_T and W_UV of this layer",
-            found="no readable artifact file",
-        )
+
+
+def _check_against_mla_manifest(mla_manifest: MlaManifest, results: dict[str, FileResult], tally: Tally) -> None:
+    """Each artifact file read has the size and sha256 the MLA manifest records."""
+    for e in mla_manifest.layers:
+        rel = f"{MLA_DIR_NAME}/{e.file}"
+        r = results.get(rel)
+        if r is not None and r.sha256 is not None:
+            tally.expect(
+                (r.size, r.sha256) == (e.size, e.sha256),
+                INTEGRITY,
+                "mla-manifest",
+                rel,
+                expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
+                found=f"{r.size} bytes, sha256 {r.sha256}",
+            )
 
 
 def _files_on_disk(root: Path) -> list[str]:

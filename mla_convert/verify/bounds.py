@@ -39,8 +39,8 @@ Random decode inputs (B queries, T cached tokens, seeded by the layer index) go 
 absorbed path the Gaudi layer runs (q_nope @ W_UK_T, attention over the latent cache, @ W_UV) and
 through the naive path (kv_b_proj up-projects the latent cache to per-head K and V, standard
 attention), both in float32: its rounding (about 1e-6 relative over these sums) is four orders of
-magnitude below the tolerances, while float64 made the check 2.5x slower (254 vs 99 ms per R1
-layer: casting whole layers). The softmax temperature is set from the naive logits so they have
+magnitude below the tolerances, while float64 would cast whole layers and make the check
+several times slower. The softmax temperature is set from the naive logits so they have
 unit spread whatever the weights' magnitude. The relative Frobenius error of the outputs must stay
 within FUNCTIONAL_TOL_EXACT when the reference kv_b_proj is what the artifacts were split from (the
 source dequant, or the stored bf16 kv_b_proj: only the artifacts' bf16 rounding, <= 2^-8 per

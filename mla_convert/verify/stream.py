@@ -23,7 +23,7 @@ import torch
 
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
-from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, TensorInfo
+from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, TensorInfo, pread_exact
 
 from .. import native
 from ..kernels import fp8_readers
@@ -57,9 +57,11 @@ FLOAT_DTYPES = ("F8_E4M3", "F8_E5M2", "BF16", "F16", "F32", "F64")
 
 @dataclass(frozen=True)
 class Ref:
-    """Where a tensor's bytes lie: a file, the absolute offset of its data, dtype and shape."""
+    """Where a tensor's bytes lie: a file, the tensor's name, the absolute offset of its data, dtype
+    and shape."""
 
     path: str
+    name: str
     offset: int
     dtype: str
     shape: tuple[int, ...]
@@ -67,7 +69,7 @@ class Ref:
     @classmethod
     def of(cls, path: Path, header: ShardHeader, name: str) -> Ref | None:
         t = header.tensors.get(name)
-        return None if t is None else cls(str(path), header.data_start + t.begin, t.dtype, t.shape)
+        return None if t is None else cls(str(path), name, header.data_start + t.begin, t.dtype, t.shape)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,6 @@ class FileTask:
     root: str
     rel: str
     header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
-    fmt: str
     fp8_max: float
     block: tuple[int, int] | None = None  # the source's block size (with --source)
     dims: MlaDims | None = None
@@ -114,6 +115,15 @@ class FileResult:
 
 class _ReadError(Exception):
     pass
+
+
+@dataclass
+class _Fp8Findings:
+    """What comparing one channel-FP8 weight with its source gathers over its row chunks."""
+
+    stats: ErrorStats = field(default_factory=ErrorStats)
+    bad: Mismatches = field(default_factory=Mismatches)  # elements out of the FP8 bound
+    big_scale: Mismatches = field(default_factory=Mismatches)  # rows whose scale is over the limit
 
 
 class _Reader:
@@ -136,9 +146,10 @@ class _Reader:
         if first == 0 and count < shape[0]:  # the first of several chunks: read ahead the rest
             will_need(self.files[ref.path], ref.offset, shape[0] * per_row)
         buf = bytearray(nbytes)
-        got = os.preadv(self.files[ref.path], [buf], ref.offset + first * per_row) if nbytes else 0
-        if got != nbytes:
-            raise _ReadError(f"{ref.path}: short read ({got} of {nbytes} bytes); the file is truncated")
+        try:
+            pread_exact(self.files[ref.path], buf, ref.offset + first * per_row)
+        except EOFError as e:
+            raise _ReadError(f"{ref.path}: tensor {ref.name!r}: {e}; the file is truncated") from None
         return _decode(buf, dtype, (count, *shape[1:]))
 
     def close(self) -> None:
@@ -146,7 +157,7 @@ class _Reader:
             os.close(fd)
 
 
-def _decode(buf: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+def _decode(buf: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if not buf:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(shape)
@@ -161,75 +172,91 @@ def _row_chunks(n_rows: int, row_elems: int, align: int = 1):
 def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None) -> FileResult:
     """Hash one file and check every tensor in it; never raises for a bad file (records it)."""
     tally = Tally()
-    path = Path(task.root) / task.rel
     h = _BackgroundSha256()
-    size = 0
-    checks = _Checks(task, tally)
+    checks = _Checks(task, tally, _thread_buffers())
     try:
-        with open(path, "rb") as f:
+        with open(Path(task.root) / task.rel, "rb") as f:
             if task.header is not None:
-                prefix = f.read(task.header.data_start)
-                h.update(prefix)
-                size += len(prefix)
-                buffers = _thread_buffers()
-                for info in sorted(task.header.tensors.values(), key=lambda t: t.begin):
-                    # a cold file: this tensor and what follows are read in large requests, and
-                    # the disk goes on reading while this one is hashed and checked
-                    will_need(f.fileno(), task.header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
-                    buf = buffers.read(f, info.nbytes)
-                    h.update(buf)
-                    size += len(buf)
-                    if len(buf) != info.nbytes:
-                        raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
-                    if (held := checks.tensor(info, buf)) is not None:
-                        buffers.keep(held)
-                    del buf
-                    if progress:
-                        progress(info.nbytes)
+                _hash_and_check_tensors(f, task.header, h, checks, progress)
             while chunk := f.read(HASH_CHUNK):
                 h.update(chunk)
-                size += len(chunk)
         checks.finish()
     except FileNotFoundError:
         return FileResult(task.rel, None, None, tally)
     except (OSError, _ReadError) as e:
         tally.fail(INTEGRITY, "read", task.rel, expected="a readable file", found=str(e))
-        return FileResult(task.rel, size, None, tally)
+        return FileResult(task.rel, h.nbytes, None, tally)
     finally:
         checks.close()
         h.close()
-    tally.bytes_read += size
-    return FileResult(task.rel, size, h.hexdigest(), tally)
+    tally.bytes_read += h.nbytes
+    return FileResult(task.rel, h.nbytes, h.hexdigest(), tally)
+
+
+def _hash_and_check_tensors(f, header: ShardHeader, h: _BackgroundSha256, checks: _Checks, progress) -> None:
+    """The header and then each tensor of the open file `f`, in file order: read once, hashed and
+    checked from the same buffer."""
+    h.update(f.read(header.data_start))
+    for info in sorted(header.tensors.values(), key=lambda t: t.begin):
+        # a cold file: this tensor and what follows are read in large requests, and the disk goes
+        # on reading while this one is hashed and checked
+        will_need(f.fileno(), header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
+        buf = checks.buffers.read(f, info.nbytes)
+        h.update(buf)
+        if len(buf) != info.nbytes:
+            raise _ReadError(f"short read of {info.name!r}: the file changed or is truncated")
+        checks.tensor(info, buf)
+        del buf
+        if progress:
+            progress(info.nbytes)
+
+
+@dataclass(eq=False)
+class Lease:
+    """A holder's claim on the read buffer a tensor lives in: while the lease is live, the
+    buffer set does not write that buffer again. The holder releases it when it drops the tensor."""
+
+    owner: str  # the tensor kept in the buffer
+    live: bool = True
+
+    def release(self) -> None:
+        self.live = False
 
 
 class _ReadBuffers:
     """Two buffers, used in turn, for the tensors a thread reads: the hash of one runs while the
     next is read and checked (_BackgroundSha256 waits for it before taking the next). They are
     reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than the copy
-    from the page cache. A buffer a check still holds when its turn comes again (an MLA artifact,
-    a weight whose scale comes later) is left to it and replaced. Tensors over REUSE_BYTES
-    (embeddings: 1.85 GB in R1) get memory of their own, so none is held after its file."""
+    from the page cache. A buffer under a live lease when its turn comes again (a check keeps an MLA
+    artifact, or a weight whose scale comes later) is left to its holder and replaced. Tensors over
+    REUSE_BYTES (embeddings) get memory of their own, so none is held after its file."""
 
     REUSE_BYTES = 256 * 1024 * 1024
 
     def __init__(self) -> None:
         self._slots = [_new_buffer(0), _new_buffer(0)]
-        self._held: list[Callable[[], bool] | None] = [None, None]
+        self._leases: list[list[Lease]] = [[], []]  # per slot: the leases handed out on its buffer
         self._turn = 0
 
     def read(self, f, nbytes: int) -> memoryview:
         """The next `nbytes` of `f` (fewer at the end of the file)."""
         self._turn ^= 1
-        held, self._held[self._turn] = self._held[self._turn], None
         if nbytes > self.REUSE_BYTES:
             return _read_into(f, memoryview(_new_buffer(nbytes)))
-        if (held is not None and held()) or len(self._slots[self._turn]) < nbytes:
-            self._slots[self._turn] = _new_buffer(nbytes)
-        return _read_into(f, memoryview(self._slots[self._turn])[:nbytes])
+        turn = self._turn
+        if any(lease.live for lease in self._leases[turn]) or len(self._slots[turn]) < nbytes:
+            self._slots[turn] = _new_buffer(nbytes)
+        self._leases[turn] = []
+        return _read_into(f, memoryview(self._slots[turn])[:nbytes])
 
-    def keep(self, still_held: Callable[[], bool]) -> None:
-        """A check keeps the buffer last read while `still_held()`: not to be written until then."""
-        self._held[self._turn] = still_held
+    def lease(self, view: memoryview, owner: str) -> Lease:
+        """Lease the buffer behind `view` (returned by read) to `owner`, until it releases it. A
+        tensor over REUSE_BYTES has memory of its own, which no later read writes anyway."""
+        lease = Lease(owner)
+        for slot, leases in zip(self._slots, self._leases, strict=True):
+            if view.obj is slot:
+                leases.append(lease)
+        return lease
 
 
 _PER_THREAD = threading.local()
@@ -271,11 +298,13 @@ class _BackgroundSha256:
         self._h = hashlib.sha256()
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="verify-sha256")
         self._last: cf.Future | None = None
+        self.nbytes = 0  # handed to update so far
 
     def update(self, data) -> None:
         if self._last is not None:
             self._last.result()
         self._last = self._pool.submit(self._h.update, data)
+        self.nbytes += len(data)
 
     def hexdigest(self) -> str:
         self.close()
@@ -291,22 +320,24 @@ class _BackgroundSha256:
 class _Checks:
     """The per-tensor checks of one file, fed in file order."""
 
-    def __init__(self, task: FileTask, tally: Tally):
+    def __init__(self, task: FileTask, tally: Tally, buffers: _ReadBuffers):
         self.task, self.tally, self.rel = task, tally, task.rel
+        self.buffers = buffers  # what the file's tensors are read into
         self.reader = _Reader()
         self.pending: dict[str, tuple[TensorInfo, torch.Tensor]] = {}  # scale name -> its FP8 weight
         self.artifacts: dict[str, torch.Tensor] = {}
+        self.leases: dict[str, Lease] = {}  # a kept tensor's name -> the lease on its buffer
 
-    def tensor(self, info: TensorInfo, buf) -> Callable[[], bool] | None:
-        """Check one tensor read from the file. If a check keeps `buf` for later, returns a test of
-        whether it still does."""
+    def tensor(self, info: TensorInfo, buf: memoryview) -> None:
+        """Check one tensor, read into `buf` by self.buffers. A tensor kept for a later check (an
+        MLA artifact, a weight waiting for its scale) leases `buf` until that check is done."""
         t = _decode(buf, TORCH_DTYPES[info.dtype], info.shape)
-        pending_before = set(self.pending)
         self._values(info, t)
+        kept = False
         job = self.task.tensors.get(info.name)
         if job is not None:
             try:
-                self._role(info, t, job)
+                kept = self._role(info, t, job)
             except _ReadError as e:
                 self.tally.fail(
                     SOURCE if job.source else INTEGRITY,
@@ -318,17 +349,21 @@ class _Checks:
                 )
         if self.task.mla is not None:
             self.artifacts[info.name] = t
-            return lambda: info.name in self.artifacts
-        added = self.pending.keys() - pending_before
-        if added:  # a weight waiting for its scale
-            key = added.pop()
-            return lambda: key in self.pending
-        return None
+            kept = True
+        if kept:
+            self.leases[info.name] = self.buffers.lease(buf, owner=info.name)
+
+    def _drop(self, name: str) -> None:
+        """A kept tensor is no longer needed: its buffer may be read into again."""
+        self.leases.pop(name).release()
 
     def close(self) -> None:
-        """Drop what the checks kept (their buffers may be reused) and close the source files."""
+        """Drop what the checks kept, release its buffers for reuse, and close the source files."""
         self.pending.clear()
         self.artifacts.clear()
+        for lease in self.leases.values():
+            lease.release()
+        self.leases.clear()
         self.reader.close()
 
     def finish(self) -> None:
@@ -390,12 +425,13 @@ class _Checks:
                 "rows off: ",
             )
 
-    def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+    def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> bool:
+        """The checks of the tensor's role in the conversion. Returns whether `t` is kept for later."""
         if job.op == TO_FP8 and job.source is not None and job.scale is not None:
             if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
                 self.pending[job.scale_name] = (info, t)  # checked when its scale streams by
-            else:
-                self._compare_fp8(info, t, self.reader.rows(job.scale), job)
+                return True
+            self._compare_fp8(info, t, self.reader.rows(job.scale), job)
         elif job.op == FP8_SCALE:
             bad = ~(torch.isfinite(t) & (t > 0))
             m = Mismatches()
@@ -403,32 +439,27 @@ class _Checks:
             self._verdict(m, VALUES, "fp8-scale", info.name, "finite scales > 0", t.numel())
             if info.name in self.pending:
                 w_info, q = self.pending.pop(info.name)
-                self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
+                try:
+                    self._compare_fp8(w_info, q, t, self.task.tensors[w_info.name])
+                finally:
+                    self._drop(w_info.name)
         elif job.op == TO_BF16 and job.source is not None:
             self._compare_bf16(info, t, job)
         elif job.op == COPY and job.source is not None:
             self._compare_copy(info, t, job)
+        return False
 
     def _compare_fp8(self, info: TensorInfo, q: torch.Tensor, s: torch.Tensor, job: TensorJob) -> None:
         """A channel-FP8 weight with its scale against the source: the FP8 bound element-wise, and
         a scale no larger than max|row| / FP8_MAX allows (zero rows: any scale, the bound forces q = 0)."""
         if job.source is None:
             return
-        stats, bad, big_scale = ErrorStats(), Mismatches(), Mismatches()
+        findings = _Fp8Findings()
+        chunk = self._fp8_chunk_native if fp8_readers().name == "native" else self._fp8_chunk_torch
         for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
-            if fp8_readers().name == "native":
-                self._fp8_chunk_native(job, q, s, r0, r1, stats, bad, big_scale)
-                continue
-            x = self._source_dequant(job, r0, r1)
-            sc = s[r0:r1]
-            found = fp8_readers().decode(q[r0:r1]) * sc
-            abs_x = x.abs()
-            ratio = stats.add(found, x, fp8_allowed_error(abs_x, sc))
-            if not stats.chunk_bound_use <= 1:
-                bad.add(found, x, ~(ratio <= 1), r0)
-            self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), big_scale, r0)
+            chunk(job, q, s, r0, r1, findings)
         self._verdict(
-            bad,
+            findings.bad,
             SOURCE,
             "fp8-bound",
             info.name,
@@ -437,7 +468,7 @@ class _Checks:
             "out of bound: ",
         )
         self._verdict(
-            big_scale,
+            findings.big_scale,
             SOURCE,
             "fp8-scale",
             job.scale_name,
@@ -445,25 +476,37 @@ class _Checks:
             q.shape[0],
             "scale too large (value vs limit): ",
         )
-        self._record(info, "fp8", stats)
+        self._record(info, "fp8", findings.stats)
 
-    def _fp8_chunk_native(self, job, q, s, r0, r1, stats: ErrorStats, bad: Mismatches, big_scale: Mismatches) -> None:
-        """The loop body of _compare_fp8 in one C pass (the same fp32 formulas); the torch
+    def _fp8_chunk_torch(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+        """Rows [r0, r1) of _compare_fp8, in torch."""
+        x = self._source_dequant(job, r0, r1)
+        sc = s[r0:r1]
+        found = fp8_readers().decode(q[r0:r1]) * sc
+        abs_x = x.abs()
+        ratio = findings.stats.add(found, x, fp8_allowed_error(abs_x, sc))
+        if not findings.stats.chunk_bound_use <= 1:
+            findings.bad.add(found, x, ~(ratio <= 1), r0)
+        self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), findings.big_scale, r0)
+
+    def _fp8_chunk_native(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+        """Rows [r0, r1) of _compare_fp8 in one C pass (the same fp32 formulas); the torch
         formulation runs only to describe the first bad element."""
         bn = self.task.block[0]
         w, src_scale = self._source_rows(job, r0, r1)
         sc = s[r0:r1]
         o = native.fp8_bound_rows(q[r0:r1], sc, w, src_scale, self.task.block, FP8_REL + FP32_SLACK,
                                   FP8_SUBNORMAL_HALF_STEP)  # fmt: skip
-        stats.add_sums(float(o["dd"].sum()), float(o["xx"].sum()), float(o["yy"].sum()), float(o["max_abs"].max()),
-                       float(o["max_ratio"].max()))  # fmt: skip
+        findings.stats.add_sums(float(o["dd"].sum()), float(o["xx"].sum()), float(o["yy"].sum()),
+                                float(o["max_abs"].max()), float(o["max_ratio"].max()))  # fmt: skip
         n_bad = int(o["n_bad"].sum())
         if n_bad:
             row = int(torch.nonzero(o["n_bad"])[0])
             col = int(o["first_bad"][row])
             x = dequantize_block_fp8(w[row : row + 1], src_scale[row // bn : row // bn + 1], self.task.block)
-            bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]), float(x[0, col]))
-        self._check_scale(sc, o["amax_x"].unsqueeze(1), big_scale, r0)
+            findings.bad.add_counted(n_bad, [r0 + row, col], float(q[r0 + row, col].float() * sc[row, 0]),
+                                     float(x[0, col]))  # fmt: skip
+        self._check_scale(sc, o["amax_x"].unsqueeze(1), findings.big_scale, r0)
 
     def _check_scale(self, sc: torch.Tensor, amax: torch.Tensor, big_scale: Mismatches, r0: int) -> None:
         """A channel scale no larger than max|row| / FP8_MAX allows (zero rows: any scale)."""
@@ -525,6 +568,7 @@ class _Checks:
     # --- MLA artifacts -----------------------------------------------------------------------------
 
     def _mla(self, job: MlaJob) -> None:
+        """The layer's W_UK_T and W_UV against its kv_b_proj: split, and absorbed vs naive attention."""
         dims, layer = self.task.dims, job.layer
         uk, uv = self.artifacts.get(w_uk_t_name(layer)), self.artifacts.get(w_uv_name(layer))
         for name, a, shape in (
@@ -535,17 +579,8 @@ class _Checks:
                 found = "missing" if a is None else f"{a.dtype}{list(a.shape)}"
                 self.tally.fail(MLA, "artifact", self.rel, name, expected=f"bfloat16{list(shape)}", found=found)
                 return
-        if job.source is not None:
-            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
-            exact, what = True, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
-        elif job.kv_b is not None and job.kv_b.dtype == "BF16":
-            x = self.reader.rows(job.kv_b)
-            exact, what = True, "split_kv_b_proj(the stored bf16 kv_b_proj)"
-        elif job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
-            s = self.reader.rows(job.kv_b_scale)
-            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
-            exact, what = False, "within the artifact bound of the stored channel-FP8 kv_b_proj"
-        else:
+        reference = self._mla_reference(job)
+        if reference is None:
             self.tally.fail(
                 MLA,
                 "reference",
@@ -555,6 +590,7 @@ class _Checks:
                 found="none usable (see the structure failures)",
             )
             return
+        x, s, what = reference
         if tuple(x.shape) != dims.kv_b_shape():
             self.tally.fail(
                 MLA,
@@ -565,8 +601,8 @@ class _Checks:
                 found=list(x.shape),
             )
             return
-        self._compare_split(layer, (uk, uv), x, None if exact else s, what)
-        tol = FUNCTIONAL_TOL_EXACT if exact else FUNCTIONAL_TOL_FP8
+        self._compare_split(layer, (uk, uv), x, s, what)
+        tol = FUNCTIONAL_TOL_EXACT if s is None else FUNCTIONAL_TOL_FP8
         err = functional_error(uk, uv, x, dims, self.task.rope_dim, seed=layer)
         self.tally.expect(
             err <= tol,
@@ -577,6 +613,21 @@ class _Checks:
             expected=f"absorbed decode == naive attention within relative error {tol:g}",
             found=f"relative error {err:.3g}",
         )
+
+    def _mla_reference(self, job: MlaJob) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+        """The kv_b_proj the artifacts are compared with, fp32: (x, its channel scale when x is the
+        stored channel-FP8 kv_b_proj (the artifacts are then within a bound of it, else bit-exact
+        splits of it), what it is); None when there is none to use."""
+        if job.source is not None:
+            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
+            return x, None, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
+        if job.kv_b is not None and job.kv_b.dtype == "BF16":
+            return self.reader.rows(job.kv_b), None, "split_kv_b_proj(the stored bf16 kv_b_proj)"
+        if job.kv_b is not None and job.kv_b.dtype == "F8_E4M3" and job.kv_b_scale is not None:
+            s = self.reader.rows(job.kv_b_scale)
+            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
+            return x, s, "within the artifact bound of the stored channel-FP8 kv_b_proj"
+        return None
 
     def _compare_split(self, layer: int, artifacts, x: torch.Tensor, scale: torch.Tensor | None, what: str) -> None:
         """W_UK_T / W_UV against split_kv_b_proj(x): bit-exact, or within the artifact bound of a

@@ -272,22 +272,41 @@ def _channel_fp8_config_problems(qc, target: str) -> list[str]:
 
 def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
     """The index and the shard headers agree exactly; headers are sane; total_size is right."""
+    index = _read_index(root, tally)
+    if index is None:
+        return
+    lay.weight_map = index["weight_map"]
+    _read_shard_headers(root, lay, tally)
+    _check_index_vs_headers(root, lay, tally)
+    metadata = index.get("metadata")
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
+    if len(lay.headers) == len(set(lay.weight_map.values())):
+        tally.expect(total == actual, STRUCTURE, "total_size", INDEX_NAME, expected=actual, found=total)
+
+
+def _read_index(root: Path, tally: Tally) -> dict | None:
+    """The safetensors index, if it parses and has a weight_map of tensor -> file name."""
     try:
         index = json.loads((root / INDEX_NAME).read_bytes())
     except FileNotFoundError:
         tally.fail(STRUCTURE, "index", INDEX_NAME, expected="the safetensors index", found="missing")
-        return
+        return None
     except (OSError, ValueError) as e:
         tally.fail(STRUCTURE, "index", INDEX_NAME, expected="valid JSON", found=str(e))
-        return
+        return None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         tally.fail(
             STRUCTURE, "index", INDEX_NAME, expected="a weight_map of tensor -> file name", found=repr(weight_map)[:200]
         )
-        return
-    lay.weight_map = weight_map
-    for rel in sorted(set(weight_map.values())):
+        return None
+    return index
+
+
+def _read_shard_headers(root: Path, lay: Layout, tally: Tally) -> None:
+    """The header of every shard the index names, into lay.headers (those that parse)."""
+    for rel in sorted(set(lay.weight_map.values())):
         if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
             tally.fail(
                 STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel)
@@ -299,6 +318,12 @@ def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
         except SourceError as e:
             found = "missing" if not (root / rel).exists() else str(e).replace(str(root / rel) + ": ", "")
             tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=found)
+
+
+def _check_index_vs_headers(root: Path, lay: Layout, tally: Tally) -> None:
+    """Every tensor the index lists is in its shard, every tensor of a shard is listed there, and
+    every shard in the directory is listed."""
+    weight_map = lay.weight_map
     for name, rel in sorted(weight_map.items()):
         if rel in lay.headers:
             tally.expect(
@@ -331,11 +356,6 @@ def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
             expected="every shard listed in the index",
             found="shard not in the index",
         )
-    metadata = index.get("metadata")
-    total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
-    if len(lay.headers) == len(listed):
-        tally.expect(total == actual, STRUCTURE, "total_size", INDEX_NAME, expected=actual, found=total)
 
 
 def _check_tensor_set(lay: Layout, tally: Tally) -> None:
@@ -450,8 +470,7 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
             producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt
         )
     for entry in man.layers:
-        rel = f"{MLA_DIR_NAME}/{entry.file}"
-        if not tally.expect(
+        if tally.expect(
             entry.file == layer_file_name(entry.layer),
             STRUCTURE,
             "mla-manifest",
@@ -459,27 +478,33 @@ def _check_mla_manifest(root: Path, lay: Layout, fmt: str, fingerprint: str, tal
             expected=layer_file_name(entry.layer),
             found=entry.file,
         ):
-            continue
-        try:
-            hd = read_header(root / rel)
-        except SourceError as e:
-            tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=str(e).split(": ", 1)[-1])
-            continue
-        lay.mla_headers[entry.layer] = hd
-        want = {
-            w_uk_t_name(entry.layer): (ARTIFACT_ST_DTYPE, man.dims.w_uk_t_shape()),
-            w_uv_name(entry.layer): (ARTIFACT_ST_DTYPE, man.dims.w_uv_shape()),
-        }
-        for name, (dtype, shape) in want.items():
-            t = hd.tensors.get(name)
-            tally.expect(
-                t is not None and (t.dtype, t.shape) == (dtype, shape),
-                STRUCTURE,
-                "mla-artifact",
-                rel,
-                name,
-                expected=f"{dtype}{list(shape)}",
-                found="missing" if t is None else f"{t.dtype}{list(t.shape)}",
-            )
-        for name in sorted(set(hd.tensors) - set(want)):
-            tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")
+            _check_mla_layer_file(root, lay, entry.layer, man.dims, tally)
+
+
+def _check_mla_layer_file(root: Path, lay: Layout, layer: int, dims: MlaDims, tally: Tally) -> None:
+    """One layer's artifact file holds W_UK_T and W_UV, bf16 in their shapes, and nothing else; its
+    header goes into lay.mla_headers."""
+    rel = f"{MLA_DIR_NAME}/{layer_file_name(layer)}"
+    try:
+        hd = read_header(root / rel)
+    except SourceError as e:
+        tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=str(e).split(": ", 1)[-1])
+        return
+    lay.mla_headers[layer] = hd
+    want = {
+        w_uk_t_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uk_t_shape()),
+        w_uv_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uv_shape()),
+    }
+    for name, (dtype, shape) in want.items():
+        t = hd.tensors.get(name)
+        tally.expect(
+            t is not None and (t.dtype, t.shape) == (dtype, shape),
+            STRUCTURE,
+            "mla-artifact",
+            rel,
+            name,
+            expected=f"{dtype}{list(shape)}",
+            found="missing" if t is None else f"{t.dtype}{list(t.shape)}",
+        )
+    for name in sorted(set(hd.tensors) - set(want)):
+        tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")
