@@ -195,20 +195,21 @@ def deepseek_r1(
     from .convert import convert
     from .heap import keep_freed_pages
     from .plan import Options
+    from .settings import RunSettings
 
     keep_freed_pages()
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        settings = RunSettings(
+            workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
+            stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,
+        )  # fmt: skip
         if quiet or json_out:
             from huggingface_hub.utils import disable_progress_bars
 
             disable_progress_bars()
         with _byte_progress(not (quiet or json_out or dry_run), "converting") as progress:
-            summary = convert(
-                source, out, options, revision=revision, workers=workers, overwrite=overwrite,
-                dry_run=dry_run, resume=resume, stream=stream, device=device, kernels=kernels,
-                write_io=write_io, progress_factory=progress,
-            )  # fmt: skip
+            summary = convert(source, out, options, settings, progress_factory=progress)
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 
 
