@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -232,23 +231,11 @@ def demo(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it, verify it and report. Works offline."""
-    from .convert import convert, ensure_empty_dir
+    from .demo import run_demo
     from .plan import Options
-    from .synthetic import write_checkpoint
-    from .verify import verify
 
     with _errors_to_exit():
-        root = Path(out) if out else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
-        ensure_empty_dir(root, overwrite)
-        src = write_checkpoint(root / "source")
-        summary = convert(src, root / f"converted-{format}", Options(format=format, target=target))
-        report = verify(summary["out"], src)
-        summary["verify"] = {
-            "ok": report["ok"],
-            "checks": sum(g["checked"] for g in report["groups"].values()),
-            "failed": sum(g["failed"] for g in report["groups"].values()),
-            "seconds": report["seconds"],
-        }
+        summary, report = run_demo(out, Options(format=format, target=target), overwrite)
     _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted and verified")
     if not report["ok"]:
         _print_verify_report(report, quiet=True)  # the failures, one per line
