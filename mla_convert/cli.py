@@ -312,8 +312,8 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
 def _import_torch() -> None:
     """Import torch with the cyclic GC paused, then keep its objects out of later collections.
 
-    Its import creates ~165k long-lived objects and the GC walks them ~365 times on the way; start-up
-    (`--dry-run`) went from 3.5-4.1 s to 2.3-2.8 s with this on the machine kind it was measured on.
+    Its import creates a great many long-lived objects, and the GC would walk them again and again
+    on the way; this takes a large part off every command's start-up.
     """
     import gc
 
