@@ -190,13 +190,11 @@ def deepseek_r1(
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
-    _import_torch()
+    _start_heavy_process()
     from .convert import convert
-    from .heap import keep_freed_pages
     from .plan import Options
     from .settings import RunSettings
 
-    keep_freed_pages()
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
         settings = RunSettings(
@@ -260,11 +258,9 @@ def verify_cmd(
     from .verify.order import files_at_once, first_files
 
     read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
-    _import_torch()
-    from .heap import keep_freed_pages
+    _start_heavy_process()
     from .verify import verify
 
-    keep_freed_pages()
     with _errors_to_exit(), _byte_progress(not (quiet or json_out), "verifying") as progress:
         report = verify(dir, source, workers=workers, progress_factory=progress)
     if json_out:
@@ -309,11 +305,12 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
         _console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
 
 
-def _import_torch() -> None:
-    """Import torch with the cyclic GC paused, then keep its objects out of later collections.
+def _start_heavy_process() -> None:
+    """What a converting or verifying command does first (its workers: workers.worker_init).
 
-    Its import creates a great many long-lived objects, and the GC would walk them again and again
-    on the way; this takes a large part off every command's start-up.
+    Import torch with the cyclic GC paused, then keep its objects out of later collections: its
+    import creates a great many long-lived objects, and the GC would walk them again and again on
+    the way, a large part of every command's start-up. Then keep freed heap pages (heap.py).
     """
     import gc
 
@@ -323,6 +320,9 @@ def _import_torch() -> None:
     finally:
         gc.enable()
     gc.freeze()
+    from .heap import keep_freed_pages
+
+    keep_freed_pages()
 
 
 def main() -> None:
