@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from .settings import RunSettings
+
 app = typer.Typer(
     name="mla-convert",
     help="Convert DeepSeek-V3/R1 block-FP8 checkpoints for vLLM on Intel Gaudi (channel FP8 or bf16), "
@@ -32,6 +34,58 @@ WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Delete the contents of a non-empty --out first.")]
+
+# deepseek-r1's flags. Their defaults are read from RunSettings' class attributes (where a dataclass
+# keeps each field's default), not from an instance: building one imports torch, too slow for --help.
+SourceArg = Annotated[
+    str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
+]
+IgnoreOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore",
+        help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
+        "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+    ),
+]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+StreamOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stream",
+        help="Hub source: download each shard just before it is converted and delete it after, so the disk "
+        "holds the output plus a few source shards (not the whole source).",
+    ),
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
+        "Refused if the source or options differ.",
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical.")
+]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        "--kernels",
+        help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
+        "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
+    ),
+]
+WriteIoOpt = Annotated[
+    str,
+    typer.Option(
+        "--write-io",
+        help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
+        "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
+        "buffered. The bytes written are the same.",
+    ),
+]
 
 
 def _fail(message: str, code: int, hint: bool = False) -> None:
@@ -131,61 +185,20 @@ def _print_summary(summary: dict, title: str) -> None:
 
 @app.command("deepseek-r1")
 def deepseek_r1(
-    source: Annotated[
-        str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
-    ] = "deepseek-ai/DeepSeek-R1",
+    source: SourceArg = "deepseek-ai/DeepSeek-R1",
     out: OutOpt = ...,
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
-    ignore: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--ignore",
-            help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
-            "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
-        ),
-    ] = None,
-    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
-    stream: Annotated[
-        bool,
-        typer.Option(
-            "--stream",
-            help="Hub source: download each shard just before it is converted and delete it after, so the disk "
-            "holds the output plus a few source shards (not the whole source).",
-        ),
-    ] = False,
-    workers: WorkersOpt = 1,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")] = False,
-    overwrite: OverwriteOpt = False,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
-            "Refused if the source or options differ.",
-        ),
-    ] = False,
-    device: Annotated[
-        str,
-        typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical."),
-    ] = "cpu",
-    kernels: Annotated[
-        str,
-        typer.Option(
-            "--kernels",
-            help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
-            "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
-        ),
-    ] = "auto",
-    write_io: Annotated[
-        str,
-        typer.Option(
-            "--write-io",
-            help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
-            "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
-            "buffered. The bytes written are the same.",
-        ),
-    ] = "auto",
+    ignore: IgnoreOpt = None,
+    revision: RevisionOpt = RunSettings.revision,
+    stream: StreamOpt = RunSettings.stream,
+    workers: WorkersOpt = RunSettings.workers,
+    dry_run: DryRunOpt = RunSettings.dry_run,
+    overwrite: OverwriteOpt = RunSettings.overwrite,
+    resume: ResumeOpt = RunSettings.resume,
+    device: DeviceOpt = RunSettings.device,
+    kernels: KernelsOpt = RunSettings.kernels,
+    write_io: WriteIoOpt = RunSettings.write_io,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -193,7 +206,6 @@ def deepseek_r1(
     _start_heavy_process()
     from .convert import convert
     from .plan import Options
-    from .settings import RunSettings
 
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))

@@ -2,7 +2,7 @@
 
 `Options` (plan.py) says what the output is and is recorded in its manifest; `RunSettings` says how
 to get there and changes no output byte. Each field mirrors a `deepseek-r1` flag; the defaults
-here are the only ones.
+here are the only ones (the CLI takes its own from here, so this module stays free of torch).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from .disk_write import AUTO as WRITE_AUTO
 from .disk_write import MODES as WRITE_MODES
 from .errors import ConvertError
-from .kernels import MODES as KERNEL_MODES
 
 ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes processed
 ProgressFactory = Callable[[int], ProgressFn]  # factory(total_bytes) -> advance
@@ -35,5 +34,7 @@ class RunSettings:
     def __post_init__(self):
         if self.write_io not in WRITE_MODES:
             raise ConvertError(f"--write-io: unknown mode {self.write_io!r}; expected one of {', '.join(WRITE_MODES)}")
+        from .kernels import MODES as KERNEL_MODES  # here: importing kernels imports torch
+
         if self.kernels not in KERNEL_MODES:
             raise ConvertError(f"--kernels: kernels mode {self.kernels!r}: expected {', '.join(KERNEL_MODES)}")
