@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from .settings import RunSettings
 
 app = typer.Typer(
     name="mla-convert",
@@ -33,6 +34,58 @@ WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Delete the contents of a non-empty --out first.")]
+
+# deepseek-r1's flags. Their defaults are read from RunSettings' class attributes (where a dataclass
+# keeps each field's default), not from an instance: building one imports torch, too slow for --help.
+SourceArg = Annotated[
+    str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
+]
+IgnoreOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore",
+        help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
+        "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+    ),
+]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+StreamOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stream",
+        help="Hub source: download each shard just before it is converted and delete it after, so the disk "
+        "holds the output plus a few source shards (not the whole source).",
+    ),
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
+        "Refused if the source or options differ.",
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical.")
+]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        "--kernels",
+        help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
+        "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
+    ),
+]
+WriteIoOpt = Annotated[
+    str,
+    typer.Option(
+        "--write-io",
+        help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
+        "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
+        "buffered. The bytes written are the same.",
+    ),
+]
 
 
 def _fail(message: str, code: int, hint: bool = False) -> None:
@@ -132,83 +185,40 @@ def _print_summary(summary: dict, title: str) -> None:
 
 @app.command("deepseek-r1")
 def deepseek_r1(
-    source: Annotated[
-        str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
-    ] = "deepseek-ai/DeepSeek-R1",
+    source: SourceArg = "deepseek-ai/DeepSeek-R1",
     out: OutOpt = ...,
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
-    ignore: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--ignore",
-            help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
-            "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
-        ),
-    ] = None,
-    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")] = None,
-    stream: Annotated[
-        bool,
-        typer.Option(
-            "--stream",
-            help="Hub source: download each shard just before it is converted and delete it after, so the disk "
-            "holds the output plus a few source shards (not the whole source).",
-        ),
-    ] = False,
-    workers: WorkersOpt = 1,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and disk needed; write nothing.")] = False,
-    overwrite: OverwriteOpt = False,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
-            "Refused if the source or options differ.",
-        ),
-    ] = False,
-    device: Annotated[
-        str,
-        typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical."),
-    ] = "cpu",
-    kernels: Annotated[
-        str,
-        typer.Option(
-            "--kernels",
-            help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
-            "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
-        ),
-    ] = "auto",
-    write_io: Annotated[
-        str,
-        typer.Option(
-            "--write-io",
-            help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
-            "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
-            "buffered. The bytes written are the same.",
-        ),
-    ] = "auto",
+    ignore: IgnoreOpt = None,
+    revision: RevisionOpt = RunSettings.revision,
+    stream: StreamOpt = RunSettings.stream,
+    workers: WorkersOpt = RunSettings.workers,
+    dry_run: DryRunOpt = RunSettings.dry_run,
+    overwrite: OverwriteOpt = RunSettings.overwrite,
+    resume: ResumeOpt = RunSettings.resume,
+    device: DeviceOpt = RunSettings.device,
+    kernels: KernelsOpt = RunSettings.kernels,
+    write_io: WriteIoOpt = RunSettings.write_io,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
-    _import_torch()
+    _start_heavy_process()
     from .convert import convert
-    from .heap import keep_freed_pages
     from .plan import Options
 
-    keep_freed_pages()
     with _errors_to_exit():
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        settings = RunSettings(
+            workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
+            stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,
+        )  # fmt: skip
         if quiet or json_out:
             from huggingface_hub.utils import disable_progress_bars
 
             disable_progress_bars()
         with _byte_progress(not (quiet or json_out or dry_run), "converting") as progress:
-            summary = convert(
-                source, out, options, revision=revision, workers=workers, overwrite=overwrite,
-                dry_run=dry_run, resume=resume, stream=stream, device=device, kernels=kernels,
-                write_io=write_io, progress_factory=progress,
-            )  # fmt: skip
+            summary = convert(source, out, options, settings, progress_factory=progress)
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 
 
@@ -231,23 +241,11 @@ def demo(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it, verify it and report. Works offline."""
-    from .convert import convert, ensure_empty_dir
+    from .demo import run_demo
     from .plan import Options
-    from .synthetic import write_checkpoint
-    from .verify import verify
 
     with _errors_to_exit():
-        root = Path(out) if out else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
-        ensure_empty_dir(root, overwrite)
-        src = write_checkpoint(root / "source")
-        summary = convert(src, root / f"converted-{format}", Options(format=format, target=target))
-        report = verify(summary["out"], src)
-        summary["verify"] = {
-            "ok": report["ok"],
-            "checks": sum(g["checked"] for g in report["groups"].values()),
-            "failed": sum(g["failed"] for g in report["groups"].values()),
-            "seconds": report["seconds"],
-        }
+        summary, report = run_demo(out, Options(format=format, target=target), overwrite)
     _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted and verified")
     if not report["ok"]:
         _print_verify_report(report, quiet=True)  # the failures, one per line
@@ -272,11 +270,9 @@ def verify_cmd(
     from .verify.order import files_at_once, first_files
 
     read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
-    _import_torch()
-    from .heap import keep_freed_pages
+    _start_heavy_process()
     from .verify import verify
 
-    keep_freed_pages()
     with _errors_to_exit(), _byte_progress(not (quiet or json_out), "verifying") as progress:
         report = verify(dir, source, workers=workers, progress_factory=progress)
     if json_out:
@@ -321,11 +317,12 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
         _console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
 
 
-def _import_torch() -> None:
-    """Import torch with the cyclic GC paused, then keep its objects out of later collections.
+def _start_heavy_process() -> None:
+    """What a converting or verifying command does first (its workers: workers.worker_init).
 
-    Its import creates ~165k long-lived objects and the GC walks them ~365 times on the way; start-up
-    (`--dry-run`) went from 3.5-4.1 s to 2.3-2.8 s with this on the machine kind it was measured on.
+    Import torch with the cyclic GC paused, then keep its objects out of later collections: its
+    import creates a great many long-lived objects, and the GC would walk them again and again on
+    the way, a large part of every command's start-up. Then keep freed heap pages (heap.py).
     """
     import gc
 
@@ -335,6 +332,9 @@ def _import_torch() -> None:
     finally:
         gc.enable()
     gc.freeze()
+    from .heap import keep_freed_pages
+
+    keep_freed_pages()
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
-import functools
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -34,9 +34,9 @@ from mla_runtime.layout import split_kv_b_proj
 from mla_runtime.safetensors_file import nbytes_of
 
 from . import __version__, disk_write, hub
-from .checkpoint import INDEX_NAME, check_scale_values, checked_member, open_source
+from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale_values, checked_member, open_source
 from .errors import ConvertError, OutputError, SourceError
-from .kernels import resolve_mode, select_kernels
+from .kernels import Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
@@ -50,10 +50,9 @@ from .safetensors_io import (
     read_tensor,
     write_bytes_atomic,
 )
+from .settings import ProgressFn, RunSettings
 from .source import is_hub_source, resolve_source
 from .workers import process_pool
-
-ProgressFn = Callable[[int], None]  # called with source bytes processed
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,20 @@ class SourceTensor:
 
 
 @dataclass(frozen=True)
+class Compute:
+    """How the arithmetic runs, the same for every job of a conversion."""
+
+    block: tuple[int, int]  # the source's scale block
+    fp8_max: float  # the target's FP8 range
+    ops: tuple[str, ...]  # conversions the plan uses: 'fp8' and/or 'bf16' (what gets compiled)
+    device: str
+    chain: tuple[str, ...]  # kernels to try in order (kernels.resolve_mode)
+
+    def kernels(self) -> Kernels:
+        return select_kernels(self.block, self.fp8_max, self.device, self.chain, self.ops)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything one shard job needs, small enough to send to a worker process."""
 
@@ -77,13 +90,9 @@ class JobSpec:
     job: ShardJob
     sources: dict[str, SourceTensor]  # every source tensor the job reads, partner scales included
     scales: dict[str, str]  # FP8 weight -> its scale tensor
-    block: tuple[int, int]
-    fp8_max: float
     dims: MlaDims
-    device: str = "cpu"
-    kernels: tuple[str, ...] = ("native", "eager")  # kernels to try in order (kernels.resolve_mode)
-    ops: tuple[str, ...] = ("fp8", "bf16")  # conversions this plan uses (what gets compiled)
-    write_io: str = disk_write.BUFFERED  # disk_write mode, resolved once for the output directory
+    compute: Compute
+    write_io: str  # disk_write mode, resolved once for the output directory: direct or buffered
 
 
 class _Inputs:
@@ -120,14 +129,14 @@ class _Inputs:
 PendingFiles = list[tuple[str, cf.Future]]  # (relative path, future of its WrittenFile)
 
 
-def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
+def run_shard_job(spec: JobSpec) -> list[tuple[str, int, str]]:
     """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds), committed.
 
     Returns (relative path, size, sha256) of every file written. Memory: a few tensors at a time
     (the one being converted and at most ShardWriter.INFLIGHT_BYTES waiting to be written).
     """
     with BackgroundCommits() as commits:
-        pending = start_shard_job(spec, commits, progress)
+        pending = start_shard_job(spec, commits)
     return committed(pending)
 
 
@@ -138,7 +147,7 @@ def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:
 
 def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: ProgressFn | None = None) -> PendingFiles:
     """run_shard_job, except that the files' commits (fsync, rename) are left to `commits`."""
-    kernels = select_kernels(spec.block, spec.fp8_max, spec.device, spec.kernels, spec.ops)
+    kernels = spec.compute.kernels()
     out_dir = Path(spec.out_dir)
     inputs = _Inputs(spec)
     specs = {t.name: (t.dtype, t.shape) for t in spec.job.tensors}
@@ -185,8 +194,9 @@ def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor
     if not torch.isfinite(scale).all():
         raise SourceError(f"{spec.src_root}/{spec.sources[scale_name].file}: scale {scale_name!r} contains NaN or Inf")
     weight = inputs.get(name)
-    if spec.device != "cpu":
-        weight, scale = weight.to(spec.device), scale.to(spec.device)
+    device = spec.compute.device
+    if device != "cpu":
+        weight, scale = weight.to(device), scale.to(device)
     return weight, scale
 
 
@@ -241,11 +251,8 @@ def plan_ops(plan: Plan) -> tuple[str, ...]:
     return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16")) if op in used)
 
 
-def job_specs(
-    plan: Plan, out_dir: Path, device: str = "cpu", kernels=("native", "eager"), write_io: str = disk_write.BUFFERED
-) -> list[JobSpec]:
+def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> list[JobSpec]:
     src = plan.source
-    ops = plan_ops(plan)
     specs = []
     for job in plan.shards:
         sources = {}
@@ -253,73 +260,77 @@ def job_specs(
             info = src.info(name)
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
-        specs.append(
-            JobSpec(
-                str(src.root),
-                str(out_dir),
-                job,
-                sources,
-                scales,
-                src.block,
-                plan.options.fp8_max,
-                src.dims,
-                device,
-                kernels,
-                ops,
-                write_io,
-            )
-        )
+        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io))
     return specs
 
 
+JobDone = Callable[[str, list], None]  # (job file, [(relative path, size, sha256)])
+InputsReady = Callable[[JobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
+RecordFn = Callable[[JobSpec, list], None]  # the step after each finished job (execute's record)
+
+
 def execute(
-    plan: Plan,
-    out_dir: Path,
+    specs: list[JobSpec],
+    workers: int,
     *,
-    skip: set[str] = frozenset(),
-    workers: int = 1,
-    device: str = "cpu",
-    kernels: tuple[str, ...] = ("native", "eager"),
-    write_io: str = disk_write.BUFFERED,
     progress: ProgressFn | None = None,
-    on_job_done: Callable[[str, list], None] | None = None,
-    inputs_ready: Callable[[JobSpec], None] | None = None,
+    on_job_done: JobDone | None = None,
+    inputs_ready: InputsReady | None = None,
 ) -> dict[str, dict]:
-    """Write every shard and MLA layer of the jobs not in `skip`, in plan order; returns
-    {relative path: {size, sha256}}.
+    """Write every shard and MLA layer of `specs`, in order; returns {relative path: {size, sha256}}.
 
     `inputs_ready(spec, timeout)` says whether a job's source files are there (--stream), waiting
     up to `timeout` (None: until they are); at most `workers` jobs run at once.
     `on_job_done(job_file, files)` runs here once a job's files are all in place.
     """
-    specs = [s for s in job_specs(plan, out_dir, device, kernels, write_io) if s.job.file not in skip]
     files: dict[str, dict] = {}
 
-    def record(spec: JobSpec, results) -> None:
+    def record(spec: JobSpec, results: list[tuple[str, int, str]]) -> None:
+        """The one step after a job, in either scheduler: note its files, tell the caller, crash point."""
         for rel, size, sha in results:
             files[rel] = {"size": size, "sha256": sha}
         if on_job_done:
             on_job_done(spec.job.file, results)
         crash_point(f"after-job:{spec.job.file}")
 
-    if workers <= 1:  # one job at a time; its files' commits overlap the next job
-        with BackgroundCommits() as commits:
-            waiting: collections.deque[tuple[JobSpec, PendingFiles]] = collections.deque()
+    if workers <= 1:
+        run_in_process(specs, record, progress, inputs_ready)
+    else:
+        run_in_pool(specs, workers, record, progress, inputs_ready)
+    return files
 
-            def settle(wait: bool) -> None:  # record finished jobs, in order
-                while waiting and (wait or all(fut.done() for _, fut in waiting[0][1])):
-                    spec, pending = waiting.popleft()
-                    record(spec, committed(pending))
 
-            for spec in specs:
-                # A job is recorded (and, streaming, its shards released) only once committed;
-                # keep settling while the next job's inputs may be waiting on that.
-                while inputs_ready and not inputs_ready(spec, 0.05 if waiting else None):
-                    settle(wait=False)
-                waiting.append((spec, start_shard_job(spec, commits, progress)))
+def run_in_process(
+    specs: list[JobSpec], record: RecordFn, progress: ProgressFn | None, inputs_ready: InputsReady | None
+) -> None:
+    """One job at a time in this process; its files' commits overlap the next job, and finished
+    jobs are recorded in order."""
+    with BackgroundCommits() as commits:
+        waiting: collections.deque[tuple[JobSpec, PendingFiles]] = collections.deque()
+
+        def settle(wait: bool) -> None:  # record finished jobs, in order
+            while waiting and (wait or all(fut.done() for _, fut in waiting[0][1])):
+                spec, pending = waiting.popleft()
+                record(spec, committed(pending))
+
+        for spec in specs:
+            # A job is recorded (and, streaming, its shards released) only once committed;
+            # keep settling while the next job's inputs may be waiting on that.
+            while inputs_ready and not inputs_ready(spec, 0.05 if waiting else None):
                 settle(wait=False)
-            settle(wait=True)
-        return files
+            waiting.append((spec, start_shard_job(spec, commits, progress)))
+            settle(wait=False)
+        settle(wait=True)
+
+
+def run_in_pool(
+    specs: list[JobSpec],
+    workers: int,
+    record: RecordFn,
+    progress: ProgressFn | None,
+    inputs_ready: InputsReady | None,
+) -> None:
+    """Up to `workers` jobs at once in worker processes, each recorded as it finishes."""
     with process_pool(workers) as pool:
         running: dict[cf.Future, JobSpec] = {}
 
@@ -347,7 +358,6 @@ def execute(
             for f in running:
                 f.cancel()
             raise
-    return files
 
 
 def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
@@ -388,19 +398,13 @@ def convert(
     source: str | Path,
     out_dir: str | Path,
     options: Options = Options(),  # noqa: B008 (frozen: one shared default is safe)
-    *,
-    revision: str | None = None,
-    workers: int = 1,
-    overwrite: bool = False,
-    dry_run: bool = False,
-    resume: bool = False,
-    stream: bool = False,
-    device: str = "cpu",
-    kernels: str = "auto",
-    write_io: str = disk_write.AUTO,
-    progress_factory: Callable[[int], ProgressFn] | None = None,
+    settings: RunSettings = RunSettings(),  # noqa: B008 (frozen, as options)
+    **changes,
 ) -> dict:
     """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output).
+
+    `options` says what to produce, `settings` how (RunSettings); keyword arguments replace fields
+    of `settings`: `convert(src, out, options, workers=2)`.
 
     Stages: resolve and validate the source (headers only) -> plan -> prepare --out (fresh, or
     resume) -> shard jobs (journaled) -> side files, config, index, MLA manifest -> manifest
@@ -408,50 +412,48 @@ def convert(
     once converted.
     """
     t0 = time.perf_counter()
+    settings = dataclasses.replace(settings, **changes)
     out_dir = Path(out_dir)
-    source = str(source)
-    remote = is_hub_source(source) and (stream or dry_run)
-    if write_io not in disk_write.MODES:
-        raise ConvertError(f"--write-io: unknown mode {write_io!r}; expected one of {', '.join(disk_write.MODES)}")
-    if stream and not is_hub_source(source):
+    with contextlib.ExitStack() as cleanup:
+        src, repo = _open_source(str(source), out_dir, settings, cleanup)
+        plan = make_plan(src, options)
+        summary = plan.summary() | {
+            "out": str(out_dir),
+            "dry_run": settings.dry_run,
+            "workers": settings.workers,
+            "device": settings.device,
+        }
+        if repo is not None:
+            summary |= _hub_summary(repo, plan, settings.workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
+        if settings.dry_run:
+            return summary
+        return summary | _run(plan, out_dir, repo, settings, t0)
+
+
+def _open_source(
+    source: str, out_dir: Path, settings: RunSettings, cleanup: contextlib.ExitStack
+) -> tuple[SourceCheckpoint, hub.HubRepo | None]:
+    """The source checkpoint, and its Hub repo when only its headers are fetched now (--stream, or
+    a dry run of a Hub source): they go to a staging directory, in --out or a temporary one."""
+    remote = is_hub_source(source) and (settings.stream or settings.dry_run)
+    if settings.stream and not is_hub_source(source):
         raise ConvertError(f"--stream needs a Hub repo id; {source!r} is a local directory")
     if remote and hub.offline():
-        if stream:
+        if settings.stream:
             raise ConvertError("--stream downloads shards as it goes; it cannot run with HF_HUB_OFFLINE=1")
         remote = False
-    repo = None
-    with contextlib.ExitStack() as cleanup:
-        if remote:
-            repo = hub.list_repo(source, revision)
-            if dry_run:
-                staging = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mla-convert-plan-")))
-            else:
-                if not (resume and out_dir.is_dir()):
-                    ensure_empty_dir(out_dir, overwrite)
-                staging = out_dir / hub.STAGING_DIR_NAME
-            src = open_source(staging, remote_headers=hub.prepare_staging(repo, staging))
-        else:
-            src = open_source(resolve_source(source, revision))
-            check_scale_values(src)
-        plan = make_plan(src, options)
-        summary = plan.summary() | {"out": str(out_dir), "dry_run": dry_run, "workers": workers, "device": device}
-        if repo is not None:
-            summary |= _hub_summary(repo, plan, workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
-        if dry_run:
-            return summary
-        return summary | _run(
-            plan,
-            out_dir,
-            repo,
-            t0,
-            overwrite=overwrite,
-            resume=resume,
-            workers=workers,
-            device=device,
-            kernels=kernels,
-            write_io=write_io,
-            progress_factory=progress_factory,
-        )
+    if not remote:
+        src = open_source(resolve_source(source, settings.revision))
+        check_scale_values(src)
+        return src, None
+    repo = hub.list_repo(source, settings.revision)
+    if settings.dry_run:
+        staging = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mla-convert-plan-")))
+    else:
+        if not (settings.resume and out_dir.is_dir()):
+            ensure_empty_dir(out_dir, settings.overwrite)
+        staging = out_dir / hub.STAGING_DIR_NAME
+    return open_source(staging, remote_headers=hub.prepare_staging(repo, staging)), repo
 
 
 def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
@@ -467,70 +469,36 @@ def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
     }
 
 
-def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels, write_io, progress_factory) -> dict:
+def _run(plan: Plan, out_dir: Path, repo: hub.HubRepo | None, settings: RunSettings, t0: float) -> dict:
     src, options = plan.source, plan.options
-    stream = repo is not None
-    _check_device(device)
-    try:
-        kernels, why = resolve_mode(kernels, sum(p.weight.nbytes for p in src.fp8.values()))
-    except ValueError as e:
-        raise ConvertError(f"--kernels: {e}") from None
-    chosen = select_kernels(src.block, options.fp8_max, device, kernels, plan_ops(plan))
-    reason = chosen.reason if why in ("requested", "auto") or chosen.name != "eager" else f"{chosen.reason}; {why}"
-    result = {"kernels": chosen.name, "kernels_reason": reason}
-
+    streaming = repo is not None
+    compute, result = _choose_compute(plan, settings)
     fingerprint = src.fingerprint()
-    done: dict[str, list] = {}
-    if resume and (out_dir / MANIFEST_NAME).exists():
-        if not stream:
-            check_out_dir_location(out_dir, src.root)
-        outputs = {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in plan.shards}
-        done = completed_jobs(out_dir, options.as_dict(), fingerprint, outputs)
-    elif not stream:
-        prepare_out_dir(out_dir, src.root, overwrite)
+    done = _prepare_output(plan, out_dir, settings, streaming, fingerprint)
     try:  # before the first byte of output: a refused --write-io direct leaves nothing behind
-        write_io, why = disk_write.resolve_mode(out_dir, write_io)
+        write_io, why = disk_write.resolve_mode(out_dir, settings.write_io)
     except OSError as e:
         raise OutputError(f"--write-io: {e}") from None
     result |= {"write_io": write_io, "write_io_reason": why}
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
-    progress = progress_factory(src.total_bytes()) if progress_factory else None
+    progress = settings.progress_factory(src.total_bytes()) if settings.progress_factory else None
     if progress:
         progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
-    run = functools.partial(
-        execute,
-        plan,
-        out_dir,
-        skip=set(done),
-        workers=workers,
-        device=device,
-        kernels=kernels,
-        write_io=write_io,
-        progress=progress,
-    )
-    if stream:
-        todo = [(j.file, sorted(set(plan.inputs_of(j).values()))) for j in plan.shards if j.file not in done]
-        with hub.ShardStreamer(repo, src.root, todo, ahead=workers) as streamer:
-            needs = dict(todo)
-
-            def job_done(job_file, results):
-                journal.record(job_file, results)
-                streamer.release(job_file, needs[job_file])
-
-            files |= run(
-                on_job_done=job_done, inputs_ready=lambda spec, timeout: streamer.wait_for(spec.job.file, timeout)
-            )
-        result |= {"peak_source_bytes_on_disk": streamer.peak_on_disk}
+    specs = [s for s in job_specs(plan, out_dir, compute, write_io) if s.job.file not in done]
+    if streaming:
+        streamed, peak = _execute_streaming(plan, specs, repo, settings.workers, journal, progress)
+        files |= streamed
+        result |= {"peak_source_bytes_on_disk": peak}
     else:
-        files |= run(on_job_done=journal.record)
+        files |= execute(specs, settings.workers, progress=progress, on_job_done=journal.record)
     finalize(plan, out_dir, files)
     crash_point("final-manifest")
     write_manifest(out_dir, COMPLETE, options.as_dict(), fingerprint, files)
     journal.remove()
-    if stream:
+    if streaming:
         hub.remove_staging(src.root)
     seconds = time.perf_counter() - t0
     return result | {
@@ -543,8 +511,63 @@ def _run(plan, out_dir, repo, t0, *, overwrite, resume, workers, device, kernels
     }
 
 
+def _choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
+    """The device checked, the --kernels mode resolved for this source, and the kernels that will run
+    (with the reason, for the summary)."""
+    src = plan.source
+    _check_device(settings.device)
+    try:
+        chain, why = resolve_mode(settings.kernels, sum(p.weight.nbytes for p in src.fp8.values()))
+    except ValueError as e:
+        raise ConvertError(f"--kernels: {e}") from None
+    compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain)
+    chosen = compute.kernels()
+    reason = chosen.reason if why in ("requested", "auto") or chosen.name != "eager" else f"{chosen.reason}; {why}"
+    return compute, {"kernels": chosen.name, "kernels_reason": reason}
+
+
 def _check_device(device: str) -> None:
     try:
         torch.empty(1, device=device)
     except Exception as e:  # unknown device string, or no such device on this host
         raise ConvertError(f"--device {device!r} is not usable here ({type(e).__name__}: {e})") from None
+
+
+def _prepare_output(
+    plan: Plan, out_dir: Path, settings: RunSettings, streaming: bool, fingerprint: str
+) -> dict[str, list]:
+    """A fresh --out (streaming: already prepared with its staging directory), or with --resume the
+    jobs already done there and still intact: {job file: [(relative path, size, sha256)]}."""
+    if settings.resume and (out_dir / MANIFEST_NAME).exists():
+        if not streaming:
+            check_out_dir_location(out_dir, plan.source.root)
+        outputs = {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in plan.shards}
+        return completed_jobs(out_dir, plan.options.as_dict(), fingerprint, outputs)
+    if not streaming:
+        prepare_out_dir(out_dir, plan.source.root, settings.overwrite)
+    return {}
+
+
+def _execute_streaming(
+    plan: Plan,
+    specs: list[JobSpec],
+    repo: hub.HubRepo,
+    workers: int,
+    journal: Journal,
+    progress: ProgressFn | None,
+) -> tuple[dict[str, dict], int]:
+    """execute(), each job's source shards downloaded just before it and deleted once it is
+    recorded; also returns the peak bytes of source shards on disk."""
+    todo = [(s.job.file, sorted(set(plan.inputs_of(s.job).values()))) for s in specs]
+    with hub.ShardStreamer(repo, plan.source.root, todo, ahead=workers) as streamer:
+        needs = dict(todo)
+
+        def job_done(job_file, results):
+            journal.record(job_file, results)
+            streamer.release(job_file, needs[job_file])
+
+        def inputs_ready(spec, timeout):
+            return streamer.wait_for(spec.job.file, timeout)
+
+        files = execute(specs, workers, progress=progress, on_job_done=job_done, inputs_ready=inputs_ready)
+    return files, streamer.peak_on_disk

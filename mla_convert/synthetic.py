@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,7 +49,6 @@ class CheckpointSpec:
     seed: int = 0
     # A weight whose scale goes to the next shard (R1 has one such pair around layer 39).
     split_scale_of: str = "model.layers.1.mlp.experts.3.down_proj.weight"
-    extra_config: dict = field(default_factory=dict)
 
     @classmethod
     def r1_dims(
@@ -123,7 +122,6 @@ class CheckpointSpec:
             "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group", "vocab_size",
         ):  # fmt: skip
             cfg[k] = getattr(self, k)
-        cfg.update(self.extra_config)
         return dict(sorted(cfg.items()))
 
     def tensors(self) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -320,7 +318,3 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
     (out_dir / "README.md").write_text("Synthetic DeepSeek-V3-shaped block-FP8 checkpoint written by mla-convert.\n")
     (out_dir / "figures").mkdir(exist_ok=True)
     (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
-
-
-def tiny_spec(**overrides) -> CheckpointSpec:
-    return replace(CheckpointSpec(), **overrides)

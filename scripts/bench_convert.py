@@ -92,6 +92,37 @@ def run_measured(cmd: list[str], env=None, ok_codes=(0,)) -> tuple[float, int]:
 
 
 def main() -> None:
+    args = _parse_args()
+    if args._naive:
+        return naive_convert(Path(args._naive[0]), Path(args._naive[1]), args._naive[2])
+    src = args.workdir / "src"
+    if args._build:
+        return build(src, args.experts, args.vocab, args.shards)
+    # Built in a child: ru_maxrss survives fork+exec, so a big parent would inflate every figure.
+    subprocess.run([sys.executable, str(HERE), *sys.argv[1:], "--_build"], check=True)
+    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    out = args.workdir / "out"
+    methods = _convert_methods(args, src, out)
+    runs = _Runs(methods)
+    for rep in range(args.reps):
+        for name in methods if rep % 2 == 0 else reversed(list(methods)):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"])
+            runs.measure(name, methods[name], rep)
+            runs.written[name] = _tree_bytes(out)
+    shutil.rmtree(out, ignore_errors=True)
+    if args.verify:
+        methods |= _time_verify(args, src, out, methods, runs)
+    result = _result(args, src, size, methods, runs)
+    md = _markdown(result)
+    print(md)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(md)
+
+
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("bench-out"))
     ap.add_argument("--experts", type=int, default=24, help="routed experts in the MoE layer (size knob)")
@@ -112,17 +143,11 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, help="write the results as a markdown table")
     ap.add_argument("--_build", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_naive", nargs=3, metavar=("SRC", "OUT", "FMT"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args._naive:
-        return naive_convert(Path(args._naive[0]), Path(args._naive[1]), args._naive[2])
+    return ap.parse_args()
 
-    src = args.workdir / "src"
-    if args._build:
-        return build(src, args.experts, args.vocab, args.shards)
-    # Built in a child: ru_maxrss survives fork+exec, so a big parent would inflate every figure.
-    subprocess.run([sys.executable, str(HERE), *sys.argv[1:], "--_build"], check=True)
-    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
-    out = args.workdir / "out"
+
+def _convert_methods(args: argparse.Namespace, src: Path, out: Path) -> dict[str, list[str]]:
+    """Label -> command of every conversion to time, the `cp -r` floor first."""
     methods: dict[str, list[str]] = {"cp -r + sync": ["sh", "-c", f"cp -r '{src}' '{out}' && sync"]}
     for fmt in args.formats:
         if not args.no_naive:
@@ -138,82 +163,72 @@ def main() -> None:
     methods["mla-convert --dry-run (start-up)"] = [
         sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out), "--dry-run", "--quiet",
     ]  # fmt: skip
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    rss: dict[str, int] = {m: 0 for m in methods}
-    written: dict[str, int] = {}  # bytes each method leaves in --out (bf16 writes ~1.9x the source)
-    order = list(methods)
+    return methods
+
+
+class _Runs:
+    """Wall seconds of every run, and the peak RSS and bytes written of each method."""
+
+    def __init__(self, methods: dict[str, list[str]]):
+        self.times: dict[str, list[float]] = {m: [] for m in methods}
+        self.rss: dict[str, int] = {m: 0 for m in methods}
+        self.written: dict[str, int] = {}  # bytes each method leaves in --out (bf16 writes ~1.9x the source)
+
+    def measure(self, name: str, cmd: list[str], rep: int) -> None:
+        wall, peak = run_measured(cmd)
+        self.times.setdefault(name, []).append(wall)
+        self.rss[name] = max(self.rss.get(name, 0), peak)
+        print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
+
+
+def _time_verify(
+    args: argparse.Namespace, src: Path, out: Path, methods: dict[str, list[str]], runs: _Runs
+) -> dict[str, list[str]]:
+    """Convert once, then time reading the output against verifying it; returns the verify methods."""
+    subprocess.run(
+        methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL
+    )
+    vmethods = {
+        "read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"],
+        "verify": [sys.executable, "-m", "mla_convert", "verify", str(out), "--quiet"],
+        "verify --source": [sys.executable, "-m", "mla_convert", "verify", str(out), "--source", str(src), "--quiet"],
+    }
+    if args.cold:
+        vmethods = {f"{name} (cold cache)": cmd for name, cmd in vmethods.items()}
     for rep in range(args.reps):
-        for name in order if rep % 2 == 0 else reversed(order):
-            shutil.rmtree(out, ignore_errors=True)
-            subprocess.run(["sync"])
-            wall, peak = run_measured(methods[name])
-            times[name].append(wall)
-            rss[name] = max(rss[name], peak)
-            written[name] = _tree_bytes(out)
-            print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
+        for name in vmethods if rep % 2 == 0 else reversed(list(vmethods)):
+            if args.cold:
+                _drop_page_cache()
+            runs.measure(name, vmethods[name], rep)
     shutil.rmtree(out, ignore_errors=True)
+    return vmethods
 
-    if args.verify:
-        # verify needs a finished output: convert once, then time reading it vs verifying it.
-        subprocess.run(
-            methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL
-        )
-        vmethods = {
-            "read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"],
-            "verify": [sys.executable, "-m", "mla_convert", "verify", str(out), "--quiet"],
-            "verify --source": [
-                sys.executable,
-                "-m",
-                "mla_convert",
-                "verify",
-                str(out),
-                "--source",
-                str(src),
-                "--quiet",
-            ],
-        }
-        if args.cold:
-            vmethods = {f"{name} (cold cache)": cmd for name, cmd in vmethods.items()}
-        for rep in range(args.reps):
-            for name in vmethods if rep % 2 == 0 else reversed(list(vmethods)):
-                if args.cold:
-                    _drop_page_cache()
-                wall, peak = run_measured(vmethods[name], ok_codes=(0,))
-                times.setdefault(name, []).append(wall)
-                rss[name] = max(rss.get(name, 0), peak)
-                print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
-        methods |= vmethods
-        shutil.rmtree(out, ignore_errors=True)
 
-    med = {m: statistics.median(v) for m, v in times.items()}
+def _result(args: argparse.Namespace, src: Path, size: int, methods: dict[str, list[str]], runs: _Runs) -> dict:
+    med = {m: statistics.median(v) for m, v in runs.times.items()}
     cp = med["cp -r + sync"]
     first_convert = med[next(m for m in med if m.startswith("mla-convert"))]
     rows = []
     for m in methods:
         fmt = next((f for f in args.formats if f in m), None)
         naive = med.get(f"naive eager {fmt}")
+        written = runs.written.get(m)
         rows.append({
             "method": m, "median_s": round(med[m], 3), "gb_per_s": round(size / med[m] / 1e9, 3),
             "x_cp": round(med[m] / cp, 2),
             # against cp of as many bytes as this method wrote: where the disk is the limit, the floor
-            "written_bytes": written.get(m),
-            "x_cp_same_bytes": round(med[m] / (cp * written[m] / size), 2) if written.get(m) else None,
+            "written_bytes": written,
+            "x_cp_same_bytes": round(med[m] / (cp * written / size), 2) if written else None,
             "naive_over_this": round(naive / med[m], 2) if naive and m.startswith("mla-convert") else None,
             "x_first_convert": round(med[m] / first_convert, 2),
-            "peak_rss_gib": round(rss[m] / 2**30, 3), "runs_s": [round(x, 2) for x in times[m]],
+            "peak_rss_gib": round(runs.rss[m] / 2**30, 3), "runs_s": [round(x, 2) for x in runs.times[m]],
         })  # fmt: skip
     largest = _largest_tensor_bytes(src)
-    result = {
+    return {
         "source_bytes": size, "experts": args.experts, "vocab": args.vocab, "shards": args.shards,
         "reps": args.reps, "cpus": os.cpu_count(), "cpu": _cpu_model(), "largest_tensor_bytes": largest,
         "rss_target_gib": round((2**30 + 2 * largest) / 2**30, 3), "rows": rows,
     }  # fmt: skip
-    md = _markdown(result)
-    print(md)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(md)
 
 
 def _drop_page_cache() -> None:

@@ -96,6 +96,9 @@ def test_bad_option_values(tiny_src, tmp_path):
     assert r.exit_code == 2 and "--format" in one_line_error(r)
     r = run("deepseek-r1", tiny_src, "--out", tmp_path / "o", "--ignore", "([")
     assert r.exit_code == 2 and "--ignore" in one_line_error(r)
+    for flag in ("--kernels", "--write-io"):  # checked once, up front: also with --dry-run
+        r = run("deepseek-r1", tiny_src, "--out", tmp_path / "o", flag, "fast", "--dry-run")
+        assert r.exit_code == 2 and f"{flag}: " in one_line_error(r) and "'fast'" in r.stderr
     assert not (tmp_path / "o").exists()
 
 

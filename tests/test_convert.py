@@ -9,8 +9,10 @@ from conftest import load_json
 from safetensors import safe_open
 
 from mla_convert.convert import convert
+from mla_convert.errors import ConvertError
 from mla_convert.manifest import MANIFEST_NAME
 from mla_convert.plan import Options
+from mla_convert.settings import RunSettings
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 
@@ -174,6 +176,19 @@ def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path):
 def test_workers_give_identical_bytes(tiny_src, converted, tmp_path):
     convert(tiny_src, tmp_path / "w2", Options(), workers=2)
     assert tree_hashes(tmp_path / "w2") == tree_hashes(converted["channel-fp8"])
+
+
+def test_run_settings_object_and_keywords_are_the_same_call(tiny_src, tmp_path):
+    """convert(..., settings) and convert(..., **fields) take the same RunSettings; keywords
+    replace fields of the object; an unknown one is a TypeError, as for any function."""
+    a = convert(tiny_src, tmp_path / "a", Options(), RunSettings(workers=3, dry_run=True))
+    b = convert(tiny_src, tmp_path / "b", Options(), RunSettings(workers=3), dry_run=True)
+    assert a["dry_run"] and a["workers"] == 3 and a | {"out": ""} == b | {"out": ""}
+    with pytest.raises(TypeError, match="worker"):
+        convert(tiny_src, tmp_path / "c", Options(), worker=2)
+    with pytest.raises(ConvertError, match="--write-io: unknown mode 'fast'"):
+        RunSettings(write_io="fast")
+    assert not any((tmp_path / d).exists() for d in "abc")
 
 
 def test_transformers_loads_bf16_output_with_reference_logits(converted, src_tensors, tiny_src):
