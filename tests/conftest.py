@@ -1,4 +1,5 @@
-import json
+"""Fixtures every test module can take; what they wrap lives in tests/support/ (see its __init__)."""
+
 import shutil
 from pathlib import Path
 
@@ -7,6 +8,9 @@ import pytest
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from support import checkpoints, cli_runner
+
+# ---- the tiny checkpoint and its conversions --------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +37,35 @@ def src_copy(tiny_src, tmp_path) -> Path:
     return Path(shutil.copytree(tiny_src, tmp_path / "src"))
 
 
-def load_json(path) -> dict:
-    return json.loads(Path(path).read_text())
+# ---- helpers (pure functions: session-scoped, so @given tests may take them too) ---------------
+
+
+@pytest.fixture(scope="session")
+def load_json():
+    """load_json(path) -> the parsed JSON file."""
+    return checkpoints.load_json
+
+
+@pytest.fixture(scope="session")
+def load_all():
+    """load_all(root) -> {name: tensor} of every tensor of a sharded safetensors checkpoint."""
+    return checkpoints.load_all
+
+
+@pytest.fixture(scope="session")
+def tree_hashes():
+    """tree_hashes(root) -> {relative path: sha256} of every file under root."""
+    return checkpoints.tree_hashes
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """run_cli(*args, env=None, preexec_fn=None) -> CompletedProcess of `python -m mla_convert ARGS`
+    in a child process (tests/support/cli_runner.py)."""
+    return cli_runner.run_cli
+
+
+# ---- process-wide defaults -----------------------------------------------------------------------
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,11 +1,7 @@
 """End to end on the tiny checkpoint: every output tensor against the slow reference."""
 
-import hashlib
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import load_json
 from safetensors import safe_open
 
 from mla_convert.convert import convert
@@ -15,30 +11,12 @@ from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 
 
-def load_all(root: Path) -> dict[str, torch.Tensor]:
-    index = load_json(root / "model.safetensors.index.json")["weight_map"]
-    out = {}
-    for file in sorted(set(index.values())):
-        with safe_open(str(root / file), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                out[name] = f.get_tensor(name)
-    return out
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
-def src_tensors(tiny_src):
+def src_tensors(tiny_src, load_all):
     return load_all(tiny_src)
 
 
-def test_fixture_has_the_awkward_cases(tiny_src):
+def test_fixture_has_the_awkward_cases(tiny_src, load_json):
     """Guard the fixture itself: a scale in another shard, 576-row partial blocks, MTP layer, experts."""
     wm = load_json(tiny_src / "model.safetensors.index.json")["weight_map"]
     assert any(wm[n] != wm[n[: -len("_scale_inv")]] for n in wm if n.endswith("_scale_inv"))
@@ -56,7 +34,7 @@ def _fp8_weights(src_tensors):
     return [n[: -len("_scale_inv")] for n in src_tensors if n.endswith("_scale_inv")]
 
 
-def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors):
+def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors, load_all):
     out = load_all(converted["bf16"])
     fp8 = set(_fp8_weights(src_tensors))
     assert fp8 and set(out) == {n for n in src_tensors if not n.endswith("_scale_inv")}
@@ -68,7 +46,7 @@ def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors):
         assert same_bits(t, expected), name
 
 
-def test_channel_fp8_output_matches_reference(converted, src_tensors):
+def test_channel_fp8_output_matches_reference(converted, src_tensors, load_all):
     out = load_all(converted["channel-fp8"])
     fp8 = _fp8_weights(src_tensors)
     expected_names = {n for n in src_tensors if not n.endswith("_scale_inv")} | {
@@ -86,7 +64,7 @@ def test_channel_fp8_output_matches_reference(converted, src_tensors):
 
 
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
-def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, src_tensors, tiny_src, fmt):
+def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, src_tensors, tiny_src, fmt, load_json):
     cfg = load_json(tiny_src / "config.json")
     out = converted[fmt]
     manifest = read_manifest(out / "mla")
@@ -105,7 +83,7 @@ def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, s
 
 
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
-def test_index_config_side_files_and_manifest(converted, tiny_src, fmt):
+def test_index_config_side_files_and_manifest(converted, tiny_src, fmt, load_json, load_all, tree_hashes):
     out = converted[fmt]
     index = load_json(out / "model.safetensors.index.json")
     wm = index["weight_map"]
@@ -137,7 +115,7 @@ def test_index_config_side_files_and_manifest(converted, tiny_src, fmt):
     assert read_manifest(out / "mla").source_fingerprint == manifest["source_fingerprint"]
 
 
-def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_path, tiny_src):
+def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_path, tiny_src, load_json, load_all):
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy
 
     for target in ("gaudi3", "gaudi2"):
@@ -162,7 +140,7 @@ def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_p
                 assert t.float().abs().max() <= fp8_max, name
 
 
-def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path):
+def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path, tree_hashes):
     before = tree_hashes(src_copy)
     convert(src_copy, tmp_path / "a", Options())
     convert(src_copy, tmp_path / "b", Options())
@@ -171,7 +149,7 @@ def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_give_identical_bytes(tiny_src, converted, tmp_path):
+def test_workers_give_identical_bytes(tiny_src, converted, tmp_path, tree_hashes):
     convert(tiny_src, tmp_path / "w2", Options(), workers=2)
     assert tree_hashes(tmp_path / "w2") == tree_hashes(converted["channel-fp8"])
 

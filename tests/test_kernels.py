@@ -5,10 +5,8 @@ import os
 
 import pytest
 import torch
-from conftest import load_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_convert import tree_hashes
 
 from mla_convert import kernels as kernels_mod
 from mla_convert import native
@@ -109,7 +107,9 @@ def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 @pytest.mark.parametrize("mode", ["native", "compile"])
-def test_conversion_with_fast_kernels_is_byte_identical(tiny_src, converted, tmp_path, monkeypatch, fmt, mode):
+def test_conversion_with_fast_kernels_is_byte_identical(
+    tiny_src, converted, tmp_path, monkeypatch, fmt, mode, tree_hashes
+):
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
     summary = convert(tiny_src, tmp_path / "c", Options(format=fmt), kernels=mode)
     assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode]
@@ -173,7 +173,7 @@ def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
     assert native.build() != lib  # -march=native code is never served to another CPU
 
 
-def test_summary_reports_kernels(tiny_src, tmp_path):
+def test_summary_reports_kernels(tiny_src, tmp_path, load_json):
     summary = convert(tiny_src, tmp_path / "o", Options())
     assert summary["kernels"] == "eager" and summary["kernels_reason"]
     assert load_json(tmp_path / "o" / "mla-convert-manifest.json")["status"] == "complete"
