@@ -9,6 +9,7 @@ from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from support import checkpoints, cli_runner
+from support.fake_hub import FakeHub
 
 # ---- the tiny checkpoint and its conversions --------------------------------------------------
 
@@ -63,6 +64,24 @@ def run_cli():
     """run_cli(*args, env=None, preexec_fn=None) -> CompletedProcess of `python -m mla_convert ARGS`
     in a child process (tests/support/cli_runner.py)."""
     return cli_runner.run_cli
+
+
+# ---- services ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A started `FakeHub` (tests/support/fake_hub.py) with `huggingface_hub` pointed at it (env vars +
+    patched constants, empty cache under `tmp_path / "hf_home"`), stopped and restored afterwards.
+    Register repos with `fake_hub.add_repo(...)`."""
+    import huggingface_hub
+
+    with FakeHub() as hub:
+        hub.install(monkeypatch, tmp_path / "hf_home")
+        try:
+            yield hub
+        finally:
+            huggingface_hub.close_session()
 
 
 # ---- process-wide defaults -----------------------------------------------------------------------

@@ -12,13 +12,12 @@ from mla_convert.errors import SourceError
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from support.checkpoints import SHARD1, SHARD2
-from support.fake_hub import fake_hub  # noqa: F401  (fixture)
 
 REPO = "deepseek-ai/Tiny-R1"
 
 
 @pytest.fixture
-def hub(fake_hub, tiny_src):  # noqa: F811
+def hub(fake_hub, tiny_src):
     fake_hub.add_repo(REPO, tiny_src)
     return fake_hub
 
@@ -53,7 +52,7 @@ def eight_shards(tmp_path_factory):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers, tree_hashes):  # noqa: F811
+def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers, tree_hashes):
     hub, (tiny_src, local) = fake_hub, eight_shards
     hub.add_repo(REPO, tiny_src)
     out = tmp_path / "out"
