@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import support.reference
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
@@ -64,6 +65,14 @@ def run_cli():
     """run_cli(*args, env=None, preexec_fn=None) -> CompletedProcess of `python -m mla_convert ARGS`
     in a child process (tests/support/cli_runner.py)."""
     return cli_runner.run_cli
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The slow, obviously correct reference implementations (tests/support/reference.py):
+    reference.dequant_block, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
+    .e4m3_error_bound, .same_bits."""
+    return support.reference
 
 
 # ---- services ------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from mla_convert.convert import convert
 from mla_convert.manifest import MANIFEST_NAME
 from mla_convert.plan import Options
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
-from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +33,19 @@ def _fp8_weights(src_tensors):
     return [n[: -len("_scale_inv")] for n in src_tensors if n.endswith("_scale_inv")]
 
 
-def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors, load_all):
+def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors, load_all, reference):
     out = load_all(converted["bf16"])
     fp8 = set(_fp8_weights(src_tensors))
     assert fp8 and set(out) == {n for n in src_tensors if not n.endswith("_scale_inv")}
     for name, t in out.items():
         if name in fp8:
-            expected = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
+            expected = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
         else:
             expected = src_tensors[name]
-        assert same_bits(t, expected), name
+        assert reference.same_bits(t, expected), name
 
 
-def test_channel_fp8_output_matches_reference(converted, src_tensors, load_all):
+def test_channel_fp8_output_matches_reference(converted, src_tensors, load_all, reference):
     out = load_all(converted["channel-fp8"])
     fp8 = _fp8_weights(src_tensors)
     expected_names = {n for n in src_tensors if not n.endswith("_scale_inv")} | {
@@ -54,17 +53,19 @@ def test_channel_fp8_output_matches_reference(converted, src_tensors, load_all):
     }
     assert set(out) == expected_names
     for name in fp8:
-        x = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"])
-        q, s = ref_channel_fp8(x, 448.0)
-        assert same_bits(out[name], q), name
-        assert same_bits(out[name[: -len(".weight")] + ".weight_scale"], s), name
+        x = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"])
+        q, s = reference.channel_fp8(x, 448.0)
+        assert reference.same_bits(out[name], q), name
+        assert reference.same_bits(out[name[: -len(".weight")] + ".weight_scale"], s), name
     for name in set(src_tensors) - set(fp8):
         if not name.endswith("_scale_inv"):
-            assert same_bits(out[name], src_tensors[name]), name
+            assert reference.same_bits(out[name], src_tensors[name]), name
 
 
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
-def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, src_tensors, tiny_src, fmt, load_json):
+def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(
+    converted, src_tensors, tiny_src, fmt, load_json, reference
+):
     cfg = load_json(tiny_src / "config.json")
     out = converted[fmt]
     manifest = read_manifest(out / "mla")
@@ -72,13 +73,13 @@ def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, s
     assert manifest.layer_ids() == list(range(layers))
     for i in range(layers):
         name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
-        bf16 = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
-        uk_t, uv = seed_split(
+        bf16 = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
+        uk_t, uv = reference.seed_split(
             bf16, cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
         )
         with safe_open(str(out / "mla" / manifest.entry(i).file), "pt") as f:
-            assert same_bits(f.get_tensor(w_uk_t_name(i)), uk_t)
-            assert same_bits(f.get_tensor(w_uv_name(i)), uv)
+            assert reference.same_bits(f.get_tensor(w_uk_t_name(i)), uk_t)
+            assert reference.same_bits(f.get_tensor(w_uv_name(i)), uv)
         assert uk_t.shape == (4, 128, 512) and uv.shape == (4, 512, 128)
 
 
@@ -154,7 +155,7 @@ def test_workers_give_identical_bytes(tiny_src, converted, tmp_path, tree_hashes
     assert tree_hashes(tmp_path / "w2") == tree_hashes(converted["channel-fp8"])
 
 
-def test_transformers_loads_bf16_output_with_reference_logits(converted, src_tensors, tiny_src):
+def test_transformers_loads_bf16_output_with_reference_logits(converted, src_tensors, tiny_src, reference):
     """transformers' DeepseekV3ForCausalLM on the bf16 output gives exactly the logits of the same
     model built from the reference dequant of the source."""
     from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3ForCausalLM
@@ -171,7 +172,7 @@ def test_transformers_loads_bf16_output_with_reference_logits(converted, src_ten
         ):
             continue
         scale = src_tensors.get(name + "_scale_inv")
-        state[name] = ref_dequant_block(t, scale).to(torch.bfloat16) if scale is not None else t
+        state[name] = reference.dequant_block(t, scale).to(torch.bfloat16) if scale is not None else t
     # transformers 5 holds routed experts fused: gate_up_proj[e] = cat(gate, up), down_proj[e].
     for i in range(cfg.first_k_dense_replace, n_layers):
         p = f"model.layers.{i}.mlp.experts"
