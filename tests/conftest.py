@@ -1,6 +1,7 @@
 """Fixtures every test module can take; what they wrap lives in tests/support/ (see its __init__)."""
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from support import checkpoints, cli_runner
 from support.fake_hub import FakeHub
+
+STANDINS = Path(__file__).parent / "support" / "standins"
+
 
 # ---- the tiny checkpoint and its conversions --------------------------------------------------
 
@@ -91,6 +95,23 @@ def fake_hub(tmp_path, monkeypatch):
             yield hub
         finally:
             huggingface_hub.close_session()
+
+
+def _vllm_gaudi_modules() -> list[str]:
+    return [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]
+
+
+@pytest.fixture
+def vllm_gaudi_standin():
+    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), imported afresh in this test;
+    afterwards it is off sys.path and out of sys.modules again. Yields the stand-ins folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(STANDINS))
+        for name in _vllm_gaudi_modules():
+            mp.delitem(sys.modules, name)
+        yield STANDINS
+        for name in _vllm_gaudi_modules():
+            del sys.modules[name]
 
 
 # ---- process-wide defaults -----------------------------------------------------------------------
