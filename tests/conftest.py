@@ -1,12 +1,22 @@
-import json
+"""Fixtures every test module can take; what they wrap lives in tests/support/ (see its __init__)."""
+
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
+import support.reference
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from support import checkpoints, cli_runner
+from support.fake_hub import FakeHub
+
+STANDINS = Path(__file__).parent / "support" / "standins"
+
+
+# ---- the tiny checkpoint and its conversions --------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +43,78 @@ def src_copy(tiny_src, tmp_path) -> Path:
     return Path(shutil.copytree(tiny_src, tmp_path / "src"))
 
 
-def load_json(path) -> dict:
-    return json.loads(Path(path).read_text())
+# ---- helpers (pure functions: session-scoped, so @given tests may take them too) ---------------
+
+
+@pytest.fixture(scope="session")
+def load_json():
+    """load_json(path) -> the parsed JSON file."""
+    return checkpoints.load_json
+
+
+@pytest.fixture(scope="session")
+def load_all():
+    """load_all(root) -> {name: tensor} of every tensor of a sharded safetensors checkpoint."""
+    return checkpoints.load_all
+
+
+@pytest.fixture(scope="session")
+def tree_hashes():
+    """tree_hashes(root) -> {relative path: sha256} of every file under root."""
+    return checkpoints.tree_hashes
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """run_cli(*args, env=None, preexec_fn=None) -> CompletedProcess of `python -m mla_convert ARGS`
+    in a child process (tests/support/cli_runner.py)."""
+    return cli_runner.run_cli
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The slow, obviously correct reference implementations (tests/support/reference.py):
+    reference.dequant_block, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
+    .e4m3_error_bound, .same_bits."""
+    return support.reference
+
+
+# ---- services ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A started `FakeHub` (tests/support/fake_hub.py) with `huggingface_hub` pointed at it (env vars +
+    patched constants, empty cache under `tmp_path / "hf_home"`), stopped and restored afterwards.
+    Register repos with `fake_hub.add_repo(...)`."""
+    import huggingface_hub
+
+    with FakeHub() as hub:
+        hub.install(monkeypatch, tmp_path / "hf_home")
+        try:
+            yield hub
+        finally:
+            huggingface_hub.close_session()
+
+
+def _vllm_gaudi_modules() -> list[str]:
+    return [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]
+
+
+@pytest.fixture
+def vllm_gaudi_standin():
+    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), imported afresh in this test;
+    afterwards it is off sys.path and out of sys.modules again. Yields the stand-ins folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(STANDINS))
+        for name in _vllm_gaudi_modules():
+            mp.delitem(sys.modules, name)
+        yield STANDINS
+        for name in _vllm_gaudi_modules():
+            del sys.modules[name]
+
+
+# ---- process-wide defaults -----------------------------------------------------------------------
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from conftest import load_json
 from typer.testing import CliRunner
 
 from mla_convert.cli import app
@@ -30,7 +29,7 @@ def test_help_lists_commands_and_options():
         assert opt in r.stdout
 
 
-def test_convert_json_summary(tiny_src, tmp_path):
+def test_convert_json_summary(tiny_src, tmp_path, load_json):
     out = tmp_path / "out"
     r = run("deepseek-r1", tiny_src, "--out", out, "--format", "bf16", "--json")
     assert r.exit_code == 0, r.stderr
@@ -71,7 +70,7 @@ def test_out_overlapping_source_is_refused(src_copy, where):
     assert not (src_copy / "converted").exists()
 
 
-def test_non_deepseek_source_gives_one_line_error(src_copy, tmp_path):
+def test_non_deepseek_source_gives_one_line_error(src_copy, tmp_path, load_json):
     cfg = load_json(src_copy / "config.json")
     cfg["architectures"], cfg["model_type"] = ["LlamaForCausalLM"], "llama"
     (src_copy / "config.json").write_text(json.dumps(cfg))
@@ -82,7 +81,7 @@ def test_non_deepseek_source_gives_one_line_error(src_copy, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_non_fp8_source_gives_one_line_error(src_copy, tmp_path):
+def test_non_fp8_source_gives_one_line_error(src_copy, tmp_path, load_json):
     cfg = load_json(src_copy / "config.json")
     del cfg["quantization_config"]
     (src_copy / "config.json").write_text(json.dumps(cfg))

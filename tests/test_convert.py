@@ -1,11 +1,7 @@
 """End to end on the tiny checkpoint: every output tensor against the slow reference."""
 
-import hashlib
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import load_json
 from safetensors import safe_open
 
 from mla_convert.convert import convert
@@ -14,33 +10,14 @@ from mla_convert.manifest import MANIFEST_NAME
 from mla_convert.plan import Options
 from mla_convert.settings import RunSettings
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
-from support.reference import ref_channel_fp8, ref_dequant_block, same_bits, seed_split
-
-
-def load_all(root: Path) -> dict[str, torch.Tensor]:
-    index = load_json(root / "model.safetensors.index.json")["weight_map"]
-    out = {}
-    for file in sorted(set(index.values())):
-        with safe_open(str(root / file), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                out[name] = f.get_tensor(name)
-    return out
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
-def src_tensors(tiny_src):
+def src_tensors(tiny_src, load_all):
     return load_all(tiny_src)
 
 
-def test_fixture_has_the_awkward_cases(tiny_src):
+def test_fixture_has_the_awkward_cases(tiny_src, load_json):
     """Guard the fixture itself: a scale in another shard, 576-row partial blocks, MTP layer, experts."""
     wm = load_json(tiny_src / "model.safetensors.index.json")["weight_map"]
     assert any(wm[n] != wm[n[: -len("_scale_inv")]] for n in wm if n.endswith("_scale_inv"))
@@ -58,19 +35,19 @@ def _fp8_weights(src_tensors):
     return [n[: -len("_scale_inv")] for n in src_tensors if n.endswith("_scale_inv")]
 
 
-def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors):
+def test_bf16_output_is_reference_dequant_bit_exact(converted, src_tensors, load_all, reference):
     out = load_all(converted["bf16"])
     fp8 = set(_fp8_weights(src_tensors))
     assert fp8 and set(out) == {n for n in src_tensors if not n.endswith("_scale_inv")}
     for name, t in out.items():
         if name in fp8:
-            expected = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
+            expected = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
         else:
             expected = src_tensors[name]
-        assert same_bits(t, expected), name
+        assert reference.same_bits(t, expected), name
 
 
-def test_channel_fp8_output_matches_reference(converted, src_tensors):
+def test_channel_fp8_output_matches_reference(converted, src_tensors, load_all, reference):
     out = load_all(converted["channel-fp8"])
     fp8 = _fp8_weights(src_tensors)
     expected_names = {n for n in src_tensors if not n.endswith("_scale_inv")} | {
@@ -78,17 +55,19 @@ def test_channel_fp8_output_matches_reference(converted, src_tensors):
     }
     assert set(out) == expected_names
     for name in fp8:
-        x = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"])
-        q, s = ref_channel_fp8(x, 448.0)
-        assert same_bits(out[name], q), name
-        assert same_bits(out[name[: -len(".weight")] + ".weight_scale"], s), name
+        x = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"])
+        q, s = reference.channel_fp8(x, 448.0)
+        assert reference.same_bits(out[name], q), name
+        assert reference.same_bits(out[name[: -len(".weight")] + ".weight_scale"], s), name
     for name in set(src_tensors) - set(fp8):
         if not name.endswith("_scale_inv"):
-            assert same_bits(out[name], src_tensors[name]), name
+            assert reference.same_bits(out[name], src_tensors[name]), name
 
 
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
-def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, src_tensors, tiny_src, fmt):
+def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(
+    converted, src_tensors, tiny_src, fmt, load_json, reference
+):
     cfg = load_json(tiny_src / "config.json")
     out = converted[fmt]
     manifest = read_manifest(out / "mla")
@@ -96,18 +75,18 @@ def test_mla_artifacts_bit_exact_to_seed_layout_of_source_kv_b_proj(converted, s
     assert manifest.layer_ids() == list(range(layers))
     for i in range(layers):
         name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
-        bf16 = ref_dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
-        uk_t, uv = seed_split(
+        bf16 = reference.dequant_block(src_tensors[name], src_tensors[name + "_scale_inv"]).to(torch.bfloat16)
+        uk_t, uv = reference.seed_split(
             bf16, cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
         )
         with safe_open(str(out / "mla" / manifest.entry(i).file), "pt") as f:
-            assert same_bits(f.get_tensor(w_uk_t_name(i)), uk_t)
-            assert same_bits(f.get_tensor(w_uv_name(i)), uv)
+            assert reference.same_bits(f.get_tensor(w_uk_t_name(i)), uk_t)
+            assert reference.same_bits(f.get_tensor(w_uv_name(i)), uv)
         assert uk_t.shape == (4, 128, 512) and uv.shape == (4, 512, 128)
 
 
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
-def test_index_config_side_files_and_manifest(converted, tiny_src, fmt):
+def test_index_config_side_files_and_manifest(converted, tiny_src, fmt, load_json, load_all, tree_hashes):
     out = converted[fmt]
     index = load_json(out / "model.safetensors.index.json")
     wm = index["weight_map"]
@@ -139,7 +118,7 @@ def test_index_config_side_files_and_manifest(converted, tiny_src, fmt):
     assert read_manifest(out / "mla").source_fingerprint == manifest["source_fingerprint"]
 
 
-def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_path, tiny_src):
+def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_path, tiny_src, load_json, load_all):
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy
 
     for target in ("gaudi3", "gaudi2"):
@@ -164,7 +143,7 @@ def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_p
                 assert t.float().abs().max() <= fp8_max, name
 
 
-def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path):
+def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path, tree_hashes):
     before = tree_hashes(src_copy)
     convert(src_copy, tmp_path / "a", Options())
     convert(src_copy, tmp_path / "b", Options())
@@ -173,7 +152,7 @@ def test_source_is_not_modified_and_runs_are_deterministic(src_copy, tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_give_identical_bytes(tiny_src, converted, tmp_path):
+def test_workers_give_identical_bytes(tiny_src, converted, tmp_path, tree_hashes):
     convert(tiny_src, tmp_path / "w2", Options(), workers=2)
     assert tree_hashes(tmp_path / "w2") == tree_hashes(converted["channel-fp8"])
 
@@ -191,7 +170,7 @@ def test_run_settings_object_and_keywords_are_the_same_call(tiny_src, tmp_path):
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
-def test_transformers_loads_bf16_output_with_reference_logits(converted, src_tensors, tiny_src):
+def test_transformers_loads_bf16_output_with_reference_logits(converted, src_tensors, tiny_src, reference):
     """transformers' DeepseekV3ForCausalLM on the bf16 output gives exactly the logits of the same
     model built from the reference dequant of the source."""
     from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3ForCausalLM
@@ -208,7 +187,7 @@ def test_transformers_loads_bf16_output_with_reference_logits(converted, src_ten
         ):
             continue
         scale = src_tensors.get(name + "_scale_inv")
-        state[name] = ref_dequant_block(t, scale).to(torch.bfloat16) if scale is not None else t
+        state[name] = reference.dequant_block(t, scale).to(torch.bfloat16) if scale is not None else t
     # transformers 5 holds routed experts fused: gate_up_proj[e] = cat(gate, up), down_proj[e].
     for i in range(cfg.first_k_dense_replace, n_layers):
         p = f"model.layers.{i}.mlp.experts"

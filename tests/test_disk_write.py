@@ -8,7 +8,6 @@ import re
 
 import pytest
 import torch
-from test_convert import tree_hashes
 from typer.testing import CliRunner
 
 from mla_convert import disk_write
@@ -121,7 +120,7 @@ def test_a_failed_direct_write_surfaces_and_the_partial_file_goes(tmp_path, monk
     assert not list(tmp_path.iterdir())
 
 
-def test_conversion_bytes_do_not_depend_on_the_write_mode(tiny_src, converted, tmp_path):
+def test_conversion_bytes_do_not_depend_on_the_write_mode(tiny_src, converted, tmp_path, tree_hashes):
     out = {}
     for mode in ("direct", "buffered"):
         summary = convert(tiny_src, tmp_path / mode, Options(), write_io=mode)
@@ -186,7 +185,7 @@ def _fsync_by_name(monkeypatch, action):
     monkeypatch.setattr(os, "fsync", fsync)
 
 
-def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, monkeypatch):
+def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, monkeypatch, tree_hashes):
     """fsync waits for the disk; the next shard's conversion must not wait for it (and the result
     and the journal order stay the same)."""
     import threading

@@ -10,7 +10,7 @@ import huggingface_hub
 import pytest
 from huggingface_hub import HfApi, errors, hf_hub_download, snapshot_download
 
-from support.fake_hub import FakeHub, fake_hub  # noqa: F401  (fixture)
+from support.fake_hub import FakeHub
 
 REPO = "deepseek-ai/Tiny-R1"
 SHARD = "model-00002-of-00004.safetensors"
@@ -30,7 +30,7 @@ def repo_files(root: Path) -> dict[str, Path]:
 
 
 @pytest.fixture
-def hub(fake_hub, tiny_src):  # noqa: F811
+def hub(fake_hub, tiny_src):
     fake_hub.add_repo(REPO, tiny_src)
     return fake_hub
 
@@ -254,7 +254,7 @@ def test_injected_failure_is_one_shot(hub, tiny_src):
     assert Path(hf_hub_download(REPO, "config.json")).read_bytes() == (tiny_src / "config.json").read_bytes()
 
 
-def test_private_repo_needs_the_token(fake_hub, tiny_src, monkeypatch):  # noqa: F811
+def test_private_repo_needs_the_token(fake_hub, tiny_src, monkeypatch):
     fake_hub.add_repo("acme/private", tiny_src, private=True, token="hf_secret")
     with pytest.raises(errors.RepositoryNotFoundError):
         snapshot_download("acme/private")
@@ -268,7 +268,7 @@ def test_private_repo_needs_the_token(fake_hub, tiny_src, monkeypatch):  # noqa:
     assert fake_hub.requests and {r.authorization for r in fake_hub.requests} == {"Bearer hf_secret"}
 
 
-def test_revisions(fake_hub, tiny_src, tmp_path):  # noqa: F811
+def test_revisions(fake_hub, tiny_src, tmp_path):
     main = fake_hub.add_repo(REPO, tiny_src)
     other = tmp_path / "v2"
     (other / "sub").mkdir(parents=True)

@@ -6,21 +6,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load_json
-from test_convert import tree_hashes
-from test_reliability import SHARD1, SHARD2, cli
 
 from mla_convert.convert import convert
 from mla_convert.errors import SourceError
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
-from support.fake_hub import fake_hub  # noqa: F401  (fixture)
+from support.checkpoints import SHARD1, SHARD2
 
 REPO = "deepseek-ai/Tiny-R1"
 
 
 @pytest.fixture
-def hub(fake_hub, tiny_src):  # noqa: F811
+def hub(fake_hub, tiny_src):
     fake_hub.add_repo(REPO, tiny_src)
     return fake_hub
 
@@ -37,7 +34,7 @@ def fetches(hub, filename: str) -> int:
     return sent // hub.file_info(REPO, filename)["size"]
 
 
-def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path):
+def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path, tree_hashes):
     summary = convert(REPO, tmp_path / "out", Options())
     assert summary["status"] == "complete"
     assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
@@ -55,7 +52,7 @@ def eight_shards(tmp_path_factory):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers):  # noqa: F811
+def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers, tree_hashes):
     hub, (tiny_src, local) = fake_hub, eight_shards
     hub.add_repo(REPO, tiny_src)
     out = tmp_path / "out"
@@ -98,7 +95,7 @@ def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream):
+def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream, tree_hashes):
     # The first whole download is bad, the second good (--stream first reads the header by two
     # range requests, which the fault also counts).
     hub.corrupt(REPO, SHARD2, times=3 if stream else 1)
@@ -108,7 +105,7 @@ def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, stream):
+def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, stream, load_json):
     hub.corrupt(REPO, SHARD2)
     out = tmp_path / "out"
     with pytest.raises(SourceError, match=rf"{SHARD2}.*sha256.*not converted"):
@@ -119,21 +116,23 @@ def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, st
 
 
 @pytest.mark.slow
-def test_interrupted_stream_resumes_without_downloading_converted_shards(hub, converted, tmp_path):
+def test_interrupted_stream_resumes_without_downloading_converted_shards(
+    hub, converted, tmp_path, run_cli, tree_hashes
+):
     out = tmp_path / "out"
-    r = cli(
+    r = run_cli(
         "deepseek-r1", REPO, "--out", out, "--stream", "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"}
     )
     assert r.returncode == -9, r.stderr
     assert fetches(hub, SHARD1) == 1
-    r = cli("deepseek-r1", REPO, "--out", out, "--stream", "--resume", "--json")
+    r = run_cli("deepseek-r1", REPO, "--out", out, "--stream", "--resume", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["resumed_jobs"] == 2
     assert fetches(hub, SHARD1) == 1  # converted before the crash: not fetched again
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
-def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path):
+def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path, tree_hashes):
     convert(REPO, tmp_path / "first", Options())  # populates the cache
     hub.set_offline()
     hub.reset_requests()
@@ -142,15 +141,15 @@ def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path):
     assert tree_hashes(tmp_path / "offline") == tree_hashes(converted["channel-fp8"])
 
 
-def test_offline_with_nothing_cached_is_a_clear_error(hub, tmp_path):
+def test_offline_with_nothing_cached_is_a_clear_error(hub, tmp_path, run_cli):
     hub.set_offline()
-    r = cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--quiet")
+    r = run_cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--quiet")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"error: {REPO}: not in the local Hugging Face cache and the Hub cannot be reached "
         "(offline or HF_HUB_OFFLINE=1); download it first or pass a local directory"
     ]
-    r = cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--stream", "--quiet")
+    r = run_cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--stream", "--quiet")
     assert r.returncode == 2 and "HF_HUB_OFFLINE" in r.stderr
 
 
@@ -164,8 +163,8 @@ def test_unknown_repo_and_private_repo_token(hub, tiny_src, tmp_path, monkeypatc
     assert convert("org/private", tmp_path / "c", Options(), dry_run=True)["fp8_weights_converted"] == 104
 
 
-def test_stream_needs_a_hub_source(tiny_src, tmp_path):
-    r = cli("deepseek-r1", tiny_src, "--out", tmp_path / "out", "--stream", "--quiet")
+def test_stream_needs_a_hub_source(tiny_src, tmp_path, run_cli):
+    r = run_cli("deepseek-r1", tiny_src, "--out", tmp_path / "out", "--stream", "--quiet")
     assert r.returncode == 2 and "--stream needs a Hub repo id" in r.stderr
 
 

@@ -5,10 +5,8 @@ import os
 
 import pytest
 import torch
-from conftest import load_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_convert import tree_hashes
 
 from mla_convert import kernels as kernels_mod
 from mla_convert import native
@@ -16,7 +14,6 @@ from mla_convert.convert import convert
 from mla_convert.kernels import eager_kernels, resolve_mode, same_values, select_kernels
 from mla_convert.plan import Options
 from mla_convert.synthetic import quantize_block_fp8
-from support.reference import ref_channel_fp8, ref_dequant_block, same_bits
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +40,17 @@ def fresh_native(monkeypatch, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["native", "compile"])
 @pytest.mark.parametrize("shape", [(576, 7168 // 8), (2048, 896), (300, 200), (129, 257), (1, 1), (3, 1000)])
-def test_fast_equals_eager_equals_reference(fast, mode, shape):
+def test_fast_equals_eager_equals_reference(fast, mode, shape, reference):
     w, s = quantize_block_fp8(torch.randn(shape) * 3)
     k, eager = fast[mode], eager_kernels((128, 128), 448.0)
-    x = ref_dequant_block(w, s)
-    ref_q, ref_s = ref_channel_fp8(x, 448.0)
+    x = reference.dequant_block(w, s)
+    ref_q, ref_s = reference.channel_fp8(x, 448.0)
     assert k.to_channel_fp8 is not eager.to_channel_fp8 and k.to_bf16 is not eager.to_bf16
     for kern in (k, eager):
         q, sc = kern.to_channel_fp8(w, s)
-        assert same_bits(q, ref_q) and same_bits(sc, ref_s), kern.name
-        assert same_bits(kern.to_bf16(w, s), x.to(torch.bfloat16)), kern.name
-        assert same_bits(kern.dequant_fp32(w, s), x), kern.name
+        assert reference.same_bits(q, ref_q) and reference.same_bits(sc, ref_s), kern.name
+        assert reference.same_bits(kern.to_bf16(w, s), x.to(torch.bfloat16)), kern.name
+        assert reference.same_bits(kern.dequant_fp32(w, s), x), kern.name
 
 
 def _every_byte(rows: int, cols: int) -> torch.Tensor:
@@ -64,7 +61,7 @@ def _every_byte(rows: int, cols: int) -> torch.Tensor:
     "scale",
     [1.0, 0.5, 3.0e-3, 1.7e-6, 2.0**-20, 7.5e4, -0.25],  # tiny scales push rows into e4m3's subnormals
 )
-def test_native_every_byte_every_rounding_case(fast, scale):
+def test_native_every_byte_every_rounding_case(fast, scale, reference):
     """All 256 e4m3 bytes (zeros, subnormals, NaN) under a range of block scales: native equals
     eager bit for bit, NaN handling included; without NaN bytes it equals the slow reference."""
     w = _every_byte(200, 300)
@@ -77,11 +74,11 @@ def test_native_every_byte_every_rounding_case(fast, scale):
     finite = w.view(torch.uint8).clone()
     finite[(finite & 0x7F) == 0x7F] = 0x7E  # the reference has no NaN convention; numerics does
     w = finite.view(torch.float8_e4m3fn)
-    x = ref_dequant_block(w, s)
-    ref_q, ref_s = ref_channel_fp8(x, 448.0)
+    x = reference.dequant_block(w, s)
+    ref_q, ref_s = reference.channel_fp8(x, 448.0)
     q, sc = k.to_channel_fp8(w, s)
-    assert same_bits(q, ref_q) and same_bits(sc, ref_s)
-    assert same_bits(k.to_bf16(w, s), x.to(torch.bfloat16))
+    assert reference.same_bits(q, ref_q) and reference.same_bits(sc, ref_s)
+    assert reference.same_bits(k.to_bf16(w, s), x.to(torch.bfloat16))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -109,7 +106,9 @@ def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 @pytest.mark.parametrize("mode", ["native", "compile"])
-def test_conversion_with_fast_kernels_is_byte_identical(tiny_src, converted, tmp_path, monkeypatch, fmt, mode):
+def test_conversion_with_fast_kernels_is_byte_identical(
+    tiny_src, converted, tmp_path, monkeypatch, fmt, mode, tree_hashes
+):
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
     summary = convert(tiny_src, tmp_path / "c", Options(format=fmt), kernels=mode)
     assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode]
@@ -132,7 +131,7 @@ def test_auto_mode_policy(monkeypatch):
         resolve_mode("auto", 1)
 
 
-def test_compile_failure_falls_back_to_eager(monkeypatch):
+def test_compile_failure_falls_back_to_eager(monkeypatch, reference):
     def broken(*a, **k):
         raise RuntimeError("no C compiler found")
 
@@ -140,7 +139,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     k = select_kernels((64, 64), 123.0, "cpu", "compile", ("fp8",))
     assert k.name == "eager" and "no C compiler" in k.reason
     w, s = torch.randn(70, 70).to(torch.float8_e4m3fn), torch.rand(2, 2) + 0.5
-    assert same_bits(k.dequant_fp32(w, s), ref_dequant_block(w, s, (64, 64)))
+    assert reference.same_bits(k.dequant_fp32(w, s), reference.dequant_block(w, s, (64, 64)))
 
 
 def test_no_c_compiler_falls_back_with_the_reason(fresh_native, monkeypatch):
@@ -173,7 +172,7 @@ def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
     assert native.build() != lib  # -march=native code is never served to another CPU
 
 
-def test_summary_reports_kernels(tiny_src, tmp_path):
+def test_summary_reports_kernels(tiny_src, tmp_path, load_json):
     summary = convert(tiny_src, tmp_path / "o", Options())
     assert summary["kernels"] == "eager" and summary["kernels_reason"]
     assert load_json(tmp_path / "o" / "mla-convert-manifest.json")["status"] == "complete"
@@ -196,7 +195,7 @@ def test_one_compiled_graph_serves_every_shape():
     assert graphs["unique_graphs"] == before
 
 
-def test_native_kernels_use_torch_thread_count(fast):
+def test_native_kernels_use_torch_thread_count(fast, reference):
     """Rows are split over torch.get_num_threads() threads; results do not depend on the split."""
     w, s = quantize_block_fp8(torch.randn(700, 300))
     before = torch.get_num_threads()
@@ -207,7 +206,7 @@ def test_native_kernels_use_torch_thread_count(fast):
         many = fast["native"].to_channel_fp8(w, s)
     finally:
         torch.set_num_threads(before)
-    assert same_bits(one[0], many[0]) and same_bits(one[1], many[1])
+    assert reference.same_bits(one[0], many[0]) and reference.same_bits(one[1], many[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

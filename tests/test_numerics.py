@@ -1,17 +1,10 @@
-"""mla_convert.numerics against the slow reference in tests/reference.py."""
+"""mla_convert.numerics against the slow reference in tests/support/reference.py."""
 
 import pytest
 import torch
 
 from mla_convert.numerics import FP8_MAX, dequantize_block_fp8, quantize_channel_fp8, to_bf16
 from mla_convert.synthetic import quantize_block_fp8
-from support.reference import (
-    e4m3_error_bound,
-    gaudi_load_time_channel_fp8,
-    ref_channel_fp8,
-    ref_dequant_block,
-    same_bits,
-)
 
 # Full blocks, partial edge blocks in either dimension (576 rows = 4.5 blocks, like kv_a_proj_with_mqa).
 SHAPES = [(128, 128), (576, 384), (300, 200), (129, 257), (1, 1), (5, 130)]
@@ -23,15 +16,15 @@ def block_fp8(shape, seed=0, scale=1.0):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_block_dequant_matches_reference_bit_exact(shape):
+def test_block_dequant_matches_reference_bit_exact(shape, reference):
     w, s = block_fp8(shape)
-    assert same_bits(dequantize_block_fp8(w, s, (128, 128)), ref_dequant_block(w, s))
+    assert reference.same_bits(dequantize_block_fp8(w, s, (128, 128)), reference.dequant_block(w, s))
 
 
-def test_block_dequant_other_block_sizes():
+def test_block_dequant_other_block_sizes(reference):
     w = torch.randn(70, 45).to(torch.float8_e4m3fn)
     s = torch.rand(5, 3) + 0.5
-    assert same_bits(dequantize_block_fp8(w, s, (16, 16)), ref_dequant_block(w, s, (16, 16)))
+    assert reference.same_bits(dequantize_block_fp8(w, s, (16, 16)), reference.dequant_block(w, s, (16, 16)))
 
 
 def test_block_dequant_rejects_wrong_grid():
@@ -41,43 +34,45 @@ def test_block_dequant_rejects_wrong_grid():
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_bf16_is_rounded_fp32_product_bit_exact(shape):
+def test_bf16_is_rounded_fp32_product_bit_exact(shape, reference):
     w, s = block_fp8(shape, seed=1)
-    expected = ref_dequant_block(w, s).to(torch.bfloat16)
-    assert same_bits(to_bf16(dequantize_block_fp8(w, s, (128, 128))), expected)
+    expected = reference.dequant_block(w, s).to(torch.bfloat16)
+    assert reference.same_bits(to_bf16(dequantize_block_fp8(w, s, (128, 128))), expected)
 
 
 @pytest.mark.parametrize("target", ["gaudi3", "gaudi2"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_channel_fp8_matches_reference_and_bound(shape, target):
+def test_channel_fp8_matches_reference_and_bound(shape, target, reference):
     fp8_max = FP8_MAX[target]
     w, s = block_fp8(shape, seed=2)
-    x = ref_dequant_block(w, s)
+    x = reference.dequant_block(w, s)
     q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max)
-    ref_q, ref_scale = ref_channel_fp8(x, fp8_max)
-    assert same_bits(scale, ref_scale) and same_bits(q, ref_q)
+    ref_q, ref_scale = reference.channel_fp8(x, fp8_max)
+    assert reference.same_bits(scale, ref_scale) and reference.same_bits(q, ref_q)
     assert q.dtype == torch.float8_e4m3fn and scale.shape == (shape[0], 1) and scale.dtype == torch.float32
     assert q.float().abs().max() <= fp8_max
     err = (q.float() * scale - x).abs()
-    assert bool((err <= e4m3_error_bound(x, scale)).all()), float((err - e4m3_error_bound(x, scale)).max())
+    assert bool((err <= reference.e4m3_error_bound(x, scale)).all()), float(
+        (err - reference.e4m3_error_bound(x, scale)).max()
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("target", ["gaudi3", "gaudi2"])
-def test_channel_fp8_never_worse_than_vllm_gaudi_load_time(seed, target):
+def test_channel_fp8_never_worse_than_vllm_gaudi_load_time(seed, target, reference):
     """The offline fp32 path is at least as accurate as vllm-gaudi's bf16 load-time conversion on
     the same tensor: lower mean squared and mean absolute error against the exact fp32 dequant.
     (The single worst element can fall either way: the two round on different grids.)"""
     fp8_max = FP8_MAX[target]
     w, s = block_fp8((576, 512), seed=seed, scale=3.0)
-    x = ref_dequant_block(w, s)
+    x = reference.dequant_block(w, s)
     q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max)
-    gq, gscale = gaudi_load_time_channel_fp8(w, s, fp8_max)
+    gq, gscale = reference.gaudi_load_time_channel_fp8(w, s, fp8_max)
     ours = (q.float() * scale - x).abs()
     theirs = (gq.float() * gscale - x).abs()
     assert ours.pow(2).mean() <= theirs.pow(2).mean()
     assert ours.mean() <= theirs.mean()
-    assert bool((ours <= e4m3_error_bound(x, scale)).all())
+    assert bool((ours <= reference.e4m3_error_bound(x, scale)).all())
 
 
 def test_zero_rows_give_finite_scales_and_zero_weights():
@@ -102,10 +97,10 @@ def test_saturation_never_exceeds_range_or_makes_nan(fp8_max):
     assert qf[0, 0] == fp8_max and qf[0, 1] == -fp8_max and qf[1, 1] == -fp8_max
 
 
-def test_inputs_are_not_mutated():
+def test_inputs_are_not_mutated(reference):
     w, s = block_fp8((300, 200))
     w0, s0 = w.clone(), s.clone()
     x = dequantize_block_fp8(w, s, (128, 128))
     x0 = x.clone()
     quantize_channel_fp8(x, 448.0)
-    assert same_bits(w, w0) and same_bits(s, s0) and same_bits(x, x0)
+    assert reference.same_bits(w, w0) and reference.same_bits(s, s0) and reference.same_bits(x, x0)

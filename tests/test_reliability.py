@@ -1,37 +1,24 @@
 """Crash safety, resume, determinism and hostile input (issue: reliability)."""
 
 import json
-import os
 import resource
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
-from test_convert import tree_hashes
 from typer.testing import CliRunner
 
 from mla_convert.checkpoint import open_source
 from mla_convert.cli import app
 from mla_convert.errors import SourceError
 from mla_convert.safetensors_io import read_header
+from support.checkpoints import SHARD1, SHARD2, load_json
 
-SHARD1, SHARD2 = "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors"
 MANIFEST = "mla-convert-manifest.json"
-
-
-def cli(*args, env=None, preexec_fn=None):
-    """The real CLI in a child process (so it can be SIGKILLed or resource-limited)."""
-    return subprocess.run(
-        [sys.executable, "-m", "mla_convert", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, timeout=300,
-    )  # fmt: skip
 
 
 def assert_not_complete(out: Path, killed: bool = False) -> None:
@@ -49,69 +36,69 @@ def assert_not_complete(out: Path, killed: bool = False) -> None:
     "point",
     [f"shard-write:{SHARD2}", f"after-job:{SHARD1}", f"after-job:{SHARD2}", "index", "mla-manifest", "final-manifest"],
 )
-def test_sigkill_then_resume_is_byte_identical(tiny_src, converted, tmp_path, point):
+def test_sigkill_then_resume_is_byte_identical(tiny_src, converted, tmp_path, point, run_cli, tree_hashes):
     out = tmp_path / "out"
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": point})
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": point})
     assert r.returncode == -9, r.stderr
     assert_not_complete(out, killed=True)
-    again = cli("deepseek-r1", tiny_src, "--out", out, "--quiet")
+    again = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet")
     assert again.returncode != 0 and "--resume" in again.stderr
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
     assert r.returncode == 0, r.stderr
     if point.startswith("after-job") or point in ("index", "mla-manifest", "final-manifest"):
         assert json.loads(r.stdout)["resumed_jobs"] >= 1  # finished shards were kept, not redone
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
-def test_resume_redoes_a_damaged_finished_shard(tiny_src, converted, tmp_path):
+def test_resume_redoes_a_damaged_finished_shard(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     out = tmp_path / "out"
-    assert cli("deepseek-r1", tiny_src, "--out", out, "--quiet").returncode == 0
+    assert run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet").returncode == 0
     data = bytearray((out / SHARD1).read_bytes())
     data[-100] ^= 0xFF
     (out / SHARD1).write_bytes(bytes(data))
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["resumed_jobs"] == 3
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
-def test_resume_refuses_other_options_or_source(src_copy, tmp_path):
+def test_resume_refuses_other_options_or_source(src_copy, tmp_path, run_cli):
     out = tmp_path / "out"
-    r = cli("deepseek-r1", src_copy, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD1}"})
+    r = run_cli("deepseek-r1", src_copy, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD1}"})
     assert r.returncode == -9
-    r = cli("deepseek-r1", src_copy, "--out", out, "--resume", "--format", "bf16", "--quiet")
+    r = run_cli("deepseek-r1", src_copy, "--out", out, "--resume", "--format", "bf16", "--quiet")
     assert r.returncode != 0 and "format recorded 'channel-fp8', requested 'bf16'" in r.stderr
     cfg = load_json(src_copy / "config.json")
     cfg["rms_norm_eps"] = 1e-5
     (src_copy / "config.json").write_text(json.dumps(cfg))
-    r = cli("deepseek-r1", src_copy, "--out", out, "--resume", "--quiet")
+    r = run_cli("deepseek-r1", src_copy, "--out", out, "--resume", "--quiet")
     assert r.returncode != 0 and "different source" in r.stderr
     assert_not_complete(out, killed=True)
 
 
-def test_determinism_across_runs_is_covered_with_resume(tiny_src, converted, tmp_path):
+def test_determinism_across_runs_is_covered_with_resume(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     """Resume on an already complete directory verifies it and changes nothing."""
     out = tmp_path / "out"
-    assert cli("deepseek-r1", tiny_src, "--out", out, "--quiet").returncode == 0
+    assert run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet").returncode == 0
     before = tree_hashes(out)
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["resumed_jobs"] == 4
     assert tree_hashes(out) == before == tree_hashes(converted["channel-fp8"])
 
 
 @pytest.mark.slow
-def test_file_size_limit_mid_write_is_a_clean_error_and_resumable(tiny_src, converted, tmp_path):
+def test_file_size_limit_mid_write_is_a_clean_error_and_resumable(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     out = tmp_path / "out"
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, 1_500_000))  # shards are ~2.4 MB
 
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--quiet", preexec_fn=limit)
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet", preexec_fn=limit)
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "write failed" in lines[0] and ".safetensors" in lines[0], r.stderr
     assert_not_complete(out)
-    r = cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--quiet")
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--quiet")
     assert r.returncode == 0, r.stderr
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 

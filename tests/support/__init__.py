@@ -1,0 +1,31 @@
+"""What the tests share. Not a test module: pytest collects nothing here, and nothing imports a
+`test_*` module or `conftest`.
+
+Where things live, and how a test gets them:
+
+- `fake_hub.py`: `FakeHub`, a local HTTP stand-in for the Hugging Face Hub. Tests take the
+  `fake_hub` fixture (a started hub, `huggingface_hub` pointed at it, stopped afterwards);
+  tests of the hub itself may also build one (`from support.fake_hub import FakeHub`).
+- `reference.py`: the slow, obviously correct numerics (`dequant_block`, `channel_fp8`,
+  `seed_split`, `gaudi_load_time_channel_fp8`, `e4m3_error_bound`, `same_bits`). Tests take
+  the `reference` fixture (this module) and call `reference.dequant_block(...)` and so on.
+- `checkpoints.py`: `load_json`, `load_all` (every tensor of a sharded checkpoint) and
+  `tree_hashes` (sha256 of every file under a directory), each a fixture of the same name;
+  `SHARD1`, `SHARD2`, two shard names of the tiny checkpoint, are imported.
+- `cli_runner.py`: `run_cli`, the real CLI in a child process; the `run_cli` fixture.
+- `standins/vllm_gaudi/`: a stand-in of vllm-gaudi (see its README). The `vllm_gaudi_standin`
+  fixture puts it on `sys.path` for one test and takes it off again.
+- `artifacts.py`: builders of MLA artifacts and FP8 kv_b_proj weights for the mla_runtime
+  tests (also used by scripts/bench_runtime.py); imported, since the test modules' own
+  module-level helpers and default arguments use them.
+- `vllm_engine_run.py`: the script tests/test_vllm_engine.py runs, one vLLM engine per
+  subprocess; that test module imports its `PROMPTS` and `MAX_TOKENS`.
+
+The fixtures are defined in tests/conftest.py, with the tiny checkpoint (`tiny_src`, `src_copy`)
+and its conversions (`converted`). The rule: a test takes what it uses as a fixture parameter.
+Plain imports from `support` are for constants, for values needed when a module is imported
+(`@pytest.mark.parametrize` arguments, hypothesis strategies, default arguments), and for a test
+module's own module-level helpers, which fixtures cannot reach. The pure helpers are
+session-scoped fixtures, so hypothesis `@given` tests can take them without a health-check
+warning.
+"""

@@ -31,7 +31,8 @@ subprocesses: it sets the env vars (`HF_ENDPOINT`, `HF_HOME`, `HF_HUB_CACHE`, `H
 (`ENDPOINT`, `HUGGINGFACE_CO_URL_TEMPLATE`, cache/token paths, offline/xet/telemetry flags, the module-level
 `HfApi` used by `huggingface_hub.model_info` & co). All of it is undone by the monkeypatch.
 
-Use the `fake_hub` fixture (`from fake_hub import fake_hub` in a test module), or build your own:
+Tests take the `fake_hub` fixture (tests/conftest.py: a started hub, installed, stopped afterwards), or build
+their own:
 
     with FakeHub({"org/tiny": (ckpt_dir, None)}) as hub:
         hub.install(monkeypatch, tmp_path / "hf_home")
@@ -53,7 +54,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import pytest
 
-__all__ = ["ENV_UNSET", "FakeHub", "RequestRecord", "fake_hub"]
+__all__ = ["ENV_UNSET", "FakeHub", "RequestRecord"]
 
 _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
@@ -884,20 +885,3 @@ def _parse_range(value: str, total: int) -> tuple[int, int] | None:
     if start >= total or end < start:
         return None
     return start, min(end, total - 1)
-
-
-# --------------------------------------------------------------------------------------------- fixture
-
-
-@pytest.fixture
-def fake_hub(tmp_path, monkeypatch):
-    """A started `FakeHub` with `huggingface_hub` pointed at it (env vars + patched constants, empty cache under
-    `tmp_path / "hf_home"`), stopped and restored afterwards. Register repos with `fake_hub.add_repo(...)`."""
-    import huggingface_hub
-
-    with FakeHub() as hub:
-        hub.install(monkeypatch, tmp_path / "hf_home")
-        try:
-            yield hub
-        finally:
-            huggingface_hub.close_session()

@@ -10,7 +10,7 @@ import math
 import torch
 
 
-def ref_dequant_block(weight: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128)) -> torch.Tensor:
+def dequant_block(weight: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128)) -> torch.Tensor:
     """dequant[i, j] = float(weight[i, j]) * scale_inv[i // bn, j // bk], block by block."""
     n, k = weight.shape
     bn, bk = block
@@ -23,7 +23,7 @@ def ref_dequant_block(weight: torch.Tensor, scale_inv: torch.Tensor, block=(128,
     return out
 
 
-def ref_channel_fp8(x: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_fp8(x: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Row by row: scale = max|row| / fp8_max (1.0 for an all-zero row); q = e4m3(clamp(row / scale))."""
     n, k = x.shape
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)

@@ -1,1 +1,1 @@
-"""Stand-in for vllm-gaudi (tests only; see tests/standins/README.md)."""
+"""Stand-in for vllm-gaudi (tests only; see tests/support/standins/README.md)."""

@@ -1,4 +1,4 @@
-"""Stand-in for vllm_gaudi.attention.oot_mla (tests only; see tests/standins/README.md).
+"""Stand-in for vllm_gaudi.attention.oot_mla (tests only; see tests/support/standins/README.md).
 
 `HPUMLAAttention.process_weights_after_loading` follows the documented source step by step. The
 base class `MLAAttention` stands in for upstream vLLM's: it holds what the method reads (dims,

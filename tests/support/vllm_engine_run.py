@@ -1,12 +1,13 @@
 """Run one vLLM CPU engine on a model directory and report what the vLLM tests check.
 
-    python tests/vllm_engine_run.py MODEL_DIR OUT_DIR
+    python tests/support/vllm_engine_run.py MODEL_DIR OUT_DIR
 
 Writes OUT_DIR/result.json (greedy token ids per prompt, the plugin's summary in this process) and
 OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them; rank r > 0
 prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND. Run in a
 subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
-leak between runs. Not a test module: tests/test_vllm_engine.py drives it.
+leak between runs. Not a test module: tests/test_vllm_engine.py drives it, and imports its PROMPTS
+and MAX_TOKENS (this module imports nothing beyond the standard library until main() runs).
 """
 
 from __future__ import annotations

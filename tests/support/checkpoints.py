@@ -1,0 +1,42 @@
+"""Reading checkpoint directories in tests: JSON files, every tensor, a hash of every file; and the
+tiny checkpoint's shard names.
+
+Tests get `load_json`, `load_all` and `tree_hashes` as fixtures (tests/conftest.py); a test module's
+own module-level helpers, which fixtures cannot reach, import them from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+# Two of the four shards of the tiny checkpoint (mla_convert.synthetic.CheckpointSpec's defaults).
+SHARD1, SHARD2 = "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors"
+
+
+def load_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def load_all(root: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the sharded safetensors checkpoint in `root`, by name (through its index)."""
+    index = load_json(root / "model.safetensors.index.json")["weight_map"]
+    out = {}
+    for file in sorted(set(index.values())):
+        with safe_open(str(root / file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """{path relative to `root`: sha256} of every file under `root`."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }

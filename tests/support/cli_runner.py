@@ -1,0 +1,17 @@
+"""The real CLI in a child process (so a test can SIGKILL it, resource-limit it, or give it its own
+environment). Tests get it as the `run_cli` fixture (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def run_cli(*args, env=None, preexec_fn=None) -> subprocess.CompletedProcess:
+    """`python -m mla_convert ARGS...` with `env` added to this process's environment; its output
+    captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "mla_convert", *map(str, args)],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, timeout=300,
+    )  # fmt: skip
