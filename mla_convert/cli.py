@@ -315,6 +315,7 @@ def _print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
         failed = sum(g["failed"] for g in groups.values())
         verdict = "[green]PASS" if report["ok"] else f"[red]FAIL: {failed} of {total} checks failed"
         _console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
+        _console().print(f"fp8 readers: {report['readers']} ({report['readers_reason']})", style="dim")
 
 
 def _start_heavy_process() -> None:

@@ -37,7 +37,7 @@ from . import __version__, disk_write, hub
 from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale_values, checked_member, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import Kernels, resolve_mode, select_kernels
-from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, read_manifest, write_manifest
+from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
 from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
 from .resume import Journal, completed_jobs, crash_point
@@ -383,7 +383,7 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
         dims=src.dims,
         layers=layers,
         source_fingerprint=src.fingerprint(),
-        producer={"tool": "mla-convert", "version": __version__, "format": plan.options.format},
+        producer={"tool": TOOL_NAME, "version": __version__, "format": plan.options.format},
     )
     rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
     crash_point("mla-manifest")

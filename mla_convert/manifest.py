@@ -13,13 +13,14 @@ from mla_runtime.format import CONVERT_MANIFEST_NAME as MANIFEST_NAME  # the run
 
 from . import __version__
 
+TOOL_NAME = "mla-convert"  # the producer named in both manifests
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"
 
 
 def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: dict[str, dict]) -> bytes:
     doc = {
-        "tool": "mla-convert",
+        "tool": TOOL_NAME,
         "version": __version__,
         "status": status,
         "options": options,

@@ -20,7 +20,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from mla_runtime.format import MLA_DIR_NAME, MlaManifest, kv_b_name, layer_file_name
@@ -28,8 +27,9 @@ from mla_runtime.format import MLA_DIR_NAME, MlaManifest, kv_b_name, layer_file_
 from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from ..errors import ConvertError, VerificationError
 from ..kernels import fp8_readers
-from ..manifest import COMPLETE, MANIFEST_NAME
+from ..manifest import COMPLETE, MANIFEST_NAME, TOOL_NAME
 from ..plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
+from ..settings import ProgressFactory
 from ..source import resolve_source
 from ..workers import process_pool
 from .bounds import TOLERANCES
@@ -37,8 +37,6 @@ from .order import FILE_THREADS, largest_first
 from .report import INTEGRITY, MLA, SOURCE, Tally, as_report
 from .stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
 from .structure import COPY_DTYPES, Layout, check_structure
-
-ProgressFactory = Callable[[int], Callable[[int], None]]
 
 
 def verify(
@@ -113,7 +111,7 @@ def _read_conversion_manifest(root: Path) -> dict:
         raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from None
     if (
         not isinstance(manifest, dict)
-        or manifest.get("tool") != "mla-convert"
+        or manifest.get("tool") != TOOL_NAME
         or not isinstance(manifest.get("files"), dict)
     ):
         raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
