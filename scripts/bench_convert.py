@@ -139,6 +139,12 @@ def _parse_args() -> argparse.Namespace:
         help="with --verify: drop the page cache before each verify-phase run (root only), so reading the "
         "files once means reading them from disk",
     )  # fmt: skip
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another commit (e.g. `git worktree add /tmp/base REV`): its mla-convert runs too, "
+        "alternating with this one, as 'baseline ...' rows",
+    )
     ap.add_argument("--json", type=Path, help="write the results as JSON")
     ap.add_argument("--markdown", type=Path, help="write the results as a markdown table")
     ap.add_argument("--_build", action="store_true", help=argparse.SUPPRESS)
@@ -155,15 +161,22 @@ def _convert_methods(args: argparse.Namespace, src: Path, out: Path) -> dict[str
         for w in args.workers:
             for io in args.write_io:
                 label = f"mla-convert {fmt} w{w}" + (f" {io}" if io != "auto" else "")
-                methods[label] = [
-                    sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out),
-                    "--format", fmt, "--workers", str(w), "--write-io", io, "--quiet",
-                ]  # fmt: skip
+                opts = ["--format", fmt, "--workers", str(w), "--write-io", io, "--quiet"]
+                methods[label] = _mla_convert(None, src, out, opts)
+                if args.baseline:
+                    methods[f"baseline {label}"] = _mla_convert(args.baseline, src, out, opts)
     # The fixed start-up (imports, source validation, plan) that every conversion pays once.
-    methods["mla-convert --dry-run (start-up)"] = [
-        sys.executable, "-m", "mla_convert", "deepseek-r1", str(src), "--out", str(out), "--dry-run", "--quiet",
-    ]  # fmt: skip
+    methods["mla-convert --dry-run (start-up)"] = _mla_convert(None, src, out, ["--dry-run", "--quiet"])
     return methods
+
+
+def _mla_convert(tree: Path | None, src: Path, out: Path, opts: list[str]) -> list[str]:
+    """The command converting src into out: this checkout's mla_convert, or the one in `tree`
+    (run from that directory, so its package is the one imported)."""
+    cmd = [sys.executable, "-m", "mla_convert", "deepseek-r1", str(src.resolve()), "--out", str(out.resolve()), *opts]
+    if tree is None:
+        return cmd
+    return ["sh", "-c", 'cd "$0" && exec "$@"', str(tree.resolve()), *cmd]
 
 
 class _Runs:
