@@ -21,24 +21,32 @@ GLM_MOE_DSA = "GlmMoeDsaForCausalLM"
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     DEEPSEEK_V3: (
         "DeepSeek-V3, R1, V3.1 (deepseek_v3); Kimi-K2 (kimi_k2); Moonlight; fine-tunes; any model_type",
-        "block-FP8 (F32 or E8M0 scales, any block size) or BF16 source; MTP layer kept where present; "
+        "Block-FP8 (F32 or E8M0 scales, any block size) or BF16 source; MTP layer kept where present; "
         "Kimi's rotary inv_freq copied",
     ),
     DEEPSEEK_V32: (
         "DeepSeek-V3.2, V3.2-Exp (deepseek_v32)",
-        "as DeepseekV3, plus the indexer: wq_b / wk converted, weights_proj and k_norm copied; F32 norms stay F32",
+        "As DeepseekV3, plus the lightning indexer: wq_b / wk converted, weights_proj and k_norm copied; "
+        "F32 norms stay F32",
     ),
     GLM_MOE_DSA: (
         "GLM-5, GLM-5.1 FP8 (glm_moe_dsa)",
-        "as DeepseekV32 with its own dims (qk_nope 192, v_head 256); modules_to_not_convert copied as BF16 "
+        "As DeepseekV32 with its own dims (qk_nope 192, v_head 256); modules_to_not_convert copied as BF16 "
         "and ignored; MTP layer without embed_tokens / shared_head.head",
     ),
     DEEPSEEK_V2: (
         "DeepSeek-V2, V2.5, V2-Lite (deepseek_v2)",
-        "BF16 source: channel FP8 quantizes the linears per row, bf16 copies them; no q_lora is q_proj",
+        "BF16 source: channel FP8 quantizes the linears per row, bf16 copies them; without q_lora, q_proj",
     ),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+
+def architectures_help() -> str:
+    """The supported architectures, one paragraph each, for --help."""
+    return "\n\n".join(f"{arch}: {who}. {what}." for arch, (who, what) in ARCHITECTURES.items())
+
+
 INDEXER_ARCHITECTURES = (DEEPSEEK_V32, GLM_MOE_DSA)
 # MTP layers that reuse the main model's embed_tokens and lm_head instead of storing their own.
 SHARED_MTP_HEAD_ARCHITECTURES = (GLM_MOE_DSA,)
