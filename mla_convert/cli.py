@@ -171,6 +171,7 @@ def _print_summary(summary: dict, title: str) -> None:
         ("shards", str(summary["shards"])),
         ("tensors in -> out", f"{summary['tensors_in']} -> {summary['tensors_out']}"),
         ("block-FP8 weights converted", str(summary["fp8_weights_converted"])),
+        ("16-bit linears quantized", str(summary["bf16_linears_quantized"])),
         ("MLA layers (W_UK_T / W_UV)", str(summary["mla_layers"])),
         ("bytes in", _gb(summary["bytes_in"])),
         ("bytes out (model + mla)", f"{_gb(summary['bytes_out_model'])} + {_gb(summary['bytes_out_mla'])}"),
