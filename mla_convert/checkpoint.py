@@ -13,7 +13,7 @@ from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MLA_DIR_NAME,
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 from .errors import SourceError
-from .family import FamilyError, Layout, shape_mismatch
+from .family import FamilyError, Layout, shape_mismatch, shape_rules
 from .safetensors_io import read_header, read_tensor
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -238,32 +238,24 @@ def _check_layers(src: SourceCheckpoint) -> None:
     lay = src.layout
     q_names = ("q_a_proj.weight", "q_b_proj.weight") if lay.q_lora_rank else ("q_proj.weight",)
     required = ("kv_b_proj.weight", "kv_a_proj_with_mqa.weight", "o_proj.weight", *q_names)
-    config_path = src.root / CONFIG_NAME
     for i in range(lay.all_layers):
         prefix = f"model.layers.{i}.self_attn."
         missing = [prefix + s for s in required if prefix + s not in src.weight_map]
         if missing:
-            other = "q_proj.weight" if lay.q_lora_rank else "q_a_proj.weight"
-            why = (
-                f"; its q_lora_rank {lay.q_lora_rank} says q_a_proj / q_b_proj, the checkpoint has q_proj"
-                if lay.q_lora_rank else "; its q_lora_rank null says q_proj, the checkpoint has q_a_proj / q_b_proj"
-            )  # fmt: skip
+            hint = ""
+            if lay.q_lora_rank and prefix + "q_proj.weight" in src.weight_map:
+                hint = f"; its q_lora_rank {lay.q_lora_rank} needs q_a_proj / q_b_proj, the checkpoint has q_proj"
+            elif not lay.q_lora_rank and prefix + "q_a_proj.weight" in src.weight_map:
+                hint = "; its q_lora_rank null needs q_proj, the checkpoint has q_a_proj / q_b_proj"
             raise SourceError(
                 f"{src.root}: layer {i} has no {missing[0]!r}; the checkpoint is incomplete or config.json "
-                "describes another model" + (why if prefix + other in src.weight_map else "")
+                f"describes another model{hint}"
             )
-        shapes = {n[len(prefix) :]: src.info(n).shape for n in _layer_attention_names(src, prefix)}
+        suffixes = {rule.suffix for rule in shape_rules(lay, i)}
+        shapes = {s: src.info(prefix + s).shape for s in suffixes if prefix + s in src.weight_map}
         problem = shape_mismatch(src.config, lay, i, shapes)
         if problem:
-            raise SourceError(f"{config_path}: {problem}")
-
-
-def _layer_attention_names(src: SourceCheckpoint, prefix: str) -> list[str]:
-    suffixes = (
-        "q_proj.weight", "q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight",
-        "o_proj.weight", "indexer.wq_b.weight", "indexer.wk.weight", "indexer.weights_proj.weight",
-    )  # fmt: skip
-    return [prefix + s for s in suffixes if prefix + s in src.weight_map]
+            raise SourceError(f"{src.root / CONFIG_NAME}: {problem}")
 
 
 def _side_files(root: Path, headers: dict[str, ShardHeader]) -> tuple[str, ...]:

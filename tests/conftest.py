@@ -74,7 +74,7 @@ def run_cli():
 @pytest.fixture(scope="session")
 def reference():
     """The slow, obviously correct reference implementations (tests/support/reference.py):
-    reference.dequant_block, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
+    reference.dequant_block, .decode_e8m0, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
     .e4m3_error_bound, .same_bits."""
     return support.reference
 

@@ -567,3 +567,20 @@ def test_demo_shows_a_member(tmp_path, member):
 def test_demo_unknown_member(tmp_path):
     line = cli_error(["demo", "--family", "llama", "--out", tmp_path / "d"], tmp_path / "d")
     assert "--family 'llama'" in line and "glm-5" in line
+
+
+def test_indexer_layers_and_mlp_types_follow_the_config(family_checkpoints, load_json):
+    """An index_topk_pattern 'S' layer (or one index_topk_freq skips) shares another layer's top-k and
+    holds no indexer, as vLLM and transformers build it; MTP layers always hold one. GLM's
+    mlp_layer_types, where given, says which layers are MoE."""
+    from mla_convert.family import Layout, implied_tensors
+
+    cfg = load_json(family_checkpoints.source("glm-5") / "config.json")
+    assert Layout.of(cfg).indexer_layers == {0, 1, 2, 3}
+    assert Layout.of(cfg | {"index_topk_pattern": "FSF"}).indexer_layers == {0, 2, 3}
+    assert Layout.of(cfg | {"index_topk_freq": 2, "index_skip_topk_offset": 1}).indexer_layers == {0, 2, 3}
+    names = implied_tensors(cfg | {"index_topk_pattern": "FSF", "mlp_layer_types": ["sparse", "dense", "dense"]})
+    assert "model.layers.1.self_attn.indexer.wk.weight" not in names
+    assert "model.layers.3.self_attn.indexer.wk.weight" in names
+    assert "model.layers.0.mlp.experts.0.up_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
+    assert Layout.of(load_json(family_checkpoints.source("kimi-k2") / "config.json")).indexer_layers == set()
