@@ -9,20 +9,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_runtime.format import CONFIG_NAME, MlaDims, kv_b_name
+from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MLA_DIR_NAME, MlaDims
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 from .errors import SourceError
+from .family import FamilyError, Layout, shape_mismatch, shape_rules
 from .safetensors_io import read_header, read_tensor
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
-SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 SCALE_SUFFIX = ".weight_scale_inv"
-REQUIRED_CONFIG_KEYS = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-)  # fmt: skip
+SCALE_DTYPES = ("F32", "F8_E8M0")  # float32, or float8_e8m0fnu: 2^(v - 127), 0xFF is NaN
 
 
 def module_of(weight_name: str) -> str:
@@ -45,7 +42,8 @@ class SourceCheckpoint:
     index_bytes: bytes  # b"" for a single-file checkpoint without an index
     weight_map: dict[str, str]  # tensor name -> file name (relative to root)
     headers: dict[str, ShardHeader]  # file name -> parsed header
-    block: tuple[int, int]
+    layout: Layout  # the family member's structure, from the config
+    block: tuple[int, int] | None  # the FP8 scale block; None: a BF16 source (no quantization_config)
     fp8: dict[str, Fp8Pair]  # weight tensor name -> its weight and scale
     side_files: tuple[str, ...]  # relative paths of everything else to copy
 
@@ -55,7 +53,7 @@ class SourceCheckpoint:
 
     @property
     def num_layers_with_mtp(self) -> int:
-        return int(self.config["num_hidden_layers"]) + int(self.config.get("num_nextn_predict_layers") or 0)
+        return self.layout.all_layers
 
     def info(self, name: str) -> TensorInfo:
         return self.headers[self.weight_map[name]].tensors[name]
@@ -92,27 +90,23 @@ def _load_json(path: Path, what: str) -> tuple[dict, bytes]:
     return data, raw
 
 
-def check_config(config: dict, path: Path) -> tuple[int, int]:
-    """Accept DeepseekV3-architecture configs with DeepSeek's block-FP8 quantization; return the block."""
-    archs = config.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise SourceError(
-            f"{path}: architectures {archs!r} (model_type {config.get('model_type')!r}) is not a "
-            f"DeepSeek-V3-class MLA model; expected one of {list(SUPPORTED_ARCHITECTURES)}"
-        )
-    missing = [k for k in REQUIRED_CONFIG_KEYS if not isinstance(config.get(k), int)]
-    if missing:
-        raise SourceError(f"{path}: config lacks integer {', '.join(missing)}")
+def check_config(config: dict, path: Path) -> tuple[Layout, tuple[int, int] | None]:
+    """Accept a supported MLA architecture, BF16 or with block-FP8 quantization; return its layout
+    and the scale block (None: a BF16 source, no quantization_config)."""
+    try:
+        layout = Layout.of(config)
+    except FamilyError as e:
+        raise SourceError(f"{path}: {e}") from None
     q = config.get("quantization_config")
+    if q is None:
+        return layout, None
     if not isinstance(q, dict):
-        raise SourceError(
-            f"{path}: no quantization_config; this is not a block-FP8 checkpoint (already bf16?). "
-            "mla-convert deepseek-r1 converts DeepSeek's block-FP8 releases"
-        )
+        raise SourceError(f"{path}: quantization_config {q!r} is not an object")
     method, fmt, block = q.get("quant_method"), q.get("fmt", "e4m3"), q.get("weight_block_size")
     if method != "fp8":
         raise SourceError(
-            f"{path}: quant_method {method!r} is not supported; expected DeepSeek's block FP8 ('fp8')"
+            f"{path}: quant_method {method!r} is not supported; expected block FP8 ('fp8') or no "
+            "quantization_config (BF16)"
             + (" (this looks like a converted checkpoint)" if method == "compressed-tensors" else "")
         )
     if fmt != "e4m3":
@@ -125,7 +119,7 @@ def check_config(config: dict, path: Path) -> tuple[int, int]:
         raise SourceError(
             f"{path}: weight_block_size {block!r} is not supported; expected two positive ints like [128, 128]"
         )
-    return block[0], block[1]
+    return layout, (block[0], block[1])
 
 
 def checked_member(root: Path, rel: str, what: str) -> Path:
@@ -154,7 +148,7 @@ def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None 
         raise SourceError(f"{root}: not a directory")
     config_path = root / CONFIG_NAME
     config, config_bytes = _load_json(config_path, CONFIG_NAME)
-    block = check_config(config, config_path)
+    layout, block = check_config(config, config_path)
 
     index_path = root / INDEX_NAME
     if index_path.exists():
@@ -190,15 +184,16 @@ def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None 
             if weight_map.get(name) != rel:
                 raise SourceError(f"{root / rel}: tensor {name!r} is in this shard but not in the index")
 
-    fp8 = _pair_fp8(root, weight_map, headers, block)
+    fp8 = _pair_fp8(root, weight_map, headers, block, config_path)
     src = SourceCheckpoint(
-        root, config, config_bytes, index_bytes, dict(weight_map), headers, block, fp8, _side_files(root, headers)
-    )
+        root, config, config_bytes, index_bytes, dict(weight_map), headers, layout, block, fp8,
+        _side_files(root, headers),
+    )  # fmt: skip
     _check_layers(src)
     return src
 
 
-def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
+def _pair_fp8(root, weight_map, headers, block, config_path) -> dict[str, Fp8Pair]:
     def info(name):
         return headers[weight_map[name]].tensors[name]
 
@@ -208,6 +203,10 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
             continue
         wname = name[: -len("_scale_inv")]
         where = root / weight_map[name]
+        if block is None:
+            raise SourceError(
+                f"{where}: block scale {name!r}, but {config_path} has no quantization_config with its weight_block_size"
+            )
         if wname not in weight_map:
             raise SourceError(f"{where}: scale {name!r} has no weight {wname!r}")
         w, s = info(wname), info(name)
@@ -215,8 +214,8 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
             raise SourceError(
                 f"{root / weight_map[wname]}: tensor {wname!r} has a block scale but dtype {w.dtype}, expected F8_E4M3"
             )
-        if s.dtype != "F32":
-            raise SourceError(f"{where}: scale {name!r} has dtype {s.dtype}, expected F32")
+        if s.dtype not in SCALE_DTYPES:
+            raise SourceError(f"{where}: scale {name!r} has dtype {s.dtype}; expected F32 or F8_E8M0 (float8_e8m0fnu)")
         if len(w.shape) != 2:
             raise SourceError(
                 f"{root / weight_map[wname]}: FP8 weight {wname!r} has shape {list(w.shape)}, expected 2-D"
@@ -225,7 +224,7 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
         if tuple(s.shape) != grid:
             raise SourceError(
                 f"{where}: scale {name!r} has shape {list(s.shape)} but weight {wname!r} {list(w.shape)} "
-                f"with {block[0]}x{block[1]} blocks needs {list(grid)}"
+                f"with the config's {block[0]}x{block[1]} blocks (weight_block_size) needs {list(grid)}"
             )
         pairs[wname] = Fp8Pair(w, s, weight_map[name])
     for name, rel in weight_map.items():
@@ -235,25 +234,40 @@ def _pair_fp8(root, weight_map, headers, block) -> dict[str, Fp8Pair]:
 
 
 def _check_layers(src: SourceCheckpoint) -> None:
-    dims = src.dims
-    for i in range(src.num_layers_with_mtp):
-        name = kv_b_name(i)
-        if name not in src.weight_map:
-            raise SourceError(f"{src.root}: layer {i} has no {name!r}; the checkpoint is incomplete")
-        shape = src.info(name).shape
-        if tuple(shape) != dims.kv_b_shape():
+    """Every attention layer (MTP included) is there, and its tensors have the config's MLA dims."""
+    lay = src.layout
+    q_names = ("q_a_proj.weight", "q_b_proj.weight") if lay.q_lora_rank else ("q_proj.weight",)
+    required = ("kv_b_proj.weight", "kv_a_proj_with_mqa.weight", "o_proj.weight", *q_names)
+    for i in range(lay.all_layers):
+        prefix = f"model.layers.{i}.self_attn."
+        missing = [prefix + s for s in required if prefix + s not in src.weight_map]
+        if missing:
+            hint = ""
+            if lay.q_lora_rank and prefix + "q_proj.weight" in src.weight_map:
+                hint = f"; its q_lora_rank {lay.q_lora_rank} needs q_a_proj / q_b_proj, the checkpoint has q_proj"
+            elif not lay.q_lora_rank and prefix + "q_a_proj.weight" in src.weight_map:
+                hint = "; its q_lora_rank null needs q_proj, the checkpoint has q_a_proj / q_b_proj"
             raise SourceError(
-                f"{src.root / src.weight_map[name]}: {name!r} has shape {list(shape)}, but the config's "
-                f"MLA dims need {list(dims.kv_b_shape())}"
+                f"{src.root}: layer {i} has no {missing[0]!r}; the checkpoint is incomplete or config.json "
+                f"describes another model{hint}"
             )
+        suffixes = {rule.suffix for rule in shape_rules(lay, i)}
+        shapes = {s: src.info(prefix + s).shape for s in suffixes if prefix + s in src.weight_map}
+        problem = shape_mismatch(src.config, lay, i, shapes)
+        if problem:
+            raise SourceError(f"{src.root / CONFIG_NAME}: {problem}")
 
 
 def _side_files(root: Path, headers: dict[str, ShardHeader]) -> tuple[str, ...]:
-    """Every non-weight file to carry over (tokenizer, generation config, remote code, docs...)."""
-    skip = {INDEX_NAME, CONFIG_NAME, *headers}
+    """Every non-weight file to carry over (tokenizer, generation config, remote code, docs...).
+
+    A source that is itself an mla-convert output (a bf16 conversion, converted again) keeps its
+    own MLA artifacts and conversion manifest: the output gets new ones."""
+    skip = {INDEX_NAME, CONFIG_NAME, CONVERT_MANIFEST_NAME, *headers}
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        top = os.path.samefile(dirpath, root)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (top and d == MLA_DIR_NAME))
         for fn in sorted(filenames):
             rel = os.path.relpath(os.path.join(dirpath, fn), root)
             if fn.startswith(".") or rel in skip or fn.endswith(".safetensors"):
@@ -263,9 +277,8 @@ def _side_files(root: Path, headers: dict[str, ShardHeader]) -> tuple[str, ...]:
 
 
 def check_scale_values(src: SourceCheckpoint) -> None:
-    """Read every block scale (~0.02% of the bytes) and refuse NaN/Inf before anything is written."""
-    import torch
-
+    """Read every block scale (~0.02% of the bytes) and refuse NaN/Inf (for E8M0: the NaN code
+    0xFF) before anything is written."""
     by_file: dict[str, list[TensorInfo]] = {}
     for pair in src.fp8.values():
         by_file.setdefault(pair.scale_file, []).append(pair.scale)
@@ -275,5 +288,19 @@ def check_scale_values(src: SourceCheckpoint) -> None:
         with open(path, "rb") as f:
             for info in sorted(infos, key=lambda i: i.begin):
                 scale = read_tensor(f, start + info.begin, info.dtype, info.shape, path, info.name)
-                if not torch.isfinite(scale).all():
-                    raise SourceError(f"{path}: scale {info.name!r} contains NaN or Inf")
+                check_scale(scale, path, info.name)
+
+
+def check_scale(scale, path: Path | str, name: str):
+    """A block scale as float32, or SourceError if it holds NaN/Inf (E8M0: the NaN code 0xFF)."""
+    import torch
+
+    from .numerics import E8M0_NAN, decode_e8m0
+
+    if scale.dtype == torch.float8_e8m0fnu:
+        if bool((scale.view(torch.uint8) == E8M0_NAN).any()):
+            raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
+        return decode_e8m0(scale)
+    if not torch.isfinite(scale).all():
+        raise SourceError(f"{path}: scale {name!r} contains NaN or Inf")
+    return scale

@@ -4,6 +4,8 @@ prints the result; errors become one line on stderr and a non-zero exit code."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import os
 from pathlib import Path
@@ -11,12 +13,14 @@ from typing import Annotated
 
 import typer
 
+from .family import MEMBERS, SUPPORTED_ARCHITECTURES, architectures_help
 from .settings import RunSettings
 
 app = typer.Typer(
     name="mla-convert",
-    help="Convert DeepSeek-V3/R1 block-FP8 checkpoints for vLLM on Intel Gaudi (channel FP8 or bf16), "
-    "with each MLA layer's W_UK_T / W_UV precomputed next to the model.",
+    help="Convert MLA checkpoints of the DeepSeek-V3 family (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2, GLM-5, "
+    "DeepSeek-V2, Moonlight; block-FP8 or BF16) for vLLM on Intel Gaudi (channel FP8 or bf16), with each MLA "
+    "layer's W_UK_T / W_UV precomputed next to the model.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -35,17 +39,21 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Delete the contents of a non-empty --out first.")]
 
-# deepseek-r1's flags. Their defaults are read from RunSettings' class attributes (where a dataclass
+# convert's flags. Their defaults are read from RunSettings' class attributes (where a dataclass
 # keeps each field's default), not from an instance: building one imports torch, too slow for --help.
 SourceArg = Annotated[
-    str, typer.Argument(help="Checkpoint directory or Hub repo id (block-FP8 DeepseekV3ForCausalLM).")
+    str,
+    typer.Argument(
+        help=f"Checkpoint directory or Hub repo id; its config.json names one of {', '.join(SUPPORTED_ARCHITECTURES)}."
+    ),
 ]
 IgnoreOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--ignore",
-        help="Regex (matched at the start of module names) of FP8 linears to leave unquantized in bf16, "
-        "recorded as 're:' entries in the config's ignore list; repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+        help="Regex (matched at the start of module names) of linears to leave unquantized (block-FP8 ones "
+        "dequantized to bf16, 16-bit ones copied), recorded as 're:' entries in the config's ignore list; "
+        "repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
     ),
 ]
 RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
@@ -163,6 +171,7 @@ def _print_summary(summary: dict, title: str) -> None:
         ("shards", str(summary["shards"])),
         ("tensors in -> out", f"{summary['tensors_in']} -> {summary['tensors_out']}"),
         ("block-FP8 weights converted", str(summary["fp8_weights_converted"])),
+        ("16-bit linears quantized", str(summary["bf16_linears_quantized"])),
         ("MLA layers (W_UK_T / W_UV)", str(summary["mla_layers"])),
         ("bytes in", _gb(summary["bytes_in"])),
         ("bytes out (model + mla)", f"{_gb(summary['bytes_out_model'])} + {_gb(summary['bytes_out_mla'])}"),
@@ -183,9 +192,12 @@ def _print_summary(summary: dict, title: str) -> None:
     _console().print(table)
 
 
-@app.command("deepseek-r1")
-def deepseek_r1(
-    source: SourceArg = "deepseek-ai/DeepSeek-R1",
+CONVERT_EPILOG = "Supported architectures (detected from config.json):\n\n" + architectures_help()
+
+
+@app.command("convert", epilog=CONVERT_EPILOG)
+def convert_cmd(
+    source: SourceArg,
     out: OutOpt = ...,
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
@@ -202,7 +214,7 @@ def deepseek_r1(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Convert a DeepSeek-V3/R1 block-FP8 checkpoint and precompute its MLA weights."""
+    """Convert a checkpoint of the MLA family (block-FP8 or BF16) and precompute its MLA weights."""
     _start_heavy_process()
     from .convert import convert
     from .plan import Options
@@ -222,6 +234,29 @@ def deepseek_r1(
     _report(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted")
 
 
+def _with_default_source(command, default: str):
+    """`command` with SOURCE optional, defaulting to `default`: a preset of the same options,
+    declared once (Typer reads the options from the signature)."""
+
+    @functools.wraps(command)
+    def preset(**kwargs):
+        return command(**kwargs)
+
+    sig = inspect.signature(command, eval_str=True)
+    preset.__signature__ = sig.replace(
+        parameters=[p.replace(default=default) if p.name == "source" else p for p in sig.parameters.values()]
+    )
+    return preset
+
+
+app.command(
+    "deepseek-r1",
+    help="The convert command with DeepSeek-R1 (deepseek-ai/DeepSeek-R1) as the default SOURCE; any "
+    "supported checkpoint may be given instead.",
+    epilog=CONVERT_EPILOG,
+)(_with_default_source(convert_cmd, "deepseek-ai/DeepSeek-R1"))
+
+
 def _report(summary: dict, json_out: bool, quiet: bool, title: str) -> None:
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
@@ -236,17 +271,21 @@ def demo(
     ] = None,
     format: FormatOpt = "channel-fp8",
     target: TargetOpt = "gaudi3",
+    member: Annotated[
+        str,
+        typer.Option("--family", help=f"Which member's tiny checkpoint: {', '.join(MEMBERS)}."),
+    ] = MEMBERS[0],
     overwrite: OverwriteOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Write a tiny DeepSeek-R1-shaped block-FP8 checkpoint, convert it, verify it and report. Works offline."""
+    """Write a tiny checkpoint of a family member (DeepSeek-R1's by default), convert, verify, report. Offline."""
     from .demo import run_demo
     from .plan import Options
 
     with _errors_to_exit():
-        summary, report = run_demo(out, Options(format=format, target=target), overwrite)
-    _report(summary, json_out, quiet, "Demo: tiny DeepSeek-R1-shaped checkpoint converted and verified")
+        summary, report = run_demo(out, Options(format=format, target=target), overwrite, member)
+    _report(summary, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
     if not report["ok"]:
         _print_verify_report(report, quiet=True)  # the failures, one per line
         raise typer.Exit(1)
@@ -254,7 +293,7 @@ def demo(
 
 @app.command("verify")
 def verify_cmd(
-    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert deepseek-r1.")],
+    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")],
     source: Annotated[
         str | None,
         typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),

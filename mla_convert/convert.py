@@ -34,11 +34,11 @@ from mla_runtime.layout import split_kv_b_proj
 from mla_runtime.safetensors_file import nbytes_of
 
 from . import __version__, disk_write, hub
-from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale_values, checked_member, open_source
+from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale, check_scale_values, checked_member, open_source
 from .errors import ConvertError, OutputError, SourceError
-from .kernels import Kernels, resolve_mode, select_kernels
+from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
-from .plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
+from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
 from .resume import Journal, completed_jobs, crash_point
 from .safetensors_io import (
@@ -71,14 +71,14 @@ class SourceTensor:
 class Compute:
     """How the arithmetic runs, the same for every job of a conversion."""
 
-    block: tuple[int, int]  # the source's scale block
+    block: tuple[int, int] | None  # the source's scale block (None: a BF16 source)
     fp8_max: float  # the target's FP8 range
-    ops: tuple[str, ...]  # conversions the plan uses: 'fp8' and/or 'bf16' (what gets compiled)
+    ops: tuple[str, ...]  # conversions the plan uses: 'fp8', 'bf16', 'quant' (what gets compiled)
     device: str
     chain: tuple[str, ...]  # kernels to try in order (kernels.resolve_mode)
 
     def kernels(self) -> Kernels:
-        return select_kernels(self.block, self.fp8_max, self.device, self.chain, self.ops)
+        return select_kernels(self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops)
 
 
 @dataclass(frozen=True)
@@ -160,14 +160,28 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
                     crash_point(f"shard-write:{spec.job.file}")
                 if i + 1 < len(spec.job.tensors):  # a cold source: read ahead while this one converts
                     inputs.prefetch(spec.job.tensors[i + 1].source)
-                if t.op == COPY:
+                layer = kv_b_layer_index(t.source) if t.op != FP8_SCALE else None
+                if t.op == COPY and layer is None:
                     writer.write_raw(t.name, inputs.chunks(t.source))
+                elif t.op == COPY:  # a 16-bit kv_b_proj: the artifacts are bit-exact splits of it
+                    w = inputs.get(t.source)
+                    pending.append(_write_mla_layer(out_dir, layer, w, spec.dims, spec.write_io, commits))
+                    writer.write(t.name, w)
+                    del w
                 elif t.op == FP8_SCALE:
                     writer.write(t.name, pending_scale)
                     pending_scale = None
+                elif t.op == QUANT_FP8:
+                    w = inputs.get(t.source)
+                    if layer is not None:
+                        pending.append(_write_mla_layer(out_dir, layer, w, spec.dims, spec.write_io, commits))
+                    if spec.compute.device != "cpu":
+                        w = w.to(spec.compute.device)
+                    q, pending_scale = (x.cpu() for x in kernels.quantize(w))
+                    writer.write(t.name, q)
+                    del w
                 else:
                     w, s = _fp8_inputs(spec, inputs, t.source)
-                    layer = kv_b_layer_index(t.source)
                     if layer is not None:  # from the exact fp32 dequant of the source weight
                         kv_b = kernels.dequant_fp32(w, s).cpu()
                         pending.append(_write_mla_layer(out_dir, layer, kv_b, spec.dims, spec.write_io, commits))
@@ -190,9 +204,7 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
 
 def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     scale_name = spec.scales[name]
-    scale = inputs.get(scale_name)
-    if not torch.isfinite(scale).all():
-        raise SourceError(f"{spec.src_root}/{spec.sources[scale_name].file}: scale {scale_name!r} contains NaN or Inf")
+    scale = check_scale(inputs.get(scale_name), f"{spec.src_root}/{spec.sources[scale_name].file}", scale_name)
     weight = inputs.get(name)
     device = spec.compute.device
     if device != "cpu":
@@ -203,7 +215,8 @@ def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor
 def _write_mla_layer(
     out_dir: Path, layer: int, kv_b_dequant: torch.Tensor, dims: MlaDims, write_io: str, commits: BackgroundCommits
 ) -> tuple[str, cf.Future]:
-    """W_UK_T / W_UV from the exact fp32 dequant of the SOURCE kv_b_proj, never the requantized copy."""
+    """W_UK_T / W_UV from the exact value of the SOURCE kv_b_proj (the fp32 dequant of a block-FP8
+    one, a 16-bit one as it is), never the requantized copy."""
     w_uk_t, w_uv = split_kv_b_proj(kv_b_dequant, dims, torch.bfloat16)
     rel = mla_file_rel(layer)
     specs = {
@@ -246,9 +259,10 @@ def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
 
 
 def plan_ops(plan: Plan) -> tuple[str, ...]:
-    """The per-tensor conversions the plan uses: 'fp8' (block -> channel) and/or 'bf16'."""
+    """The per-tensor conversions the plan uses: 'fp8' (block -> channel), 'bf16', 'quant' (16-bit
+    linear -> channel)."""
     used = {t.op for job in plan.shards for t in job.tensors}
-    return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16")) if op in used)
+    return tuple(name for op, name in ((TO_FP8, "fp8"), (TO_BF16, "bf16"), (QUANT_FP8, "quant")) if op in used)
 
 
 def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> list[JobSpec]:
@@ -517,7 +531,8 @@ def _choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
     src = plan.source
     _check_device(settings.device)
     try:
-        chain, why = resolve_mode(settings.kernels, sum(p.weight.nbytes for p in src.fp8.values()))
+        converted = {t.source for job in plan.shards for t in job.tensors if t.op in (TO_FP8, TO_BF16, QUANT_FP8)}
+        chain, why = resolve_mode(settings.kernels, sum(src.info(n).nbytes for n in converted))
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from None
     compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain)

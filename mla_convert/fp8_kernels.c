@@ -1,4 +1,4 @@
-/* Block-FP8 -> channel-FP8 / bf16 conversion kernels, built on first use by native.py.
+/* Block-FP8 -> channel-FP8 / bf16 and bf16 -> channel-FP8 conversion kernels, built on first use by native.py.
  *
  * Every function works on output rows [r0, r1), so Python threads can split one tensor (ctypes
  * drops the GIL during the call). The arithmetic is the arithmetic of numerics.py, operation for
@@ -7,6 +7,7 @@
  *   dequant = fp32(w) * scale_inv[row / bn][col / bk]        (one IEEE fp32 multiply)
  *   channel scale = max|dequant of row| / fp8_max, 1.0 where that is not > 0
  *   q = e4m3fn(clamp(dequant / channel scale, -fp8_max, fp8_max))   (IEEE divide, round to nearest even)
+ * A bf16 source weight takes the place of the dequant: its fp32 widening is exact.
  * Build with -ffp-contract=off and never -ffast-math: each operation must round exactly as torch's.
  */
 #include <stdint.h>
@@ -40,6 +41,9 @@ static inline uint8_t encode_e4m3fn(float x) {
     r = a > 0x7F800000u ? 0x7Fu : r;
     return (uint8_t)(r | sign);
 }
+
+/* bf16 -> fp32, exact: the bf16 bits are the high half of the fp32 bits. */
+static inline float widen_bf16(uint16_t b) { return float_of((uint32_t)b << 16); }
 
 /* fp32 -> bf16, round to nearest even; NaN -> 0x7FC0 as torch's scalar conversion. */
 static inline uint16_t encode_bf16(float x) {
@@ -113,21 +117,39 @@ static inline __m256i quantize8_avx2(const uint8_t *p, __m256 sb, __m256 rs, __m
     return encode8_avx2(x);
 }
 
+/* 32 codes, one per 32-bit lane of q0..q3 in element order, stored as 32 bytes. */
+static inline void store32_avx2(uint8_t *dst, __m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+    /* packs work within 128-bit lanes; the permute restores element order */
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q0, q1), _mm256_packus_epi32(q2, q3));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 /* Elements [0, n - n % 32) of one block row; returns how many it did. */
 static int64_t quantize_span_avx2(const uint8_t *src, uint8_t *dst, int64_t n, float sb, float rs, float fp8_max) {
     const __m256 vsb = _mm256_set1_ps(sb), vrs = _mm256_set1_ps(rs);
     const __m256 hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32) {
-        const __m256i q0 = quantize8_avx2(src + j, vsb, vrs, hi, lo);
-        const __m256i q1 = quantize8_avx2(src + j + 8, vsb, vrs, hi, lo);
-        const __m256i q2 = quantize8_avx2(src + j + 16, vsb, vrs, hi, lo);
-        const __m256i q3 = quantize8_avx2(src + j + 24, vsb, vrs, hi, lo);
-        /* packs work within 128-bit lanes; the permute restores element order */
-        const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q0, q1), _mm256_packus_epi32(q2, q3));
-        _mm256_storeu_si256((__m256i *)(dst + j), _mm256_permutevar8x32_epi32(bytes, order));
-    }
+    for (; j + 32 <= n; j += 32)
+        store32_avx2(dst + j, quantize8_avx2(src + j, vsb, vrs, hi, lo), quantize8_avx2(src + j + 8, vsb, vrs, hi, lo),
+                     quantize8_avx2(src + j + 16, vsb, vrs, hi, lo), quantize8_avx2(src + j + 24, vsb, vrs, hi, lo));
+    return j;
+}
+
+/* The bf16 row's version: widen, divide by the row scale, clamp, encode. */
+static inline __m256i quantize8_bf16_avx2(const uint16_t *p, __m256 rs, __m256 hi, __m256 lo) {
+    const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+    __m256 x = _mm256_div_ps(_mm256_castsi256_ps(wide), rs);
+    x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return encode8_avx2(x);
+}
+
+static int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst, int64_t n, float rs, float fp8_max) {
+    const __m256 vrs = _mm256_set1_ps(rs), hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32)
+        store32_avx2(dst + j, quantize8_bf16_avx2(src + j, vrs, hi, lo), quantize8_bf16_avx2(src + j + 8, vrs, hi, lo),
+                     quantize8_bf16_avx2(src + j + 16, vrs, hi, lo), quantize8_bf16_avx2(src + j + 24, vrs, hi, lo));
     return j;
 }
 #endif
@@ -154,6 +176,42 @@ void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const
                 x = x > fp8_max ? fp8_max : x;
                 orow[j] = encode_e4m3fn(x);
             }
+        }
+    }
+}
+
+/* Per-row channel scales of a bf16 weight. Its low 15 bits order |x| (Inf above the finite
+ * values, NaN above Inf), so the row's largest |x| is the widening of its largest (bits & 0x7FFF):
+ * NaN sticks, as in torch's amax. */
+void mla_bf16_row_scales(const uint16_t *restrict w, int64_t k, float fp8_max, float *restrict scale_out, int64_t r0,
+                         int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = w + r * k;
+        uint16_t m = 0;
+        for (int64_t j = 0; j < k; j++) {
+            uint16_t v = row[j] & 0x7FFFu;
+            m = v > m ? v : m;
+        }
+        float scale = widen_bf16(m) / fp8_max;
+        scale_out[r] = scale > 0.0f ? scale : 1.0f;
+    }
+}
+
+void mla_bf16_quantize_rows(const uint16_t *restrict w, const float *restrict scale, int64_t k, float fp8_max,
+                            uint8_t *restrict out, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = w + r * k;
+        uint8_t *orow = out + r * k;
+        const float rs = scale[r];
+        int64_t j = 0;
+#if defined(__AVX2__)
+        j += quantize_bf16_span_avx2(row, orow, k, rs, fp8_max);
+#endif
+        for (; j < k; j++) {
+            float x = widen_bf16(row[j]) / rs;
+            x = x < -fp8_max ? -fp8_max : x;
+            x = x > fp8_max ? fp8_max : x;
+            orow[j] = encode_e4m3fn(x);
         }
     }
 }

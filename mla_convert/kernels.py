@@ -27,9 +27,13 @@ class Kernels:
     to_channel_fp8: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     to_bf16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     dequant_fp32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # a 16- or 32-bit float weight (a BF16 source's linear) -> (e4m3fn [N, K], fp32 scale [N, 1])
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-OPS = ("fp8", "bf16")  # the per-tensor conversions a plan can use
+# The per-tensor conversions a plan can use: block-FP8 -> channel FP8, block-FP8 -> bf16, and a
+# float (bf16) weight -> channel FP8.
+OPS = ("fp8", "bf16", "quant")
 
 
 def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
@@ -42,15 +46,26 @@ def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
     def dequant_fp32(w, s):
         return numerics.dequantize_block_fp8(w, s, block)
 
-    return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32}
+    def quantize(w):
+        return numerics.float_to_channel_fp8(w, fp8_max)
+
+    return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32, "quant": quantize}
+
+
+def _kernels(name: str, reason: str, f: dict[str, Callable]) -> Kernels:
+    return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"])
 
 
 def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested") -> Kernels:
-    f = _funcs(tuple(block), fp8_max)
-    return Kernels("eager", reason, f["fp8"], f["bf16"], f["dequant"])
+    return _kernels("eager", reason, _funcs(tuple(block), fp8_max))
 
 
-# Below this many FP8 bytes, torch.compile's compile time (long when inductor's cache is cold)
+def _bf16_only(fast: Callable, eager: Callable) -> Callable:
+    """`fast` for bf16 weights (what it was probed on), `eager` for any other float dtype."""
+    return lambda w: fast(w) if w.dtype == torch.bfloat16 else eager(w)
+
+
+# Below this many bytes of weights to convert, torch.compile's compile time (long when inductor's cache is cold)
 # costs more than it saves over eager. The native kernels build much faster, and are cached too.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
@@ -63,8 +78,9 @@ CHAINS = {
 MODES = ("auto", *CHAINS)
 
 
-def resolve_mode(mode: str, fp8_bytes: int) -> tuple[tuple[str, ...], str]:
-    """--kernels MODE -> (the kernels to try in order, why) for `fp8_bytes` of FP8 weights."""
+def resolve_mode(mode: str, convert_bytes: int) -> tuple[tuple[str, ...], str]:
+    """--kernels MODE -> (the kernels to try in order, why) for `convert_bytes` of source weights
+    to convert (block-FP8 weights, and the 16-bit linears a channel-FP8 conversion quantizes)."""
     if mode not in MODES:
         raise ValueError(f"kernels mode {mode!r}: expected {', '.join(MODES)}")
     if mode == "auto" and os.environ.get("MLA_CONVERT_KERNELS"):
@@ -73,8 +89,11 @@ def resolve_mode(mode: str, fp8_bytes: int) -> tuple[tuple[str, ...], str]:
             raise ValueError(f"MLA_CONVERT_KERNELS={mode!r}: expected {', '.join(MODES)}")
     if mode != "auto":
         return CHAINS[mode], "requested"
-    if fp8_bytes < AUTO_COMPILE_MIN_BYTES:
-        return ("native", "eager"), f"auto: {fp8_bytes / 1e9:.2f} GB of FP8 is too little to repay torch.compile"
+    if convert_bytes < AUTO_COMPILE_MIN_BYTES:
+        return (
+            "native",
+            "eager",
+        ), f"auto: {convert_bytes / 1e9:.2f} GB to convert is too little to repay torch.compile"
     return ("native", "compile", "eager"), "auto"
 
 
@@ -114,9 +133,21 @@ class _Unusable(Exception):
     pass
 
 
-def _probes(block):
-    """Inputs the candidate kernels must convert exactly as eager does: aligned and partial blocks,
-    grid dims that differ and exceed 1, and every one of the 256 fp8 bytes (zeros, subnormals, NaN)."""
+def _probes(block, op: str):
+    """Inputs the candidate kernels must convert exactly as eager does: for the block ops aligned
+    and partial blocks, grid dims that differ and exceed 1, and every one of the 256 fp8 bytes
+    (zeros, subnormals, NaN); for 'quant' every bf16 bit pattern, in rows of one exponent and
+    shuffled across rows, and rows of magnitudes far apart (e4m3 subnormal results)."""
+    if op == "quant":
+        g = torch.Generator().manual_seed(0)
+        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+        spread = torch.randn(64, 300, generator=g) * torch.pow(2.0, torch.randint(-30, 30, (64, 300), generator=g))
+        return [
+            (every.reshape(256, 256),),
+            (every[torch.randperm(every.numel(), generator=g)].reshape(512, 128),),
+            (spread.to(torch.bfloat16),),
+            (torch.zeros(3, 77, dtype=torch.bfloat16),),
+        ]
     bn, bk = block
     every_byte = (torch.arange((bn + 3) * 512) % 256).to(torch.uint8).reshape(bn + 3, 512)
     weights = [
@@ -139,8 +170,8 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
     eager = _funcs(block, fp8_max)
     for op in ops:
-        for w, s in _probes(block):
-            got, want = funcs[op](w, s), eager[op](w, s)
+        for args in _probes(block, op):
+            got, want = funcs[op](*args), eager[op](*args)
             got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
             if not all(same_values(a, b) for a, b in zip(got, want, strict=True)):
                 raise _Unusable(f"{name} output of {op!r} differed from eager")
@@ -153,16 +184,14 @@ def _native(block, fp8_max, ops) -> Kernels:
         "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max),
         "bf16": lambda w, s: native.to_bf16(w, s, block),
         "dequant": lambda w, s: native.dequantize(w, s, block),
+        "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max), _funcs(block, fp8_max)["quant"]),
     }
     try:
         native.library()
     except native.NativeUnavailable as e:
         raise _Unusable(f"native kernels unavailable ({e})") from None
     _check_against_eager("native", funcs, block, fp8_max, (*ops, "dequant"))
-    return Kernels(
-        "native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs["fp8"],
-        funcs["bf16"], funcs["dequant"],
-    )  # fmt: skip
+    return _kernels("native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs)
 
 
 def _compiled(block, fp8_max, ops) -> Kernels:
@@ -175,15 +204,14 @@ def _compiled(block, fp8_max, ops) -> Kernels:
     try:
         for op in ops:
             chosen[op] = torch.compile(eager[op])
+        if "quant" in ops:  # only the dtype probed: another would compile a graph of its own
+            chosen["quant"] = _bf16_only(chosen["quant"], eager["quant"])
         _check_against_eager("torch.compile", chosen, block, fp8_max, ops)
     except _Unusable:
         raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
         raise _Unusable(f"torch.compile unavailable ({_first_line(e)})") from None
-    return Kernels(
-        "torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen["fp8"], chosen["bf16"],
-        chosen["dequant"],
-    )  # fmt: skip
+    return _kernels("torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen)
 
 
 def _first_line(e: Exception) -> str:

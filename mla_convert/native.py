@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL:
         lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
         lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
         lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+        lib.mla_bf16_row_scales.argtypes = [ptr, i64, f32, ptr, i64, i64]
+        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, ptr, i64, i64]
         lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
@@ -115,6 +117,7 @@ def library() -> ctypes.CDLL:
         lib.mla_count_nonfinite32.argtypes = [ptr, i64, ctypes.c_uint32]
         lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = i64
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
+                  lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
             f.restype = None
         _LIB = lib
@@ -163,6 +166,24 @@ def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) ->
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
         _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, qp, a, b), n)
+    return q, scale
+
+
+def bf16_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
+    lib = library()
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(
+            f"bf16_to_channel_fp8 takes a 2-D bfloat16 CPU weight, got {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    w = weight.contiguous()
+    scale = torch.empty(n, 1, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    wp, scp, qp = w.data_ptr(), scale.data_ptr(), q.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_bf16_row_scales(wp, k, fp8_max, scp, a, b), n)
+        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, qp, a, b), n)
     return q, scale
 
 

@@ -1,6 +1,8 @@
 """All weight arithmetic of the converter: pure functions, tensor in, tensors out.
 
-Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk].
+Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk], the scale
+float32 or float8_e8m0fnu (decoded to float32 first). A 16-bit source weight's exact value is its
+float32 widening.
 """
 
 from __future__ import annotations
@@ -11,6 +13,16 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = {"gaudi3": 448.0, "gaudi2": 240.0}
+E8M0_NAN = 0xFF
+
+
+def decode_e8m0(scale: torch.Tensor) -> torch.Tensor:
+    """float8_e8m0fnu -> float32, exact: code v is 2^(v - 127). v = 0 is 2^-127, a float32
+    subnormal; v = 255 is NaN (the caller refuses it first, checkpoint.check_scale)."""
+    v = scale.view(torch.uint8).to(torch.int32)
+    out = (v << 23).view(torch.float32)  # the exponent field alone: 2^(v - 127) for v in 1..254
+    out = torch.where(v == 0, torch.tensor(2.0**-127), out)
+    return torch.where(v == E8M0_NAN, torch.tensor(float("nan")), out)
 
 
 def dequantize_block_fp8(
@@ -62,3 +74,8 @@ def block_to_channel_fp8(
     weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], fp8_max: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_channel_fp8(dequantize_block_fp8(weight, scale_inv, block), fp8_max)
+
+
+def float_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 / f16 / f32 weight -> channel FP8: the same per-row quantization, of its exact fp32 value."""
+    return quantize_channel_fp8(weight.float(), fp8_max)

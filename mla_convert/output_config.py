@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import copy
 
-FP8_FLAVOR_GAUDI2 = "float8_e4m3fnuz"
 
-
-def channel_fp8_quantization_config(ignore: list[str], target: str) -> dict:
+def channel_fp8_quantization_config(ignore: list[str]) -> dict:
     """The compressed-tensors config vLLM and vllm-gaudi load as channel FP8 without conversion.
 
     Weights: static symmetric per-channel e4m3 (`X.weight` + float32 `X.weight_scale` [N, 1]).
     Activations: dynamic per-token FP8. `ignore` lists the linear modules left unquantized.
+    The same for either target: the bytes are float8_e4m3fn, only their range differs, so no
+    `fp8_dtype_flavor` ('float8_e4m3fnuz' would claim another encoding).
     """
-    qc = {
+    return {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
         "quantization_status": "compressed",
@@ -36,19 +36,16 @@ def channel_fp8_quantization_config(ignore: list[str], target: str) -> dict:
         "kv_cache_scheme": None,
         "global_compression_ratio": None,
     }  # fmt: skip
-    if target == "gaudi2":
-        # Values already fit the Gaudi2 e4m3 range (+-240): tells vllm-gaudi not to rescale them
-        # again (domain-facts §3; not verified on hardware).
-        qc["fp8_dtype_flavor"] = FP8_FLAVOR_GAUDI2
-    return qc
 
 
-def output_config(source_config: dict, fmt: str, target: str, ignore: list[str]) -> dict:
+def output_config(source_config: dict, fmt: str, ignore: list[str]) -> dict:
+    """The source's config (architectures, model_type, auto_map and all) with the source's own
+    quantization_config replaced: none for bf16, compressed-tensors for channel FP8."""
     cfg = copy.deepcopy(source_config)
     if fmt == "bf16":
         cfg.pop("quantization_config", None)
     else:
-        cfg["quantization_config"] = channel_fp8_quantization_config(ignore, target)
+        cfg["quantization_config"] = channel_fp8_quantization_config(ignore)
     cfg["torch_dtype"] = "bfloat16"
     if "dtype" in cfg:
         cfg["dtype"] = "bfloat16"

@@ -12,6 +12,7 @@ from mla_runtime.safetensors_file import nbytes_of
 
 from .checkpoint import SourceCheckpoint, module_of
 from .errors import ConvertError
+from .family import FP8_LINEAR, linear_kind
 from .numerics import FP8_MAX
 from .output_config import output_config
 
@@ -22,7 +23,10 @@ TARGETS = tuple(FP8_MAX)
 COPY = "copy"  # bit-exact copy of a non-FP8 source tensor
 TO_BF16 = "bf16"  # block-FP8 weight -> bf16
 TO_FP8 = "fp8"  # block-FP8 weight -> channel-FP8 weight (its scale is the next tensor)
+QUANT_FP8 = "quant"  # a BF16 source's linear (bf16/f16/f32) -> channel-FP8 weight (its scale is next)
 FP8_SCALE = "fp8_scale"  # the channel scale computed with the previous weight
+CHANNEL_FP8_OPS = (TO_FP8, QUANT_FP8)
+FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Plan:
             "tensors_in": len(self.source.weight_map),
             "tensors_out": sum(len(j.tensors) for j in self.shards),
             "fp8_weights_converted": len(self.source.fp8),
+            "bf16_linears_quantized": sum(t.op == QUANT_FP8 for job in self.shards for t in job.tensors),
             "mla_layers": len(self.mla_layers),
             "bytes_in": self.source.total_bytes(),
             "bytes_out_model": out_shards,
@@ -125,6 +130,16 @@ def is_ignored(module: str, patterns: tuple[str, ...]) -> bool:
     return any(re.match(p, module) for p in patterns)
 
 
+def quantizable(src: SourceCheckpoint, name: str) -> bool:
+    """A BF16 source's linear that a channel-FP8 conversion quantizes: one that DeepSeek's FP8
+    releases quantize (family.FP8_LINEAR), stored as a 2-D float weight. In an FP8 source, a 16-bit
+    linear is the source's own choice (modules_to_not_convert): copied, never quantized."""
+    if src.block is not None or not name.endswith(".weight"):
+        return False
+    info = src.info(name)
+    return len(info.shape) == 2 and info.dtype in FLOAT_DTYPES and linear_kind(module_of(name)) == FP8_LINEAR
+
+
 def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
     """One output shard per source shard, same file name; every tensor stays in its weight's shard."""
     by_file: dict[str, list[OutTensor]] = {f: [] for f in sorted(src.headers)}
@@ -135,12 +150,16 @@ def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
             continue  # consumed with its weight; no *_scale_inv in the output
         info = src.info(name)
         out = by_file[src.weight_map[name]]
+        module = module_of(name)
+        if options.format == "channel-fp8" and quantizable(src, name) and not is_ignored(module, options.ignore):
+            out.append(OutTensor(name, "F8_E4M3", info.shape, QUANT_FP8, name))
+            out.append(OutTensor(f"{module}.weight_scale", "F32", (info.shape[0], 1), FP8_SCALE, name))
+            continue
         if name not in src.fp8:
             out.append(OutTensor(name, info.dtype, info.shape, COPY, name))
             if len(info.shape) == 2 and name.endswith(".weight") and not name.endswith("embed_tokens.weight"):
-                unquantized.add(module_of(name))  # a linear that was never FP8 (lm_head, gate, eh_proj)
+                unquantized.add(module)  # a linear left in 16 bits (lm_head, gate, eh_proj, modules_to_not_convert)
             continue
-        module = module_of(name)
         if options.format == "bf16" or is_ignored(module, options.ignore):
             out.append(OutTensor(name, "BF16", info.shape, TO_BF16, name))
             if not is_ignored(module, options.ignore):
@@ -159,7 +178,7 @@ def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
         if options.format == "channel-fp8"
         else []
     )
-    return Plan(src, options, jobs, output_config(src.config, options.format, options.target, ignored), ignored)
+    return Plan(src, options, jobs, output_config(src.config, options.format, ignored), ignored)
 
 
 def mla_file_rel(layer: int) -> str:

@@ -38,6 +38,7 @@ from .resume import partial_name
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
     "BF16": torch.bfloat16,
     "F16": torch.float16,
     "F32": torch.float32,

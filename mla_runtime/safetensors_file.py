@@ -20,6 +20,7 @@ from pathlib import Path
 DTYPE_SIZES: dict[str, int] = {
     "F8_E4M3": 1,
     "F8_E5M2": 1,
+    "F8_E8M0": 1,  # float8_e8m0fnu: block scales stored as a power-of-two exponent
     "BF16": 2,
     "F16": 2,
     "F32": 4,

@@ -74,7 +74,7 @@ def run_cli():
 @pytest.fixture(scope="session")
 def reference():
     """The slow, obviously correct reference implementations (tests/support/reference.py):
-    reference.dequant_block, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
+    reference.dequant_block, .decode_e8m0, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
     .e4m3_error_bound, .same_bits."""
     return support.reference
 
@@ -125,3 +125,32 @@ def _eager_kernels_by_default():
     mp.setenv("MLA_CONVERT_KERNELS", "eager")
     yield
     mp.undo()
+
+
+# ---- the family members' tiny checkpoints (mla_convert.synthetic.FAMILY) ---------------------------
+
+
+class FamilyCheckpoints:
+    """Each member's tiny source, and its conversions, written on first use (read-only)."""
+
+    def __init__(self, base: Path):
+        self.base = base
+
+    def source(self, member: str) -> Path:
+        path = self.base / member / "src"
+        if not path.exists():
+            write_checkpoint(path, CheckpointSpec.family(member))
+        return path
+
+    def converted(self, member: str, fmt: str) -> Path:
+        path = self.base / member / fmt
+        if not path.exists():
+            _convert(self.source(member), path, fmt)
+        return path
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory) -> FamilyCheckpoints:
+    """family_checkpoints.source(member) / .converted(member, fmt): the tiny checkpoint of each
+    family member (mla_convert.family.MEMBERS) and its conversions (read-only: copy to change)."""
+    return FamilyCheckpoints(tmp_path_factory.mktemp("family"))

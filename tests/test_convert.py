@@ -132,7 +132,8 @@ def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_p
         assert "lm_head" in parsed.ignore and "model.layers.3.eh_proj" in parsed.ignore
         assert "model.layers.1.mlp.gate" in parsed.ignore and "model.layers.3.shared_head.head" in parsed.ignore
         assert r"re:model\.layers\.\d+\.mlp\.experts" in parsed.ignore
-        assert (qc.get("fp8_dtype_flavor") == "float8_e4m3fnuz") == (target == "gaudi2")
+        # The bytes are float8_e4m3fn for both targets: no claim of another encoding (fnuz).
+        assert "fp8_dtype_flavor" not in qc
         tensors = load_all(out)
         # Ignored experts are bf16 (no scale); everything quantized fits the target range.
         assert tensors["model.layers.1.mlp.experts.0.up_proj.weight"].dtype == torch.bfloat16

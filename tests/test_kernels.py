@@ -103,6 +103,60 @@ def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, 
     assert same_values(k.to_bf16(w, s), eager.to_bf16(w, s))
 
 
+def _every_bf16(rows: int) -> torch.Tensor:
+    """Every bf16 bit pattern (zeros, subnormals, Inf, NaN), `rows` rows."""
+    return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(rows, -1)
+
+
+def test_native_bf16_quantize_every_pattern(fast, reference):
+    """Every bf16 value, in rows of one exponent and shuffled across rows: native equals eager bit
+    for bit (NaN and Inf rows included); rows without them equal the slow reference."""
+    k, eager = select_kernels((128, 128), 448.0, "cpu", "native", ("quant",)), eager_kernels()
+    assert k.name == "native", k.reason
+    every = _every_bf16(256)
+    for w in (every, every.flatten()[torch.randperm(every.numel())].reshape(512, 128)):
+        for a, b in zip(k.quantize(w), eager.quantize(w), strict=True):
+            assert same_values(a, b)
+    finite = every[torch.isfinite(every.float()).all(dim=1)]
+    q, s = k.quantize(finite)
+    rq, rs = reference.channel_fp8(finite.float(), 448.0)
+    assert len(finite) > 200 and reference.same_bits(q, rq) and reference.same_bits(s, rs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 200),
+    cols=st.integers(1, 300),
+    fp8_max=st.sampled_from([448.0, 240.0]),
+    exp=st.integers(-40, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_native_bf16_quantize_matches_eager_on_random_inputs(rows, cols, fp8_max, exp, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(rows, cols, generator=g) * 2.0**exp).to(torch.bfloat16)
+    k = select_kernels((128, 128), fp8_max, "cpu", "native", ("quant",))
+    assert k.name == "native", k.reason
+    for a, b in zip(k.quantize(w), eager_kernels(fp8_max=fp8_max).quantize(w), strict=True):
+        assert same_values(a, b)
+    w32 = w.float()  # other float dtypes go to eager: the native kernel takes bf16 only
+    assert all(
+        same_values(a, b) for a, b in zip(k.quantize(w32), eager_kernels(fp8_max=fp8_max).quantize(w32), strict=True)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["native", "compile"])
+def test_bf16_source_conversion_with_fast_kernels_is_byte_identical(
+    family_checkpoints, tmp_path, monkeypatch, mode, tree_hashes
+):
+    monkeypatch.delenv("MLA_CONVERT_KERNELS")
+    src = family_checkpoints.source("deepseek-v2-lite")
+    summary = convert(src, tmp_path / "c", Options(), kernels=mode)
+    assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode], summary["kernels_reason"]
+    assert "quant" in summary["kernels_reason"]
+    assert tree_hashes(tmp_path / "c") == tree_hashes(family_checkpoints.converted("deepseek-v2-lite", "channel-fp8"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 @pytest.mark.parametrize("mode", ["native", "compile"])

@@ -104,3 +104,29 @@ def test_inputs_are_not_mutated(reference):
     x0 = x.clone()
     quantize_channel_fp8(x, 448.0)
     assert reference.same_bits(w, w0) and reference.same_bits(s, s0) and reference.same_bits(x, x0)
+
+
+def test_e8m0_decode_every_code(reference):
+    """Every float8_e8m0fnu code: 2^(v - 127) (v = 0 a float32 subnormal), 255 NaN; torch agrees."""
+    from mla_convert.numerics import decode_e8m0
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e8m0fnu)
+    got, want = decode_e8m0(codes), reference.decode_e8m0(codes)
+    assert torch.isnan(got[255]) and torch.isnan(want[255])
+    assert reference.same_bits(got[:255], want[:255]) and reference.same_bits(got[:255], codes[:255].float())
+    assert got[0].item() == 2.0**-127 and got[254].item() == 2.0**127
+
+
+@pytest.mark.parametrize("target", ["gaudi3", "gaudi2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_16_bit_weight_to_channel_fp8_matches_reference(target, dtype, reference):
+    """A BF16 source's linear: the same per-row quantization of its exact (widened) value."""
+    from mla_convert.numerics import float_to_channel_fp8
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(300, 200, generator=g) * torch.logspace(-8, 2, 300).unsqueeze(1)).to(dtype)
+    w[7] = 0
+    q, s = float_to_channel_fp8(w, FP8_MAX[target])
+    rq, rs = reference.channel_fp8(w.float(), FP8_MAX[target])
+    assert reference.same_bits(q, rq) and reference.same_bits(s, rs)
+    assert s[7, 0] == 1.0 and not q[7].float().any()

@@ -392,6 +392,18 @@ def test_fp8_values_beyond_the_target_range(fp8_out):
     (fp8_out / MANIFEST_NAME).write_text(json.dumps(man))
     _, report = run(fp8_out)
     assert_fails(report, "values", "fp8-range", tensor="model.layers.0.self_attn.q_a_proj.weight")
+    # The config is the same for both targets: the range check alone tells them apart.
+    assert not [f for f in failures(report, "structure") if f["check"] == "quantization_config"]
+
+
+def test_fp8_dtype_flavor_claiming_fnuz_fails(fp8_out):
+    """The weights are float8_e4m3fn: a config claiming float8_e4m3fnuz (exponent bias 8, 0x80 NaN)
+    describes bytes that are not there."""
+    cfg = json.loads((fp8_out / "config.json").read_text())
+    cfg["quantization_config"]["fp8_dtype_flavor"] = "float8_e4m3fnuz"
+    (fp8_out / "config.json").write_text(json.dumps(cfg))
+    fix_hash(fp8_out, "config.json")
+    _, report = run(fp8_out)
     assert_fails(report, "structure", "quantization_config", file="config.json")
 
 
@@ -550,8 +562,9 @@ def test_not_a_conversion_exits_2(tiny_src, tmp_path):
 
 
 def test_unusable_source_exits_2(converted, tmp_path):
-    res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(converted[BF16])])
+    res = runner.invoke(app, ["verify", str(converted[BF16]), "--source", str(converted[FP8])])
     assert res.exit_code == 2 and res.stderr.strip().startswith("error: --source:"), res.stderr
+    assert "compressed-tensors" in res.stderr
 
 
 # --- the yardsticks themselves ----------------------------------------------------------------

@@ -28,7 +28,7 @@ from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from ..errors import ConvertError, VerificationError
 from ..kernels import fp8_readers
 from ..manifest import COMPLETE, MANIFEST_NAME, TOOL_NAME
-from ..plan import FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
+from ..plan import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
 from ..settings import ProgressFactory
 from ..source import resolve_source
 from ..workers import process_pool
@@ -60,7 +60,7 @@ def verify(
     fingerprint = str(manifest.get("source_fingerprint"))
     if src is not None:
         _check_source_identity(root, src, plan, fingerprint, manifest, tally)
-    layout = check_structure(root, options.format, options.target, fingerprint, plan, tally)
+    layout = check_structure(root, options.format, fingerprint, plan, tally)
     tasks = _file_tasks(root, layout, manifest, options, src)
     # Probed here for the report, and before the file threads need them; worker processes probe
     # the same library on the same CPU.
@@ -211,7 +211,7 @@ def _tensor_job(name: str, info, lay: Layout, src: SourceCheckpoint | None) -> T
     if not _matches(lay, name, info):
         return None
     exp = lay.expects[name]
-    scale_name = f"{name.rsplit('.', 1)[0]}.weight_scale" if exp.op == TO_FP8 else None
+    scale_name = f"{name.rsplit('.', 1)[0]}.weight_scale" if exp.op in CHANNEL_FP8_OPS else None
     source = source_scale = None
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
         source = _src_ref(src, exp.source)
@@ -225,6 +225,8 @@ def _mla_job(layer: int, lay: Layout, src: SourceCheckpoint | None) -> MlaJob:
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
+    elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
+        source = _src_ref(src, kv_b)
     return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, f"{kv_b}_scale"), source, source_scale)
 
 

@@ -27,8 +27,8 @@ from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, T
 
 from .. import native
 from ..kernels import fp8_readers
-from ..numerics import dequantize_block_fp8, to_bf16
-from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8
+from ..numerics import decode_e8m0, dequantize_block_fp8, to_bf16
+from ..plan import CHANNEL_FP8_OPS, COPY, FP8_SCALE, TO_BF16
 from ..read_ahead import will_need
 from ..safetensors_io import TORCH_DTYPES
 from .bounds import (
@@ -76,11 +76,11 @@ class Ref:
 class TensorJob:
     """What to check for one tensor beyond its values (absent: values only)."""
 
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, FP8_SCALE
-    scale: Ref | None = None  # TO_FP8: its channel scale, when it does not follow it in this file
-    scale_name: str | None = None  # TO_FP8: the name of its channel scale
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE
+    scale: Ref | None = None  # channel FP8: its channel scale, when it does not follow it in this file
+    scale_name: str | None = None  # channel FP8: the name of its channel scale
     source: Ref | None = None  # with --source: the source tensor
-    source_scale: Ref | None = None  # with --source, converted weights: the block scale_inv
+    source_scale: Ref | None = None  # with --source, block-FP8 sources: the block scale_inv
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class MlaJob:
     layer: int
     kv_b: Ref | None  # the converted model's kv_b_proj weight
     kv_b_scale: Ref | None  # ... and its channel scale (channel-FP8 output)
-    source: Ref | None = None  # with --source: the source kv_b_proj and its block scale
+    source: Ref | None = None  # with --source: the source kv_b_proj and its block scale (none: 16-bit)
     source_scale: Ref | None = None
 
 
@@ -98,7 +98,7 @@ class FileTask:
     rel: str
     header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
     fp8_max: float
-    block: tuple[int, int] | None = None  # the source's block size (with --source)
+    block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
     dims: MlaDims | None = None
     rope_dim: int = 0
     tensors: dict[str, TensorJob] = field(default_factory=dict)
@@ -161,6 +161,12 @@ def _decode(buf: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, .
     if not buf:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
+def _scale_f32(scale: torch.Tensor) -> torch.Tensor:
+    """A block scale as float32: float8_e8m0fnu decoded (its NaN code, refused when the source is
+    opened, decodes to NaN and fails the bound)."""
+    return decode_e8m0(scale) if scale.dtype == torch.float8_e8m0fnu else scale
 
 
 def _row_chunks(n_rows: int, row_elems: int, align: int = 1):
@@ -427,7 +433,7 @@ class _Checks:
 
     def _role(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> bool:
         """The checks of the tensor's role in the conversion. Returns whether `t` is kept for later."""
-        if job.op == TO_FP8 and job.source is not None and job.scale is not None:
+        if job.op in CHANNEL_FP8_OPS and job.source is not None and job.scale is not None:
             if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
                 self.pending[job.scale_name] = (info, t)  # checked when its scale streams by
                 return True
@@ -455,8 +461,9 @@ class _Checks:
         if job.source is None:
             return
         findings = _Fp8Findings()
-        chunk = self._fp8_chunk_native if fp8_readers().name == "native" else self._fp8_chunk_torch
-        for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self.task.block[0]):
+        native_pass = fp8_readers().name == "native" and job.source_scale is not None
+        chunk = self._fp8_chunk_native if native_pass else self._fp8_chunk_torch
+        for r0, r1 in _row_chunks(q.shape[0], q.shape[1], self._row_align(job)):
             chunk(job, q, s, r0, r1, findings)
         self._verdict(
             findings.bad,
@@ -480,7 +487,7 @@ class _Checks:
 
     def _fp8_chunk_torch(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
         """Rows [r0, r1) of _compare_fp8, in torch."""
-        x = self._source_dequant(job, r0, r1)
+        x = self._source_values(job, r0, r1)
         sc = s[r0:r1]
         found = fp8_readers().decode(q[r0:r1]) * sc
         abs_x = x.abs()
@@ -513,19 +520,27 @@ class _Checks:
         limit = scale_limit(amax, self.task.fp8_max)
         big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
 
+    def _row_align(self, job: TensorJob) -> int:
+        """Row chunks start on a block boundary of a block-FP8 source."""
+        return self.task.block[0] if job.source_scale is not None else 1
+
     def _source_rows(self, job: TensorJob, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows."""
+        """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows, float32."""
         bn = self.task.block[0]
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
-        return self.reader.rows(job.source, r0, r1 - r0), self.reader.rows(job.source_scale, g0, g1 - g0)
+        return self.reader.rows(job.source, r0, r1 - r0), _scale_f32(self.reader.rows(job.source_scale, g0, g1 - g0))
 
-    def _source_dequant(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+    def _source_values(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+        """The exact fp32 value of source rows [r0, r1): the dequant of a block-FP8 weight, the
+        widening of a 16-bit one."""
+        if job.source_scale is None:
+            return self.reader.rows(job.source, r0, r1 - r0).float()
         return dequantize_block_fp8(*self._source_rows(job, r0, r1), self.task.block, fp8_readers().decode)
 
     def _compare_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         stats, bad = ErrorStats(), Mismatches()
-        for r0, r1 in _row_chunks(t.shape[0], t.shape[1], self.task.block[0]):
-            x = self._source_dequant(job, r0, r1)
+        for r0, r1 in _row_chunks(t.shape[0], t.shape[1], self._row_align(job)):
+            x = self._source_values(job, r0, r1)
             want, got = to_bf16(x), t[r0:r1]
             if not bits_equal(got, want):
                 bad.add(got, want, ~same_bits(got, want), r0)
@@ -618,8 +633,11 @@ class _Checks:
         """The kv_b_proj the artifacts are compared with, fp32: (x, its channel scale when x is the
         stored channel-FP8 kv_b_proj (the artifacts are then within a bound of it, else bit-exact
         splits of it), what it is); None when there is none to use."""
+        if job.source is not None and job.source_scale is None:
+            return self.reader.rows(job.source).float(), None, "split_kv_b_proj(the source's 16-bit kv_b_proj)"
         if job.source is not None:
-            x = dequantize_block_fp8(self.reader.rows(job.source), self.reader.rows(job.source_scale), self.task.block)
+            scale = _scale_f32(self.reader.rows(job.source_scale))
+            x = dequantize_block_fp8(self.reader.rows(job.source), scale, self.task.block)
             return x, None, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
         if job.kv_b is not None and job.kv_b.dtype == "BF16":
             return self.reader.rows(job.kv_b), None, "split_kv_b_proj(the stored bf16 kv_b_proj)"

@@ -1,7 +1,8 @@
 """verify, header pass: what a converted directory must contain, checked without reading tensor data.
 
 The expected tensor set comes from the plan of `--source` when one is given (exact: names, dtypes,
-shapes, files), else from what a DeepseekV3 config implies for the recorded format.
+shapes, files), else from what the family member's config implies for the recorded format
+(family.implied_tensors), plus the known extra buffers of real checkpoints that are present.
 """
 
 from __future__ import annotations
@@ -30,16 +31,22 @@ from mla_runtime.format import (
 )
 from mla_runtime.safetensors_file import ShardHeader
 
-from ..checkpoint import CONFIG_NAME, INDEX_NAME, REQUIRED_CONFIG_KEYS, SUPPORTED_ARCHITECTURES, module_of
+from .. import family
+from ..checkpoint import CONFIG_NAME, INDEX_NAME, module_of
 from ..errors import SourceError
-from ..output_config import FP8_FLAVOR_GAUDI2
+from ..family import (
+    FP8_LINEAR,
+    LINEAR,
+    OTHER,
+    SUPPORTED_ARCHITECTURES,
+    FamilyError,
+    extra_buffer_layer,
+    implied_tensors,
+)
 from ..plan import COPY, FP8_SCALE, TO_BF16, TO_FP8, Plan
 from ..safetensors_io import read_header
 from .report import MLA, STRUCTURE, Tally
 
-FP8_LINEAR = "fp8-linear"  # a linear DeepSeek ships in block FP8 (attention, MLP, experts)
-LINEAR = "linear"  # a linear that is never FP8 (lm_head, router gate, eh_proj, shared_head.head)
-OTHER = "other"  # embeddings, norms, biases
 COPY_DTYPES = ("BF16", "F16", "F32")  # what a copied tensor may be when no source says which
 
 
@@ -48,7 +55,7 @@ class Expect:
     """One tensor the converted model must hold."""
 
     name: str
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 (channel-FP8 weight) or FP8_SCALE
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight) or FP8_SCALE
     dtype: str | None  # safetensors dtype; None: any of COPY_DTYPES
     shape: tuple[int, ...]
     kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
@@ -70,62 +77,7 @@ class Layout:
     mla_headers: dict[int, ShardHeader] = field(default_factory=dict)
 
 
-# --- what a DeepseekV3 config implies ------------------------------------------------------------
-
-
-def implied_tensors(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor of a DeepseekV3ForCausalLM checkpoint: name -> (shape, kind), MTP layers included."""
-    h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
-    p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    q_lora = cfg.get("q_lora_rank")
-    layers = cfg["num_hidden_layers"]
-    out: dict[str, tuple[tuple[int, ...], str]] = {
-        "model.embed_tokens.weight": ((vocab, h), OTHER),
-        "model.norm.weight": ((h,), OTHER),
-    }
-    if not cfg.get("tie_word_embeddings"):
-        out["lm_head.weight"] = ((vocab, h), LINEAR)
-
-    def mlp(prefix: str, inter: int) -> None:
-        out[prefix + "gate_proj.weight"] = ((inter, h), FP8_LINEAR)
-        out[prefix + "up_proj.weight"] = ((inter, h), FP8_LINEAR)
-        out[prefix + "down_proj.weight"] = ((h, inter), FP8_LINEAR)
-
-    experts = cfg.get("n_routed_experts") or 0
-    for i in range(layers + (cfg.get("num_nextn_predict_layers") or 0)):
-        pre = f"model.layers.{i}."
-        out[pre + "input_layernorm.weight"] = ((h,), OTHER)
-        out[pre + "post_attention_layernorm.weight"] = ((h,), OTHER)
-        a = pre + "self_attn."
-        if q_lora:
-            out[a + "q_a_proj.weight"] = ((q_lora, h), FP8_LINEAR)
-            out[a + "q_a_layernorm.weight"] = ((q_lora,), OTHER)
-            out[a + "q_b_proj.weight"] = ((n * (p + r), q_lora), FP8_LINEAR)
-        else:
-            out[a + "q_proj.weight"] = ((n * (p + r), h), FP8_LINEAR)
-        out[a + "kv_a_proj_with_mqa.weight"] = ((l + r, h), FP8_LINEAR)
-        out[a + "kv_a_layernorm.weight"] = ((l,), OTHER)
-        out[a + "kv_b_proj.weight"] = ((n * (p + v), l), FP8_LINEAR)
-        out[a + "o_proj.weight"] = ((h, n * v), FP8_LINEAR)
-        moe = experts and i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
-        if moe:
-            out[pre + "mlp.gate.weight"] = ((experts, h), LINEAR)
-            if cfg.get("topk_method") == "noaux_tc":
-                out[pre + "mlp.gate.e_score_correction_bias"] = ((experts,), OTHER)
-            for e in range(experts):
-                mlp(f"{pre}mlp.experts.{e}.", cfg["moe_intermediate_size"])
-            if cfg.get("n_shared_experts"):
-                mlp(pre + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
-        else:
-            mlp(pre + "mlp.", cfg["intermediate_size"])
-        if i >= layers:  # the MTP layer's own modules
-            out[pre + "embed_tokens.weight"] = ((vocab, h), OTHER)
-            out[pre + "enorm.weight"] = ((h,), OTHER)
-            out[pre + "hnorm.weight"] = ((h,), OTHER)
-            out[pre + "eh_proj.weight"] = ((h, 2 * h), LINEAR)
-            out[pre + "shared_head.norm.weight"] = ((h,), OTHER)
-            out[pre + "shared_head.head.weight"] = ((vocab, h), LINEAR)
-    return out
+# --- what a family member's config implies --------------------------------------------------------
 
 
 def ct_ignored(module: str, ignore: list[str]) -> bool:
@@ -157,6 +109,17 @@ def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Exp
     return out
 
 
+def _add_extra_buffers(lay: Layout) -> None:
+    """Known extra buffers of real checkpoints (a layer's rotary inv_freq), where present: copied
+    1-D tensors of any length, for the layers the config has."""
+    layers = family.Layout.of(lay.config).all_layers
+    for hd in lay.headers.values():
+        for name, info in hd.tensors.items():
+            layer = extra_buffer_layer(name)
+            if layer is not None and layer < layers and len(info.shape) == 1 and name not in lay.expects:
+                lay.expects[name] = Expect(name, COPY, None, info.shape)
+
+
 def expects_from_plan(plan: Plan) -> dict[str, Expect]:
     kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
     return {
@@ -171,10 +134,10 @@ def expects_from_plan(plan: Plan) -> dict[str, Expect]:
 # --- the header pass ------------------------------------------------------------------------------
 
 
-def check_structure(root: Path, fmt: str, target: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Layout:
+def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Layout:
     """Run every header-only check, recording results in `tally`; return what the data pass needs."""
     lay = Layout()
-    lay.config = _check_config(root, fmt, target, tally)
+    lay.config = _check_config(root, fmt, tally)
     _check_index(root, lay, tally)
     if lay.config is None:
         return lay
@@ -185,8 +148,11 @@ def check_structure(root: Path, fmt: str, target: str, fingerprint: str, plan: P
         else:
             ignore = (lay.config.get("quantization_config") or {}).get("ignore") or []
             lay.expects = expects_from_config(lay.config, fmt, [str(x) for x in ignore])
-    except (KeyError, TypeError) as e:
-        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="every DeepseekV3 dimension", found=f"missing {e}")
+            _add_extra_buffers(lay)
+    except (KeyError, TypeError, FamilyError) as e:
+        tally.fail(
+            STRUCTURE, "config", CONFIG_NAME, expected="every dimension of its architecture", found=f"missing {e}"
+        )
         return lay
     _check_tensor_set(lay, tally)
     if fmt == "channel-fp8":
@@ -196,7 +162,7 @@ def check_structure(root: Path, fmt: str, target: str, fingerprint: str, plan: P
     return lay
 
 
-def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | None:
+def _check_config(root: Path, fmt: str, tally: Tally) -> dict | None:
     try:
         cfg = json.loads((root / CONFIG_NAME).read_bytes())
     except FileNotFoundError:
@@ -211,13 +177,17 @@ def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | Non
         STRUCTURE,
         "config",
         CONFIG_NAME,
-        expected=f"architectures containing {SUPPORTED_ARCHITECTURES[0]}",
+        expected=f"architectures containing one of {', '.join(SUPPORTED_ARCHITECTURES)}",
         found=repr(archs),
     ):
         return None
-    missing = [k for k in (*REQUIRED_CONFIG_KEYS, "vocab_size") if not isinstance(cfg.get(k), int)]
+    try:
+        family.Layout.of(cfg)
+        problem = None if isinstance(cfg.get("vocab_size"), int) else "config lacks integer vocab_size"
+    except FamilyError as e:
+        problem = str(e)
     if not tally.expect(
-        not missing, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=f"missing {missing}"
+        problem is None, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=problem
     ):
         return None
     qc = cfg.get("quantization_config")
@@ -231,7 +201,7 @@ def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | Non
             found=repr(qc)[:200],
         )
         return cfg
-    problems = _channel_fp8_config_problems(qc, target)
+    problems = _channel_fp8_config_problems(qc)
     tally.expect(
         not problems,
         STRUCTURE,
@@ -243,7 +213,7 @@ def _check_config(root: Path, fmt: str, target: str, tally: Tally) -> dict | Non
     return cfg
 
 
-def _channel_fp8_config_problems(qc, target: str) -> list[str]:
+def _channel_fp8_config_problems(qc) -> list[str]:
     if not isinstance(qc, dict):
         return [f"quantization_config is {qc!r}"]
     out = []
@@ -264,9 +234,8 @@ def _channel_fp8_config_problems(qc, target: str) -> list[str]:
             out.append(f"targets {g.get('targets')!r} lack 'Linear'")
     if not isinstance(qc.get("ignore", []), list):
         out.append("ignore is not a list")
-    flavor = qc.get("fp8_dtype_flavor")
-    if (target == "gaudi2") != (flavor == FP8_FLAVOR_GAUDI2):
-        out.append(f"fp8_dtype_flavor {flavor!r} for target {target}")
+    if "fp8_dtype_flavor" in qc:  # the weights are float8_e4m3fn for every target; only the range differs
+        out.append(f"fp8_dtype_flavor {qc['fp8_dtype_flavor']!r} claims another encoding than float8_e4m3fn")
     return out
 
 

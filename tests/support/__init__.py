@@ -6,9 +6,9 @@ Where things live, and how a test gets them:
 - `fake_hub.py`: `FakeHub`, a local HTTP stand-in for the Hugging Face Hub. Tests take the
   `fake_hub` fixture (a started hub, `huggingface_hub` pointed at it, stopped afterwards);
   tests of the hub itself may also build one (`from support.fake_hub import FakeHub`).
-- `reference.py`: the slow, obviously correct numerics (`dequant_block`, `channel_fp8`,
-  `seed_split`, `gaudi_load_time_channel_fp8`, `e4m3_error_bound`, `same_bits`). Tests take
-  the `reference` fixture (this module) and call `reference.dequant_block(...)` and so on.
+- `reference.py`: the slow, obviously correct numerics (`dequant_block`, `decode_e8m0`,
+  `channel_fp8`, `seed_split`, `gaudi_load_time_channel_fp8`, `e4m3_error_bound`, `same_bits`).
+  Tests take the `reference` fixture (this module) and call `reference.dequant_block(...)` and so on.
 - `checkpoints.py`: `load_json`, `load_all` (every tensor of a sharded checkpoint) and
   `tree_hashes` (sha256 of every file under a directory), each a fixture of the same name;
   `SHARD1`, `SHARD2`, two shard names of the tiny checkpoint, are imported.
@@ -20,9 +20,12 @@ Where things live, and how a test gets them:
   module-level helpers and default arguments use them.
 - `vllm_engine_run.py`: the script tests/test_vllm_engine.py runs, one vLLM engine per
   subprocess; that test module imports its `PROMPTS` and `MAX_TOKENS`.
+- `vllm_family_run.py`: the same engine plus each token's logprobs, which
+  tests/test_vllm_family.py runs for the family members.
 
 The fixtures are defined in tests/conftest.py, with the tiny checkpoint (`tiny_src`, `src_copy`)
-and its conversions (`converted`). The rule: a test takes what it uses as a fixture parameter.
+and its conversions (`converted`), and each family member's tiny checkpoint and conversions
+(`family_checkpoints`). The rule: a test takes what it uses as a fixture parameter.
 Plain imports from `support` are for constants, for values needed when a module is imported
 (`@pytest.mark.parametrize` arguments, hypothesis strategies, default arguments), and for a test
 module's own module-level helpers, which fixtures cannot reach. The pure helpers are

@@ -10,8 +10,18 @@ import math
 import torch
 
 
+def decode_e8m0(scale: torch.Tensor) -> torch.Tensor:
+    """float8_e8m0fnu -> float32 element by element: code v is 2^(v - 127), 255 is NaN."""
+    codes = scale.view(torch.uint8).flatten().tolist()
+    values = [math.nan if v == 255 else math.ldexp(1.0, v - 127) for v in codes]
+    return torch.tensor(values, dtype=torch.float32).reshape(scale.shape)
+
+
 def dequant_block(weight: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128)) -> torch.Tensor:
-    """dequant[i, j] = float(weight[i, j]) * scale_inv[i // bn, j // bk], block by block."""
+    """dequant[i, j] = float(weight[i, j]) * scale_inv[i // bn, j // bk], block by block (an E8M0
+    scale decoded first)."""
+    if scale_inv.dtype == torch.float8_e8m0fnu:
+        scale_inv = decode_e8m0(scale_inv)
     n, k = weight.shape
     bn, bk = block
     out = torch.empty(n, k, dtype=torch.float32)
