@@ -409,7 +409,10 @@ def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int, num_rows: int) -> t
     w = getattr(kv_b_proj, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device.type == "meta":
         return None
-    if tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols:
+    # A transposed view is recognised by its strides first: a rank with as many rows as kv_lora_rank
+    # (2 heads of 256 against L=512) has a square weight, whose shape says nothing.
+    transposed_view = not w.is_contiguous() and w.T.is_contiguous()
+    if transposed_view or (tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols):
         w = w.T
     if tuple(w.shape) != (num_rows, num_cols):
         return None
