@@ -332,3 +332,21 @@ def test_register_is_idempotent(gaudi):
     assert oot_mla.HPUMLAAttention.process_weights_after_loading is wrapped
     assert not getattr(wrapped.__wrapped__, "__mla_runtime_wrapped__", False)  # wrapped exactly once
     assert plugin.wrap_gaudi(oot_mla.HPUMLAAttention) is False
+
+
+def test_accuracy_script_runs_every_path(tmp_path):
+    """scripts/accuracy_runtime.py (the README's accuracy table) at a small size, in its own process."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_runtime.py"
+    r = subprocess.run([sys.executable, str(script), "--heads", "2", "--layers", "1", "--json"], capture_output=True,
+                       text=True, timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    paths = json.loads(r.stdout)["paths"]
+    assert len(paths) == 7 and all(p["artifacts"]["layers_from_artifacts"] == 1 for p in paths)
+    for p in paths:
+        ours, theirs = p["artifacts"]["relative_error"], p["vllm-gaudi"]["relative_error"]
+        assert ours < 2**-8  # bf16 rounding of the exact dequant
+        if "channel-FP8" in p["path"] or "force-channel on" in p["path"]:
+            assert theirs > 5 * ours  # one or two FP8 roundings on vllm-gaudi's side
