@@ -10,9 +10,10 @@ possibly more than once. `register()` arranges for two methods to be wrapped (id
   scales, `replace_parameter`) runs unchanged on the artifact tensors.
 - vllm-gaudi's `HPUMLAAttention.process_weights_after_loading`, when `vllm_gaudi` is installed:
   for an FP8 kv_b_proj with `weight_scale_inv` (the branch where vllm-gaudi dequantizes and splits
-  itself) the wrapper sets W_UK_T / W_UV from the artifacts, contiguous, on kv_b_proj's device,
-  and keeps the rest of that branch (default quant scales). Any other kv_b_proj goes to the
-  original method, which calls the (wrapped) upstream method.
+  itself) the wrapper sets W_UK_T / W_UV from the artifacts as that branch keeps its own (plain,
+  contiguous attributes on kv_b_proj's device), and keeps the rest of the branch (default quant
+  scales). Any other kv_b_proj goes to the original method, which calls the (wrapped) upstream
+  method and re-registers contiguous copies.
 
 Where the artifacts are: $MLA_RUNTIME_DIR, else `<served model dir>/mla` when it exists. Other
 environment variables: MLA_RUNTIME_DISABLE=1 (do nothing), MLA_RUNTIME_FALLBACK=1 (on a mismatch,
