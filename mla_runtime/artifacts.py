@@ -10,8 +10,10 @@ Validation happens in two steps, both before any tensor reaches the caller:
   `mla-convert-manifest.json` (when there is one), and stats every layer file (its size must be the
   manifest's).
 - `load_layer` checks the layer file's safetensors header (names, dtype, full shapes), optionally its
-  sha256, and reads only rank r's heads [r*N/T, (r+1)*N/T) from disk: one positioned read of exactly
-  those bytes per tensor (heads are the leading dimension, so a rank's heads are contiguous).
+  sha256, and maps only rank r's heads [r*N/T, (r+1)*N/T) of each tensor (heads are the leading
+  dimension, so a rank's heads are one byte range). On the CPU in bf16 the returned tensors are
+  those pages of the page cache themselves, mapped copy-on-write: nothing is copied. For another
+  device or dtype, the one copy is from the page cache into the final tensor.
 
 Every error is an `ArtifactError` naming the layer and the file. Depends on torch and the standard
 library only (safetensors files are read by `mla_runtime.safetensors_file`).
@@ -22,7 +24,9 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import mmap
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,20 +81,58 @@ def _read_header(path: Path) -> ShardHeader:
         os.close(fd)
 
 
-def _read_rows(path: Path, info: TensorInfo, data_start: int, start: int, end: int) -> torch.Tensor:
-    """Rows [start, end) of a bf16 tensor (first dimension), read with one positioned read of
-    exactly those bytes: nothing else of the file is read."""
+def _row_range(info: TensorInfo, data_start: int, start: int, end: int) -> tuple[int, int, tuple[int, ...]]:
+    """(file offset, byte count, shape) of rows [start, end) of a tensor (first dimension)."""
     row_bytes = DTYPE_SIZES[info.dtype] * math.prod(info.shape[1:])
-    nbytes = row_bytes * (end - start)
+    return data_start + info.begin + start * row_bytes, row_bytes * (end - start), (end - start, *info.shape[1:])
+
+
+# Linux >= 5.14: fill the page tables of a mapping from the page cache without touching the memory
+# (Python 3.11's mmap module does not name it yet).
+_MADV_POPULATE_READ = 22 if sys.platform.startswith("linux") else None
+
+
+def _map_rows(path: Path, info: TensorInfo, data_start: int, start: int, end: int, *, populate: bool) -> torch.Tensor:
+    """Rows [start, end) of a bf16 tensor, backed by the file's own pages.
+
+    A private (copy-on-write) mapping of exactly those bytes, rounded down to a page: a write to the
+    tensor copies the page it touches and never reaches the file. The range is read ahead at once
+    (one request for the whole range, not a fault per page); with `populate` its page tables are
+    filled too, so that the tensor's first use does not fault page by page.
+    """
+    offset, nbytes, shape = _row_range(info, data_start, start, end)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=torch.bfloat16)
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapping = mmap.mmap(fd, offset - base + nbytes, access=mmap.ACCESS_COPY, offset=base)
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    if hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_WILLNEED)
+        if populate and _MADV_POPULATE_READ is not None:
+            try:
+                mapping.madvise(_MADV_POPULATE_READ)
+            except OSError:  # an older kernel: pages are mapped on first use instead
+                pass
+    # The tensor holds a reference to the mapping, which is unmapped when the last view is freed.
+    return torch.frombuffer(mapping, dtype=torch.bfloat16, count=nbytes // 2, offset=offset - base).view(shape)
+
+
+def _read_rows(path: Path, info: TensorInfo, data_start: int, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a bf16 tensor, read into a new tensor with one positioned read of exactly
+    those bytes (for files that cannot be mapped)."""
+    offset, nbytes, shape = _row_range(info, data_start, start, end)
     out = torch.empty(nbytes, dtype=torch.uint8)  # read straight into the tensor: no zero-fill, no copy
     if nbytes:
         view = memoryview((ctypes.c_ubyte * nbytes).from_address(out.data_ptr())).cast("B")
         fd = _open_no_readahead(path)
         try:
-            pread_exact(fd, view, data_start + info.begin + start * row_bytes)
+            pread_exact(fd, view, offset)
         finally:
             os.close(fd)
-    return out.view(torch.bfloat16).view(end - start, *info.shape[1:])
+    return out.view(torch.bfloat16).view(shape)
 
 
 @dataclass(frozen=True)
@@ -187,7 +229,9 @@ class MlaArtifacts:
         """(W_UK_T [N/T, P, L], W_UV [N/T, L, V]) of `layer` for TP rank `tp_rank` of `tp_size`.
 
         Only that rank's heads are read from disk; both tensors are contiguous, on `device`, in
-        `dtype` (the artifacts are bf16: another dtype is a cast of them).
+        `dtype` (the artifacts are bf16: another dtype is a cast of them). On the CPU in bf16 they
+        share the file's pages (copy-on-write), so the layer file must not be changed in place
+        while they are in use; mla-convert replaces files, it never rewrites them.
         """
         header = self.check_layer(layer)
         path = self.layer_path(layer)
@@ -195,10 +239,17 @@ class MlaArtifacts:
             start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
         except ArtifactError as e:
             raise ArtifactError(f"layer {layer} ({path}): {e}") from None
+        # On the CPU in bf16 the mapped rows are the result; otherwise .to() copies them once, from
+        # the page cache into the final tensor.
+        final = torch.device(device).type == "cpu" and dtype == torch.bfloat16
         out = []
         for name in (w_uk_t_name(layer), w_uv_name(layer)):
+            info = header.tensors[name]
             try:
-                part = _read_rows(path, header.tensors[name], header.data_start, start, end)
+                try:
+                    part = _map_rows(path, info, header.data_start, start, end, populate=final)
+                except (OSError, ValueError):  # a file system that cannot map files
+                    part = _read_rows(path, info, header.data_start, start, end)
             except (OSError, EOFError) as e:
                 raise ArtifactError(f"layer {layer} ({path}): cannot read {name!r} ({e})") from None
             out.append(part.to(device=device, dtype=dtype).contiguous())

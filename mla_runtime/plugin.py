@@ -10,9 +10,10 @@ possibly more than once. `register()` arranges for two methods to be wrapped (id
   scales, `replace_parameter`) runs unchanged on the artifact tensors.
 - vllm-gaudi's `HPUMLAAttention.process_weights_after_loading`, when `vllm_gaudi` is installed:
   for an FP8 kv_b_proj with `weight_scale_inv` (the branch where vllm-gaudi dequantizes and splits
-  itself) the wrapper sets W_UK_T / W_UV from the artifacts, contiguous, on kv_b_proj's device,
-  and keeps the rest of that branch (default quant scales). Any other kv_b_proj goes to the
-  original method, which calls the (wrapped) upstream method.
+  itself) the wrapper sets W_UK_T / W_UV from the artifacts as that branch keeps its own (plain,
+  contiguous attributes on kv_b_proj's device), and keeps the rest of the branch (default quant
+  scales). Any other kv_b_proj goes to the original method, which calls the (wrapped) upstream
+  method and re-registers contiguous copies.
 
 Where the artifacts are: $MLA_RUNTIME_DIR, else `<served model dir>/mla` when it exists. Other
 environment variables: MLA_RUNTIME_DISABLE=1 (do nothing), MLA_RUNTIME_FALLBACK=1 (on a mismatch,
@@ -56,6 +57,10 @@ _WRAPPED = "__mla_runtime_wrapped__"
 # come from different checkpoints. Channel-FP8 requantization stays far below (a few %); unrelated
 # weights are near sqrt(2).
 SPOT_CHECK_TOLERANCE = 0.25
+# Columns of that head compared: few enough elements that torch runs the check on one thread (its
+# parallel grain is 32768 elements), so a busy host does not stretch it, and still thousands of
+# values, so the verdict does not change.
+SPOT_CHECK_COLUMNS = 64
 
 
 def _env_on(name: str) -> bool:
@@ -402,19 +407,25 @@ def reset() -> None:
 # --------------------------------------------------------------------------- spot check
 
 
-def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int, num_rows: int) -> torch.Tensor | None:
-    """fp32 rows of kv_b_proj's weight [num_rows, num_cols] as [rows, L], for the layouts known here
-    (the checkpoint's [N, K] or a transposed [K, N] view, as vLLM's CPU FP8 linears keep it); None
-    for any other layout."""
+def _dequantized_rows(
+    kv_b_proj, rows: slice, num_cols: int, num_rows: int, cols: int | None = None
+) -> torch.Tensor | None:
+    """fp32 rows of kv_b_proj's weight [num_rows, num_cols] as [rows, cols] (default all columns),
+    for the layouts known here (the checkpoint's [N, K] or a transposed [K, N] view, as vLLM's FP8
+    linears may keep it); None for any other layout."""
+    cols = num_cols if cols is None else min(cols, num_cols)
     w = getattr(kv_b_proj, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device.type == "meta":
         return None
-    if tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols:
+    # A transposed view is recognised by its strides first: a rank with as many rows as kv_lora_rank
+    # (2 heads of 256 against L=512) has a square weight, whose shape says nothing.
+    transposed_view = not w.is_contiguous() and w.T.is_contiguous()
+    if transposed_view or (tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols):
         w = w.T
     if tuple(w.shape) != (num_rows, num_cols):
         return None
     if w.dtype in (torch.bfloat16, torch.float16, torch.float32):
-        return w[rows].float()
+        return w[rows, :cols].float()
     if w.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
         return None
     scale = getattr(kv_b_proj, "weight_scale", None)
@@ -422,7 +433,7 @@ def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int, num_rows: int) -> t
         scale = getattr(kv_b_proj, "weight_scale_inv", None)
     if not isinstance(scale, torch.Tensor):
         return None
-    part = w[rows].float()
+    part = w[rows, :cols].float()
     if scale.numel() == w.shape[0]:  # per output channel: [N], [N, 1]
         return part * scale.reshape(-1)[rows].float().unsqueeze(1)
     block = getattr(kv_b_proj, "weight_block_size", None)
@@ -430,23 +441,26 @@ def _dequantized_rows(kv_b_proj, rows: slice, num_cols: int, num_rows: int) -> t
         bn, bk = int(block[0]), int(block[1])
         if scale.shape[0] * bn < w.shape[0] or scale.shape[1] * bk < w.shape[1]:
             return None
-        grid = scale.float().repeat_interleave(bn, 0)[rows].repeat_interleave(bk, 1)[:, :num_cols]
+        grid = scale.float()[rows.start // bn : -(-rows.stop // bn)].repeat_interleave(bn, 0)
+        grid = grid[rows.start % bn : rows.start % bn + part.shape[0]].repeat_interleave(bk, 1)[:, :cols]
         return part * grid
     return None
 
 
 def spot_check(kv_b_proj, w_uk_t: torch.Tensor, w_uv: torch.Tensor, *, where: str) -> bool:
-    """Compare the first local head of the served kv_b_proj with the artifacts.
+    """Compare the first local head of the served kv_b_proj (its first SPOT_CHECK_COLUMNS columns)
+    with the artifacts.
 
     Returns False when the weight's layout is not one this check knows (nothing compared); raises
     ArtifactError when they clearly come from different checkpoints.
     """
     heads, p, l = w_uk_t.shape
     v = w_uv.shape[2]
-    served = _dequantized_rows(kv_b_proj, slice(0, p + v), l, heads * (p + v))
+    c = min(SPOT_CHECK_COLUMNS, l)
+    served = _dequantized_rows(kv_b_proj, slice(0, p + v), l, heads * (p + v), cols=c)
     if served is None:
         return False
-    ours = torch.cat([w_uk_t[0].float(), w_uv[0].float().T], dim=0).to(served.device)
+    ours = torch.cat([w_uk_t[0, :, :c].float(), w_uv[0, :c, :].float().T], dim=0).to(served.device)
     rel = float((served - ours).norm() / ours.norm().clamp_min(1e-30))
     if not rel <= SPOT_CHECK_TOLERANCE:
         raise ArtifactError(

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Time to prepare W_UK_T / W_UV for every MLA layer of DeepSeek-R1, side by side:
+"""Time to prepare W_UK_T / W_UV for every MLA layer of DeepSeek-R1, side by side, at TP 1 and TP 8:
 
-- artifacts: what mla_runtime does (open + validate the manifest, then per layer read this rank's
-  heads of W_UK_T / W_UV from mla/layer-NNN.safetensors, contiguous, bf16), with and without the
-  plugin's per-layer spot check against the served kv_b_proj;
-- recompute: what vllm-gaudi's HPUMLAAttention does at every start (the documented
-  process_weights_after_loading): dequantize the block-FP8 kv_b_proj [32768, 512] in bf16
-  (bf16(w) * bf16(scale) per 128x128 block), transpose, split, permute, make contiguous. Also the
-  channel-FP8 variant (1-D scale, what VLLM_HPU_FORCE_CHANNEL_FP8 leaves).
+- artifacts: what mla_runtime does (open + validate the manifest, then per layer this rank's heads
+  of W_UK_T / W_UV from mla/layer-NNN.safetensors, bf16 on the CPU): the file's pages mapped
+  copy-on-write, read ahead and with their page tables filled, so the tensors are usable at once;
+- artifacts, previous reader: the reader before the mapped one (commit c702bec), kept here as the
+  baseline: one positioned read per tensor into a new tensor;
+- artifacts + spot check: the reader plus the plugin's per-layer check against kv_b_proj;
+- recompute: what vllm-gaudi's HPUMLAAttention does at every start: dequantize the block-FP8
+  kv_b_proj [32768, 512] in bf16 (bf16(w) * bf16(scale) per 128x128 block), transpose, split,
+  permute, make contiguous; and the channel-FP8 variant (1-D scale, what VLLM_HPU_FORCE_CHANNEL_FP8
+  leaves).
 
 True R1 dimensions: 61 layers, N=128 heads, P=V=128, L=512. On the CPU of this machine, not a
 Gaudi: the HPU does the recompute faster, but the artifacts path is a file read either way.
+Methods alternate within each repeat; the table shows medians, GB/s of this rank's W_UK_T + W_UV
+bytes, and each method's speed relative to the block-FP8 recompute.
 
-    python scripts/bench_runtime.py [--layers 61] [--repeats 3] [--tp 1] [--dir /tmp/mla-bench] [--json]
+    python scripts/bench_runtime.py [--layers 61] [--repeats 5] [--tp 1 8] [--cold] [--dir DIR] [--json]
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from mla_runtime.artifacts import open_artifacts
-from mla_runtime.format import MlaDims
+from mla_runtime import artifacts as artifacts_mod
+from mla_runtime.artifacts import head_range, open_artifacts
+from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.plugin import spot_check
 
 R1 = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
@@ -85,23 +91,41 @@ def recompute_channel(w: torch.Tensor, scale: torch.Tensor, dims: MlaDims, act_d
     return w_uk.permute(1, 2, 0).contiguous(), w_uv.transpose(0, 1).contiguous()
 
 
-def timed(fn, repeats: int, before=None) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        keep = fn()  # the layers hold their tensors until all are prepared, as in a real start
-        out.append(time.perf_counter() - t0)
-        del keep
-    return out
+def previous_load_layer(arts, layer: int, tp_rank: int, tp_size: int):
+    """The reader as of commit c702bec: header checks, then one positioned read per tensor into a
+    new tensor (the same header checks and read function the current reader still falls back to)."""
+    header = arts.check_layer(layer)
+    path = arts.layer_path(layer)
+    start, end = head_range(arts.dims.num_heads, tp_rank, tp_size)
+    return tuple(
+        artifacts_mod._read_rows(path, header.tensors[name], header.data_start, start, end).contiguous()
+        for name in (w_uk_t_name(layer), w_uv_name(layer))
+    )
+
+
+def local_share(weights: list[nn.Module], dims: MlaDims, tp: int):
+    """Rank 0's rows of each kv_b_proj (as vLLM's ColumnParallelLinear holds them), and the per-row
+    channel-FP8 requantization VLLM_HPU_FORCE_CHANNEL_FP8 makes of them."""
+    local = MlaDims(dims.num_heads // tp, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank)
+    rows = local.num_heads * (local.qk_nope_head_dim + local.v_head_dim)
+    block, channel = [], []
+    for kv_b in weights:
+        m = nn.Module()
+        m.weight = nn.Parameter(kv_b.weight[:rows].contiguous(), requires_grad=False)
+        m.weight_scale_inv = kv_b.weight_scale_inv[: rows // BLOCK].contiguous()
+        m.weight_block_size = [BLOCK, BLOCK]
+        block.append(m)
+        deq = exact_dequant(m)
+        scale = deq.abs().amax(dim=1).clamp_min(1e-12) / 448.0
+        channel.append(((deq / scale[:, None]).to(torch.float8_e4m3fn), scale))
+    return local, block, channel
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=61)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: time rank 0's share")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 8], help="tensor-parallel sizes: time rank 0's share")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the artifacts (default: a temp dir)")
     ap.add_argument(
         "--cold",
@@ -111,27 +135,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     dims = R1
-    local = MlaDims(dims.num_heads // args.tp, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank)
     gen = torch.Generator().manual_seed(0)
     n_distinct = min(4, args.layers)
     weights = [make_block_fp8(gen, dims) for _ in range(n_distinct)]
-    rows_local = local.num_heads * (local.qk_nope_head_dim + local.v_head_dim)
-    local_weights = []
-    for kv_b in weights:  # rank 0's rows of kv_b_proj, as vLLM's ColumnParallelLinear holds them
-        m = nn.Module()
-        m.weight = nn.Parameter(kv_b.weight[:rows_local].contiguous(), requires_grad=False)
-        m.weight_scale_inv = kv_b.weight_scale_inv[: rows_local // BLOCK].contiguous()
-        m.weight_block_size = [BLOCK, BLOCK]
-        local_weights.append(m)
-    channel = []
-    for kv_b in local_weights:  # what VLLM_HPU_FORCE_CHANNEL_FP8 leaves: per-row scales
-        deq = exact_dequant(kv_b)
-        scale = deq.abs().amax(dim=1).clamp_min(1e-12) / 448.0
-        channel.append(((deq / scale[:, None]).to(torch.float8_e4m3fn), scale))
 
     own_dir = args.dir is None
     base = Path(tempfile.mkdtemp(prefix="mla-bench-")) if own_dir else args.dir
     mla_dir = base / "mla"
+    reports = []
     try:
         t0 = time.perf_counter()
         write_artifacts(mla_dir, weights, args.layers, dims)
@@ -147,66 +158,94 @@ def main(argv=None) -> int:
                 finally:
                     os.close(fd)
 
-        def from_artifacts(check: bool):
-            def run():
-                arts = open_artifacts(mla_dir)
-                out = []
-                for i in range(args.layers):
-                    uk_t, uv = arts.load_layer(i, tp_rank=0, tp_size=args.tp)
-                    if check:
-                        spot_check(local_weights[i % n_distinct], uk_t, uv, where=f"layer {i}")
-                    out.append((uk_t, uv))
-                return out
+        for tp in args.tp:
+            local, block, channel = local_share(weights, dims, tp)
 
-            return run
+            def reader(load, check=False, tp=tp, block=block):
+                def run():
+                    arts = open_artifacts(mla_dir)
+                    out = []
+                    for i in range(args.layers):
+                        uk_t, uv = load(arts, i, tp)
+                        if check:
+                            spot_check(block[i % n_distinct], uk_t, uv, where=f"layer {i}")
+                        out.append((uk_t, uv))
+                    return out  # the layers hold their tensors until all are prepared, as in a real start
 
-        def recompute(kind: str):
-            def run():
-                if kind == "block":
-                    return [recompute_block(local_weights[i % n_distinct], local) for i in range(args.layers)]
-                return [recompute_channel(*channel[i % n_distinct], local) for i in range(args.layers)]
+                return run
 
-            return run
+            def current(arts, i, tp):
+                return arts.load_layer(i, tp_rank=0, tp_size=tp)
 
-        # Same result check before timing: artifacts == exact dequant split; block recompute within bf16.
-        a_uk, _ = open_artifacts(mla_dir).load_layer(0, tp_rank=0, tp_size=args.tp)
-        r_uk, _ = recompute_block(local_weights[0], local)
-        assert a_uk.shape == r_uk.shape == local.w_uk_t_shape()
-        torch.testing.assert_close(a_uk.float(), r_uk.float(), rtol=2**-7, atol=1e-6)
+            def previous(arts, i, tp):
+                return previous_load_layer(arts, i, 0, tp)
 
-        results = {
-            "artifacts": timed(from_artifacts(False), args.repeats, drop_cache if args.cold else None),
-            "artifacts + spot check": timed(from_artifacts(True), args.repeats, drop_cache if args.cold else None),
-            "recompute block-FP8 (vllm-gaudi)": timed(recompute("block"), args.repeats),
-            "recompute channel-FP8 (vllm-gaudi)": timed(recompute("channel"), args.repeats),
-        }
+            methods = {
+                "artifacts (mapped)": reader(current),
+                "artifacts, previous reader (pread)": reader(previous),
+                "artifacts (mapped) + spot check": reader(current, check=True),
+                "recompute block-FP8 (vllm-gaudi)": lambda local=local, block=block: [
+                    recompute_block(block[i % n_distinct], local) for i in range(args.layers)
+                ],
+                "recompute channel-FP8 (vllm-gaudi)": lambda local=local, channel=channel: [
+                    recompute_channel(*channel[i % n_distinct], local) for i in range(args.layers)
+                ],
+            }
+            # Same results before timing: both readers give the same tensors; block recompute within bf16.
+            a_uk, a_uv = open_artifacts(mla_dir).load_layer(0, tp_rank=0, tp_size=tp)
+            p_uk, p_uv = previous_load_layer(open_artifacts(mla_dir), 0, 0, tp)
+            assert torch.equal(a_uk, p_uk) and torch.equal(a_uv, p_uv)
+            r_uk, _ = recompute_block(block[0], local)
+            assert a_uk.shape == r_uk.shape == local.w_uk_t_shape()
+            torch.testing.assert_close(a_uk.float(), r_uk.float(), rtol=2**-7, atol=1e-6)
+            del a_uk, a_uv, p_uk, p_uv, r_uk
+
+            times: dict[str, list[float]] = {k: [] for k in methods}
+            for _ in range(args.repeats):  # methods alternate, so machine load affects them alike
+                for name, fn in methods.items():
+                    if args.cold and name.startswith("artifacts"):
+                        drop_cache()
+                    t0 = time.perf_counter()
+                    keep = fn()
+                    times[name].append(time.perf_counter() - t0)
+                    del keep
+            med = {k: statistics.median(v) for k, v in times.items()}
+            nbytes = args.layers * 2 * local.num_heads * dims.kv_lora_rank * 128 * 2  # this rank's W_UK_T + W_UV
+            reports.append({
+                "tp_size": tp, "heads_per_rank": local.num_heads, "rank_bytes": nbytes,
+                "median_s": {k: round(v, 4) for k, v in med.items()},
+                "all_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
+                "gb_per_s": {k: round(nbytes / v / 1e9, 2) for k, v in med.items()},
+                "speed_vs_block_recompute": {k: round(med["recompute block-FP8 (vllm-gaudi)"] / v, 2) for k, v in med.items()},
+            })  # fmt: skip
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in results.items()}
-    base_key = "recompute block-FP8 (vllm-gaudi)"
-    report = {
-        "layers": args.layers, "tp_size": args.tp, "heads_per_rank": local.num_heads,
-        "dims": {"N": dims.num_heads, "P": dims.qk_nope_head_dim, "V": dims.v_head_dim, "L": dims.kv_lora_rank},
-        "artifact_bytes_on_disk": size, "cold": args.cold, "artifact_write_s": round(write_s, 3), "torch_threads": torch.get_num_threads(),
-        "median_s": {k: round(v, 4) for k, v in med.items()},
-        "all_s": {k: [round(x, 4) for x in v] for k, v in results.items()},
-        "speedup_vs_block_recompute": {k: round(med[base_key] / v, 2) for k, v in med.items()},
-    }  # fmt: skip
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps({
+            "layers": args.layers, "repeats": args.repeats, "cold": args.cold, "torch_threads": torch.get_num_threads(),
+            "artifact_bytes_on_disk": size, "artifact_write_s": round(write_s, 3), "tp": reports,
+        }, indent=2))  # fmt: skip
         return 0
     print(
         f"W_UK_T/W_UV for {args.layers} layers, R1 dims N={dims.num_heads} P={dims.qk_nope_head_dim} "
-        f"V={dims.v_head_dim} L={dims.kv_lora_rank}, TP rank 0 of {args.tp} ({local.num_heads} heads), "
-        f"{torch.get_num_threads()} torch threads; artifacts {size / 1e9:.2f} GB, "
-        f"page cache {'dropped before each read' if args.cold else 'warm'}"
+        f"V={dims.v_head_dim} L={dims.kv_lora_rank}, rank 0's share; {torch.get_num_threads()} torch threads; "
+        f"artifacts {size / 1e9:.2f} GB on disk, page cache {'dropped before each read' if args.cold else 'warm'}; "
+        f"medians of {args.repeats}, methods alternating"
     )
-    print(f"{'method':38} {'median s':>9} {'per layer ms':>13} {'x faster than block recompute':>31}")
-    for k, v in med.items():
-        print(f"{k:38} {v:9.3f} {1000 * v / args.layers:13.1f} {med[base_key] / v:31.2f}")
-    print(f"ratio recompute(block) / artifacts: {med[base_key] / med['artifacts']:.1f}x")
+    for r in reports:
+        print(
+            f"\nTP rank 0 of {r['tp_size']} ({r['heads_per_rank']} heads, {r['rank_bytes'] / 1e9:.2f} GB of W_UK_T + W_UV)"
+        )
+        print(f"{'method':38} {'median s':>9} {'GB/s':>8} {'x block recompute':>18}")
+        for k, v in r["median_s"].items():
+            print(f"{k:38} {v:9.3f} {r['gb_per_s'][k]:8.2f} {r['speed_vs_block_recompute'][k]:17.2f}x")
+        m = r["median_s"]
+        print(
+            f"mapped reader vs previous reader: {m['artifacts, previous reader (pread)'] / m['artifacts (mapped)']:.1f}x "
+            f"faster; block recompute / mapped reader: {m['recompute block-FP8 (vllm-gaudi)'] / m['artifacts (mapped)']:.1f}x"
+        )
     return 0
 
 

@@ -97,21 +97,33 @@ def fake_hub(tmp_path, monkeypatch):
             huggingface_hub.close_session()
 
 
-def _vllm_gaudi_modules() -> list[str]:
-    return [m for m in sys.modules if m == "vllm_gaudi" or m.startswith("vllm_gaudi.")]
+def _standin_modules() -> list[str]:
+    """Modules imported from the stand-ins folder (vllm_gaudi.*, vllm_upstream, hpu_engine)."""
+    return [
+        name
+        for name, mod in list(sys.modules.items())
+        if name == "vllm_gaudi"
+        or name.startswith("vllm_gaudi.")
+        or str(getattr(mod, "__file__", "") or "").startswith(str(STANDINS))
+    ]
 
 
 @pytest.fixture
 def vllm_gaudi_standin():
-    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), imported afresh in this test;
-    afterwards it is off sys.path and out of sys.modules again. Yields the stand-ins folder."""
+    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), imported afresh in this test,
+    and the vLLM modules it and mla_runtime import from (`hpu_engine.VLLM_MODULE_NAMES`) are its
+    stand-in `vllm_upstream`. Afterwards all of it is off sys.path and out of sys.modules again.
+    Yields the stand-ins folder."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(STANDINS))
-        for name in _vllm_gaudi_modules():
+        for name in _standin_modules():
             mp.delitem(sys.modules, name)
+        import hpu_engine
+
+        hpu_engine.install(setitem=mp.setitem)
         yield STANDINS
-        for name in _vllm_gaudi_modules():
-            del sys.modules[name]
+        for name in _standin_modules():
+            sys.modules.pop(name, None)
 
 
 # ---- process-wide defaults -----------------------------------------------------------------------

@@ -1,327 +1,352 @@
-"""The plugin on vllm-gaudi's HPUMLAAttention, without Gaudi: against a stand-in (tests/support/standins/)
-that follows the documented process_weights_after_loading of vllm_gaudi.attention.oot_mla.
+"""The plugin on vllm-gaudi, without Gaudi: tests/support/standins/ re-implements vllm-gaudi's loading
+path at a pinned commit (and the upstream vLLM steps it runs through), and hpu_engine builds and loads
+MLA layers in the order a real engine does. Every path reads real files: the tiny block-FP8
+checkpoint and this tool's conversions of it, with the artifacts mla-convert wrote.
 
-For FP8 kv_b_proj with block (2-D) and channel (1-D) `weight_scale_inv`, a layer processed with
-the plugin must hold the same W_UK_T / W_UV as the same layer processed by the documented code, keep
-its quant-scale handling, and hold them on the device of its weights.
+Paths (what reaches HPUMLAAttention.process_weights_after_loading):
+- block-FP8 checkpoint, VLLM_HPU_FORCE_CHANNEL_FP8 on (vllm-gaudi's default): kv_b_proj requantized to
+  channel FP8, 1-D `weight_scale_inv`, block size None -> vllm-gaudi's own FP8 branch;
+- block-FP8 checkpoint, force-channel off: 2-D `weight_scale_inv` -> the same branch, block dequant;
+- this tool's channel-FP8 output (compressed-tensors): a transposed [K, N] weight with `weight_scale`
+  [N, 1], the layer's KV-cache method has deleted its `_k_scale` ... -> upstream MLAAttention's method
+  (identity-matrix dequant), `replace_parameter`;
+- this tool's bf16 output -> upstream MLAAttention's method.
+
+For each, with the plugin the layer holds exactly the artifact tensors, registered as vllm-gaudi
+registers its own (plain attributes in its FP8 branch, parameters in the upstream one), with the
+shape, dtype, contiguity and device of what vllm-gaudi computes without it.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
-import math
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
+from safetensors import safe_open
 
+from mla_convert.convert import convert
+from mla_convert.plan import Options
 from mla_runtime import ArtifactError, plugin
-from mla_runtime.format import MlaDims
-from support.artifacts import any_scales, block_dequant_fp32, fp8_weight, pow2_scales, write_artifacts
+from mla_runtime.format import MlaDims, layer_file_name, w_uk_t_name, w_uv_name
+from support.artifacts import write_artifacts
 
-DIMS = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
-ROWS = DIMS.num_heads * (DIMS.qk_nope_head_dim + DIMS.v_head_dim)  # 2048
-L = DIMS.kv_lora_rank
-QUANT_SCALE_MODULE = "vllm.model_executor.layers.attention.attention"
-
-
-class _QuantizedMethod:
-    """A quant method for which should_load_quant_weights() is true (kv-cache scales come from the checkpoint)."""
-
-
-class _QuantConfig:
-    def __init__(self, method):
-        self.method = method
-        self.calls = []
-
-    def get_quant_method(self, layer, prefix=""):
-        self.calls.append(prefix)
-        return self.method
+ENV_VARS = (
+    "MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_VERIFY", "MLA_RUNTIME_CHECK",
+    "VLLM_HPU_FORCE_CHANNEL_FP8", "VLLM_SCALE_ADJUSTMENT", "QUANT_CONFIG", "VLLM_GAUDI_STANDIN_DEVICE",
+)  # fmt: skip
+LAYERS = 3  # the tiny checkpoint's decoder layers (its MTP layer is not built without speculative decoding)
+HEADS = 4
+DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+# path -> (model directory key, VLLM_HPU_FORCE_CHANNEL_FP8, where vllm-gaudi keeps W_UK_T / W_UV)
+PATHS = {
+    "block-fp8 force-channel": ("src", "true", "attribute"),
+    "block-fp8 no force-channel": ("src", "false", "attribute"),
+    "channel-fp8": ("channel-fp8", None, "parameter"),
+    "bf16": ("bf16", None, "parameter"),
+}
 
 
-def _standin_quant_scale_module() -> types.ModuleType:
-    """Stand-in for vllm.model_executor.layers.attention.attention's two helpers, from their documented
-    behaviour: quantized weights are loaded for any method but none/unquantized; the defaults are 1.0."""
-    mod = types.ModuleType(QUANT_SCALE_MODULE)
+# --------------------------------------------------------------------------- helpers
 
-    def should_load_quant_weights(quant_method) -> bool:
-        # The string "unquantized" stands for UnquantizedLinearMethod.
-        return quant_method is not None and not isinstance(quant_method, str)
 
-    def set_default_quant_scales(layer, register_buffer=False):
-        assert register_buffer is False
-        for name in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
-            getattr(layer, name).fill_(1.0)
-        layer._q_scale_float = layer._k_scale_float = layer._v_scale_float = layer._prob_scale_float = 1.0
-        layer.default_scales_set = getattr(layer, "default_scales_set", 0) + 1
+def model_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
 
-    mod.should_load_quant_weights = should_load_quant_weights
-    mod.set_default_quant_scales = set_default_quant_scales
-    return mod
+
+def kv_b_tensors(model_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
+    """Each decoder layer's kv_b_proj tensors as the checkpoint stores them ({layer: {suffix: tensor}})."""
+    weight_map = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for layer in range(LAYERS):
+        prefix = f"model.layers.{layer}.self_attn.kv_b_proj."
+        for name, file in weight_map.items():
+            if name.startswith(prefix):
+                with safe_open(str(model_dir / file), "pt") as f:
+                    out.setdefault(layer, {})[name[len(prefix) :]] = f.get_tensor(name)
+    return out
+
+
+def artifact(mla_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with safe_open(str(mla_dir / layer_file_name(layer)), "pt") as f:
+        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
+
+
+def registered(layer) -> tuple[bool, bool]:
+    return "W_UK_T" in layer._parameters, "W_UV" in layer._parameters
+
+
+@pytest.fixture(scope="module")
+def models(tiny_src, converted, tmp_path_factory) -> dict[str, Path]:
+    """The block-FP8 source, this tool's outputs, and a `--target gaudi2` channel-FP8 output."""
+    g2 = tmp_path_factory.mktemp("gaudi2") / "channel-fp8-gaudi2"
+    convert(tiny_src, g2, Options(format="channel-fp8", target="gaudi2"))
+    return {"src": tiny_src, **converted, "channel-fp8-gaudi2": g2}
 
 
 @pytest.fixture
-def gaudi(monkeypatch, vllm_gaudi_standin):
-    """The stand-in oot_mla module, imported fresh after plugin.register() (so the post-import hook wraps it)."""
-    monkeypatch.setitem(sys.modules, QUANT_SCALE_MODULE, _standin_quant_scale_module())
-    for var in (
-        "MLA_RUNTIME_DIR",
-        "MLA_RUNTIME_DISABLE",
-        "MLA_RUNTIME_FALLBACK",
-        "MLA_RUNTIME_VERIFY",
-        "MLA_RUNTIME_CHECK",
-    ):
+def device_type() -> str:
+    """What the stand-in's device query answers (tests parametrize it to gaudi2)."""
+    return "gaudi3"
+
+
+@pytest.fixture
+def gaudi(monkeypatch, vllm_gaudi_standin, device_type):
+    """hpu_engine, with the plugin registered before vllm-gaudi's attention module is imported (so its
+    post-import hook wraps it) and the upstream stand-in wrapped as vLLM's mla_attention."""
+    for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VLLM_GAUDI_STANDIN_DEVICE", device_type)
     plugin.reset()
     plugin.register()
-    mod = importlib.import_module("vllm_gaudi.attention.oot_mla")
-    yield mod
+    hpu_engine = importlib.import_module("hpu_engine")
+    oot_mla = importlib.import_module("vllm_gaudi.attention.oot_mla")
+    upstream = importlib.import_module("vllm_upstream")
+    assert getattr(oot_mla.HPUMLAAttention.process_weights_after_loading, "__mla_runtime_wrapped__", False)
+    assert getattr(upstream.MLAAttention.process_weights_after_loading, "__mla_runtime_wrapped__", False)
+    yield hpu_engine
     plugin.reset()
 
 
-def make_kv_b_proj(kind: str, gen: torch.Generator, scales=pow2_scales, heads=slice(0, 8), device="cpu"):
-    """(kv_b_proj module holding `heads` of an 8-head weight, exact fp32 dequant of all 8 heads).
-
-    kind: block (2-D weight_scale_inv + weight_block_size), channel (1-D weight_scale_inv), bf16.
-    """
-    w = fp8_weight((ROWS, L), gen)
-    kv_b = nn.Module()
-    scale = None
-    if kind == "block":
-        scale = scales((math.ceil(ROWS / 128), math.ceil(L / 128)), gen)
-        exact = block_dequant_fp32(w, scale)
-        kv_b.weight_block_size = [128, 128]
-    elif kind == "channel":
-        scale = scales((ROWS,), gen)
-        exact = w.float() * scale[:, None]
+def serve(gaudi, monkeypatch, models, key: str, *, plugin_on: bool, force_channel: str | None = None,
+          artifacts: Path | None = None, tp: tuple[int, int] = (0, 1), device: str = "cpu",
+          quantization_config: dict | None = None):  # fmt: skip
+    """Build and load the model's MLA layers (hpu_engine.build_and_load) as one engine process would."""
+    model_dir = models[key]
+    plugin.reset()
+    monkeypatch.delenv("MLA_RUNTIME_DISABLE", raising=False)
+    if not plugin_on:
+        monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
+    if force_channel is None:
+        monkeypatch.delenv("VLLM_HPU_FORCE_CHANNEL_FP8", raising=False)
     else:
-        exact = w.float() * 1e-3
-        w = exact.to(torch.bfloat16)
-    per_head = DIMS.qk_nope_head_dim + DIMS.v_head_dim
-    rows = slice(heads.start * per_head, heads.stop * per_head)  # whole 128-row blocks here
-    kv_b.weight = nn.Parameter(w[rows].to(device), requires_grad=False)
-    if kind == "block":
-        kv_b.weight_scale_inv = scale[rows.start // 128 : rows.stop // 128].to(device)
-    elif kind == "channel":
-        kv_b.weight_scale_inv = scale[rows].to(device)
-    return kv_b, exact
+        monkeypatch.setenv("VLLM_HPU_FORCE_CHANNEL_FP8", force_channel)
+    if artifacts is None:
+        monkeypatch.delenv("MLA_RUNTIME_DIR", raising=False)
+    else:
+        monkeypatch.setenv("MLA_RUNTIME_DIR", str(artifacts))
+    monkeypatch.setattr(plugin, "_tp_rank_size", lambda: tp)
+    qc = model_config(model_dir).get("quantization_config") if quantization_config is None else quantization_config
+    shape = gaudi.MlaShape(num_heads=HEADS)
+    return gaudi.build_and_load(model_dir, qc, kv_b_tensors(model_dir), shape, tp_rank=tp[0], tp_size=tp[1],
+                                device=device)  # fmt: skip
 
 
-def make_layer(mod, kv_b, index: int, model_dir: Path, ctx: dict, quant_config=None, num_heads=DIMS.num_heads):
-    name = f"model.layers.{index}.self_attn.attn"
-    layer = mod.HPUMLAAttention(
-        num_heads=num_heads, qk_nope_head_dim=DIMS.qk_nope_head_dim, v_head_dim=DIMS.v_head_dim,
-        kv_lora_rank=L, kv_b_proj=kv_b, quant_config=quant_config, prefix=name,
-    )  # fmt: skip
-    layer._vllm_config = SimpleNamespace(
-        model_config=SimpleNamespace(model=str(model_dir), hf_config=None),
-        compilation_config=SimpleNamespace(static_forward_context=ctx),
-    )
-    ctx[name] = layer
-    return layer
+def artifacts_for(models, key: str) -> Path | None:
+    """The block-FP8 source has no mla/: serve it with the bf16 output's artifacts (MLA_RUNTIME_DIR)."""
+    return models["bf16"] / "mla" if key == "src" else None
 
 
-def documented(mod, kv_b, quant_config=None, num_heads=DIMS.num_heads):
-    """The same layer processed by the stand-in's own (documented) method, plugin bypassed."""
-    layer = mod.HPUMLAAttention(
-        num_heads=num_heads, qk_nope_head_dim=DIMS.qk_nope_head_dim, v_head_dim=DIMS.v_head_dim,
-        kv_lora_rank=L, kv_b_proj=kv_b, quant_config=quant_config, prefix="documented",
-    )  # fmt: skip
-    mod.HPUMLAAttention.process_weights_after_loading.__wrapped__(layer, torch.bfloat16)
-    return layer
+# --------------------------------------------------------------------------- the four paths
 
 
-def served_model(tmp_path: Path, exact: dict[int, torch.Tensor]) -> Path:
-    model_dir = tmp_path / "model"
-    write_artifacts(model_dir / "mla", exact, DIMS)
-    return model_dir
+@pytest.mark.parametrize("path", list(PATHS))
+def test_layer_holds_the_artifacts_as_vllm_gaudi_holds_its_own(gaudi, monkeypatch, models, caplog, path):
+    key, force, where = PATHS[path]
+    arts = artifacts_for(models, key)
+    mla_dir = arts or models[key] / "mla"
+    upstream = importlib.import_module("vllm_upstream")
+    dequant_calls = []
+    real_dequant = upstream.get_and_maybe_dequant_weights
+    monkeypatch.setattr(upstream, "get_and_maybe_dequant_weights", lambda *a, **k: dequant_calls.append(1) or real_dequant(*a, **k))  # fmt: skip
 
-
-def count_block_dequant_calls(monkeypatch) -> list:
-    ops = importlib.import_module("vllm_gaudi.extension.ops")
-    calls = []
-    real = ops.dequant_block_fp8_weight_naive
-
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(ops, "dequant_block_fp8_weight_naive", spy)
-    return calls
-
-
-@pytest.mark.parametrize("kind", ["block", "channel"])
-@pytest.mark.parametrize("quantized_kv_cache", [False, True])
-def test_wrapper_gives_the_documented_weights_and_quant_scales(gaudi, tmp_path, monkeypatch, caplog, kind,
-                                                               quantized_kv_cache):  # fmt: skip
-    gen = torch.Generator().manual_seed(1)
-    kv_bs = {i: make_kv_b_proj(kind, gen) for i in (0, 1)}
-    model_dir = served_model(tmp_path, {i: exact for i, (_, exact) in kv_bs.items()})
-    method = _QuantizedMethod() if quantized_kv_cache else "unquantized"
-    ctx: dict = {}
-    layers = [make_layer(gaudi, kv_bs[i][0], i, model_dir, ctx, _QuantConfig(method)) for i in (0, 1)]
-    dequant_calls = count_block_dequant_calls(monkeypatch)
-
+    off = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force, artifacts=arts)
+    calls_off = len(dequant_calls)
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
-        for layer in layers:
-            layer.process_weights_after_loading(torch.bfloat16)
-    assert dequant_calls == []  # nothing was dequantized: the weights came from the artifacts
+        on = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=arts)
+    assert len(dequant_calls) == calls_off  # with the plugin, vLLM's split never dequantized kv_b_proj
+    assert calls_off == (LAYERS if where == "parameter" else 0)  # ... and without it, it did where it applies
 
-    for i, layer in enumerate(layers):
-        ref = documented(gaudi, kv_bs[i][0], _QuantConfig(method))
-        # Power-of-two scales are exact in bf16, so the documented bf16 dequant is exact too.
-        assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
-        assert layer.W_UK_T.shape == (8, 128, 512) and layer.W_UV.shape == (8, 512, 128)
-        assert layer.W_UK_T.is_contiguous() and layer.W_UV.is_contiguous()
-        assert layer.W_UK_T.dtype == layer.W_UV.dtype == torch.bfloat16
-        # Quant scales: the same as the documented path, which asked the quant config for this layer.
-        assert layer.quant_config.calls == [layer.layer_name]
-        want = 7.0 if quantized_kv_cache else 1.0
-        for name in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
-            assert getattr(layer, name).item() == getattr(ref, name).item() == want
-        assert (
-            getattr(layer, "default_scales_set", 0)
-            == getattr(ref, "default_scales_set", 0)
-            == (0 if quantized_kv_cache else 1)
-        )
+    for i in range(LAYERS):
+        a_uk_t, a_uv = artifact(mla_dir, i)
+        layer, ref = on.layers[i], off.layers[i]
+        assert torch.equal(layer.W_UK_T, a_uk_t) and torch.equal(layer.W_UV, a_uv)
+        # Registered as vllm-gaudi registers what it computes itself, with the same tensor properties.
+        assert registered(layer) == registered(ref) == ((True, True) if where == "parameter" else (False, False))
+        for mine, theirs in ((layer.W_UK_T, ref.W_UK_T), (layer.W_UV, ref.W_UV)):
+            assert type(mine) is type(theirs)
+            assert (mine.shape, mine.dtype, mine.device) == (theirs.shape, theirs.dtype, theirs.device)
+            assert mine.is_contiguous() and theirs.is_contiguous()
+        # What vllm-gaudi computes is near the artifacts, and different except from a bf16 checkpoint,
+        # which is bf16(exact dequant) as the artifacts are.
+        torch.testing.assert_close(ref.W_UK_T.float(), a_uk_t.float(), rtol=0.15, atol=0.02 * a_uk_t.abs().max().item())
+        assert torch.equal(ref.W_UK_T, a_uk_t) == (key == "bf16")
+
+    if key == "channel-fp8":  # the KV-cache method ran first and deleted the scales: nothing put them back
+        for layer in on.layers.values():
+            assert not any(hasattr(layer, n) for n in ("_k_scale", "_v_scale", "_q_scale"))
+            assert isinstance(layer.impl.latent_cache_k.input_scale, torch.nn.Parameter)
+    else:  # no KV-cache method: default scales, as without the plugin
+        for layer, ref in zip(on.layers.values(), off.layers.values(), strict=True):
+            assert layer._k_scale.item() == ref._k_scale.item() == 1.0 and layer._q_scale_float == 1.0
+    if key == "src" and force == "true":  # what vllm-gaudi's linear method left on kv_b_proj
+        kv_b = on.layers[0].kv_b_proj
+        assert kv_b.weight_scale_inv.dim() == 1 and kv_b.weight_block_size is None
+    if key == "channel-fp8":
+        kv_b = on.layers[0].kv_b_proj
+        assert not kv_b.weight.is_contiguous() and kv_b.weight.T.is_contiguous() and kv_b.weight_scale.shape[1] == 1
 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"mla_runtime: loaded W_UK_T/W_UV of 2/2 MLA layers from {model_dir / 'mla'}")
-    assert "2 spot-checked against kv_b_proj" in lines[0]
+    assert lines[0].startswith(
+        f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {mla_dir} "
+        f"(TP rank 0 of 1; {LAYERS} spot-checked against kv_b_proj)"
+    ), lines[0]
 
 
-@pytest.mark.parametrize("kind", ["block", "channel"])
-def test_full_precision_scales_artifacts_are_the_exact_dequant(gaudi, tmp_path, kind):
-    """With fp32 scales the documented path rounds each scale to bf16 first; the artifacts hold the exact
-    fp32 dequant rounded once. They agree to bf16 precision, not bit for bit."""
-    gen = torch.Generator().manual_seed(2)
-    kv_b, exact = make_kv_b_proj(kind, gen, scales=any_scales)
-    model_dir = served_model(tmp_path, {5: exact})
-    layer = make_layer(gaudi, kv_b, 5, model_dir, {})
-    layer.process_weights_after_loading(torch.bfloat16)
-    ref = documented(gaudi, kv_b)
-    exact_bf16 = exact.to(torch.bfloat16).view(8, 256, L)
-    assert torch.equal(layer.W_UK_T, exact_bf16[:, :128, :])
-    assert torch.equal(layer.W_UV, exact_bf16[:, 128:, :].transpose(1, 2))
-    torch.testing.assert_close(layer.W_UK_T.float(), ref.W_UK_T.float(), rtol=2**-7, atol=0)
-    torch.testing.assert_close(layer.W_UV.float(), ref.W_UV.float(), rtol=2**-7, atol=0)
-    assert not torch.equal(layer.W_UK_T, ref.W_UK_T)  # the test is sensitive to the difference
+@pytest.mark.parametrize("path", ["block-fp8 force-channel", "channel-fp8", "bf16"])
+def test_tensor_parallel_rank_holds_its_heads(gaudi, monkeypatch, models, path):
+    key, force, _ = PATHS[path]
+    arts = artifacts_for(models, key)
+    off = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force, artifacts=arts, tp=(1, 2))
+    on = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=arts, tp=(1, 2))
+    for i in range(LAYERS):
+        a_uk_t, a_uv = artifact(arts or models[key] / "mla", i)
+        assert on.layers[i].W_UK_T.shape == off.layers[i].W_UK_T.shape == (HEADS // 2, 128, 512)
+        assert torch.equal(on.layers[i].W_UK_T, a_uk_t[2:]) and torch.equal(on.layers[i].W_UV, a_uv[2:])
+    assert plugin.summary()[0]["tp_rank"] == 1 and plugin.summary()[0]["spot_checked"] == LAYERS
 
 
-def test_tensors_land_on_the_device_of_the_layer_weights(gaudi, tmp_path):
-    gen = torch.Generator().manual_seed(3)
+def test_tensors_land_on_the_device_of_the_weights(gaudi, monkeypatch, models):
     devices = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
-    for i, device in enumerate(devices):
-        kv_b, exact = make_kv_b_proj("block", gen, device=device)
-        model_dir = served_model(tmp_path / device, {i: exact})
-        layer = make_layer(gaudi, kv_b, i, model_dir, {})
-        layer.process_weights_after_loading(torch.bfloat16)
-        assert layer.W_UK_T.device == layer.W_UV.device == kv_b.weight.device
-        assert layer.W_UK_T.shape == (8, 128, 512) and layer.W_UK_T.is_contiguous()
+    for device in devices:
+        arts = models["bf16"] / "mla"
+        off = serve(gaudi, monkeypatch, models, "src", plugin_on=False, artifacts=arts, device=device)
+        on = serve(gaudi, monkeypatch, models, "src", plugin_on=True, artifacts=arts, device=device)
+        for i in range(LAYERS):
+            assert on.layers[i].W_UK_T.device == off.layers[i].W_UK_T.device == torch.device(device)
+            assert on.layers[i].W_UV.device == torch.device(device) and on.layers[i].W_UK_T.is_contiguous()
 
 
-def test_tensor_parallel_rank_gets_its_heads(gaudi, tmp_path, monkeypatch):
-    gen = torch.Generator().manual_seed(4)
-    rank, size = 1, 2
-    monkeypatch.setattr(plugin, "_tp_rank_size", lambda: (rank, size))
-    kv_b_local, exact = make_kv_b_proj("block", gen, heads=slice(4, 8))
-    model_dir = served_model(tmp_path, {2: exact})
-    layer = make_layer(gaudi, kv_b_local, 2, model_dir, {}, num_heads=4)
-    layer.process_weights_after_loading(torch.bfloat16)
-    ref = documented(gaudi, kv_b_local, num_heads=4)
-    assert layer.W_UK_T.shape == (4, 128, 512)
-    assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
-    assert plugin.summary()[0]["tp_rank"] == 1 and plugin.summary()[0]["tp_size"] == 2
+# --------------------------------------------------------------------------- Gaudi2
 
 
-def test_artifacts_of_another_checkpoint_are_refused_or_fall_back(gaudi, tmp_path, monkeypatch, caplog):
+def _effective(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """codes * scale, exactly (an e4m3 value times an fp32 one fits float64's significand)."""
+    return codes.double() * scale.double().reshape(-1, 1)
+
+
+@pytest.mark.parametrize("device_type", ["gaudi2"])
+@pytest.mark.parametrize("adjustment_env", [None, "false"])
+def test_gaudi2_flavor_flag_is_reset_before_weights_load(gaudi, monkeypatch, models, adjustment_env):
+    """fp8_dtype_flavor is read when the quant config is built and only turns the process-global scale
+    adjustment off; the model runner's init resets it, so the loader still halves the codes and doubles
+    the scales (only VLLM_SCALE_ADJUSTMENT=false stops it). The two cancel: the effective weights are
+    the checkpoint's, except codes below 2^-5 that halving rounds, which move by at most 2^-9 * scale."""
+    if adjustment_env is not None:
+        monkeypatch.setenv("VLLM_SCALE_ADJUSTMENT", adjustment_env)
+    key = "channel-fp8-gaudi2"
+    qc = dict(model_config(models[key])["quantization_config"], fp8_dtype_flavor="float8_e4m3fnuz")
+    loaded = serve(gaudi, monkeypatch, models, key, plugin_on=True, quantization_config=qc)
+    assert loaded.scale_adjustment_after_quant_config is False  # the flag's only effect ...
+    adjusted = adjustment_env is None
+    assert loaded.scale_adjustment_at_load is adjusted  # ... undone by HPUModelRunner.__init__
+
+    checkpoint = kv_b_tensors(models[key])
+    for i in range(LAYERS):
+        q, s = checkpoint[i]["weight"], checkpoint[i]["weight_scale"]
+        kv_b = loaded.layers[i].kv_b_proj
+        codes, scale = kv_b.weight.T, kv_b.weight_scale  # [N, K] again, [N, 1]
+        if not adjusted:
+            assert torch.equal(codes.view(torch.uint8), q.view(torch.uint8)) and torch.equal(scale, s)
+            continue
+        assert torch.equal(scale, s * 2)
+        assert torch.equal(codes.float(), (q.float() * 0.5).to(torch.float8_e4m3fn).float())
+        assert codes.float().abs().max() <= 120  # 240 / 2
+        mine, theirs = _effective(codes, scale), _effective(q, s)
+        large = q.float().abs() >= 2**-5
+        assert torch.equal(mine[large], theirs[large])
+        assert bool(((mine - theirs).abs() <= 2**-9 * s.double()).all())
+        # Through the MLA layer: the plugin's tensors are the artifacts; the spot check passed.
+        a_uk_t, a_uv = artifact(models[key] / "mla", i)
+        assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
+    assert plugin.summary()[0]["spot_checked"] == LAYERS
+
+
+@pytest.mark.parametrize("device_type", ["gaudi2"])
+@pytest.mark.parametrize("key", ["channel-fp8", "src"])
+def test_gaudi3_range_checkpoints_load_on_gaudi2(gaudi, monkeypatch, models, key):
+    """The gaudi3 output (codes up to 448) is halved to <= 224 on Gaudi2; a block-FP8 checkpoint is
+    halved, then force-channel requantizes it to Gaudi2's 240. The plugin's tensors are the artifacts."""
+    arts = artifacts_for(models, key)
+    loaded = serve(gaudi, monkeypatch, models, key, plugin_on=True, artifacts=arts)
+    for i in range(LAYERS):
+        kv_b = loaded.layers[i].kv_b_proj
+        assert kv_b.weight.float().abs().max() <= (224 if key == "channel-fp8" else 240)
+        a_uk_t, a_uv = artifact(arts or models[key] / "mla", i)
+        assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
+
+
+# --------------------------------------------------------------------------- refusals and switches
+
+
+def test_artifacts_of_another_checkpoint_are_refused_or_fall_back(gaudi, monkeypatch, models, tmp_path, caplog):
     gen = torch.Generator().manual_seed(5)
-    kv_b, _ = make_kv_b_proj("channel", gen)
-    _, other = make_kv_b_proj("channel", gen)  # unrelated weights, no fingerprint to catch it
-    model_dir = served_model(tmp_path, {3: other})
-    layer = make_layer(gaudi, kv_b, 3, model_dir, {})
+    unrelated = {i: torch.randn(DIMS.kv_b_shape(), generator=gen) * 0.02 for i in range(LAYERS)}
+    other = write_artifacts(tmp_path / "other" / "mla", unrelated, DIMS)
     with pytest.raises(ArtifactError) as e:
-        layer.process_weights_after_loading(torch.bfloat16)
+        serve(gaudi, monkeypatch, models, "src", plugin_on=True, artifacts=other)
     assert (
-        "layer 3" in str(e.value) and "layer-003.safetensors" in str(e.value) and "another checkpoint" in str(e.value)
+        "layer 0" in str(e.value) and "layer-000.safetensors" in str(e.value) and "another checkpoint" in str(e.value)
     )
 
-    plugin.reset()
     monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
-    layer = make_layer(gaudi, kv_b, 3, model_dir, {})
     with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
-        layer.process_weights_after_loading(torch.bfloat16)
-    ref = documented(gaudi, kv_b)
-    assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
-    assert any("MLA_RUNTIME_FALLBACK=1" in r.getMessage() for r in caplog.records)
-    assert plugin.summary()[0]["fallback"] == 1 and plugin.summary()[0]["loaded"] == 0
+        fell_back = serve(gaudi, monkeypatch, models, "src", plugin_on=True, artifacts=other)
+    monkeypatch.delenv("MLA_RUNTIME_FALLBACK")
+    ref = serve(gaudi, monkeypatch, models, "src", plugin_on=False)
+    assert torch.equal(fell_back.layers[0].W_UK_T, ref.layers[0].W_UK_T)
+    assert sum("MLA_RUNTIME_FALLBACK=1" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_head_count_mismatch_names_layer_and_file(gaudi, tmp_path):
-    gen = torch.Generator().manual_seed(6)
-    kv_b, _ = make_kv_b_proj("block", gen, heads=slice(0, 4))
-    model_dir = served_model(tmp_path, {7: make_kv_b_proj("block", gen)[1]})  # 8 heads, TP 1
-    layer = make_layer(gaudi, kv_b, 7, model_dir, {}, num_heads=4)
-    with pytest.raises(ArtifactError, match=r"layer 7 \(.*layer-007\.safetensors\): the artifacts have 8 heads"):
-        layer.process_weights_after_loading(torch.bfloat16)
+def test_head_count_mismatch_names_layer_and_file(gaudi, monkeypatch, models, tmp_path):
+    dims8 = MlaDims(num_heads=8, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+    arts = write_artifacts(tmp_path / "mla", {i: torch.zeros(dims8.kv_b_shape()) for i in range(LAYERS)}, dims8)
+    with pytest.raises(ArtifactError, match=r"MLA dims differ from the served model's config \(num_heads: served 4"):
+        serve(gaudi, monkeypatch, models, "src", plugin_on=True, artifacts=arts)
 
 
-def test_missing_layer_names_layer_and_file(gaudi, tmp_path):
-    gen = torch.Generator().manual_seed(7)
-    kv_b, exact = make_kv_b_proj("block", gen)
-    model_dir = served_model(tmp_path, {0: exact})
-    layer = make_layer(gaudi, kv_b, 9, model_dir, {})
-    with pytest.raises(ArtifactError, match=r"layer 9: no MLA artifacts .*layer-009\.safetensors"):
-        layer.process_weights_after_loading(torch.bfloat16)
+def test_missing_layer_names_layer_and_file(gaudi, monkeypatch, models, tmp_path):
+    exact = {0: torch.zeros(DIMS.kv_b_shape())}
+    arts = write_artifacts(tmp_path / "mla", exact, DIMS)
+    with pytest.raises(ArtifactError, match=r"layer 1: no MLA artifacts .*layer-001\.safetensors"):
+        serve(gaudi, monkeypatch, models, "src", plugin_on=True, artifacts=arts)
 
 
-def test_non_fp8_kv_b_proj_goes_to_the_original_method(gaudi, tmp_path):
-    gen = torch.Generator().manual_seed(8)
-    kv_b, exact = make_kv_b_proj("bf16", gen)
-    model_dir = served_model(tmp_path, {0: exact})
-    layer = make_layer(gaudi, kv_b, 0, model_dir, {})
-    layer.process_weights_after_loading(torch.bfloat16)
-    assert layer.upstream_calls == 1  # handed to MLAAttention's method, as vllm-gaudi does
-    assert plugin.summary() == []  # the HPU wrapper did not touch it
-
-
-def test_disabled_and_absent_artifacts_leave_the_documented_path(gaudi, tmp_path, monkeypatch):
-    gen = torch.Generator().manual_seed(9)
-    kv_b, _ = make_kv_b_proj("block", gen)
-    layer = make_layer(gaudi, kv_b, 0, tmp_path / "no-artifacts", {})
-    (tmp_path / "no-artifacts").mkdir()
-    layer.process_weights_after_loading(torch.bfloat16)
-    ref = documented(gaudi, kv_b)
-    assert torch.equal(layer.W_UK_T, ref.W_UK_T) and plugin.summary() == []
-
-    model_dir = served_model(tmp_path, {0: make_kv_b_proj("block", gen)[1]})  # would fail the spot check
-    monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
-    layer = make_layer(gaudi, kv_b, 0, model_dir, {})
-    layer.process_weights_after_loading(torch.bfloat16)
-    assert torch.equal(layer.W_UK_T, ref.W_UK_T)
-
-
-def test_artifacts_dir_from_environment(gaudi, tmp_path, monkeypatch):
-    gen = torch.Generator().manual_seed(10)
-    kv_b, exact = make_kv_b_proj("channel", gen)
-    elsewhere = write_artifacts(tmp_path / "elsewhere", {4: exact}, DIMS)
-    monkeypatch.setenv("MLA_RUNTIME_DIR", str(elsewhere))
-    (tmp_path / "model").mkdir()
-    layer = make_layer(gaudi, kv_b, 4, tmp_path / "model", {})
-    layer.process_weights_after_loading(torch.bfloat16)
-    assert plugin.summary()[0]["where"] == str(elsewhere) and plugin.summary()[0]["loaded"] == 1
+def test_source_without_artifacts_is_left_to_vllm_gaudi(gaudi, monkeypatch, models):
+    on = serve(gaudi, monkeypatch, models, "src", plugin_on=True)  # no mla/ and no MLA_RUNTIME_DIR
+    off = serve(gaudi, monkeypatch, models, "src", plugin_on=False)
+    assert plugin.summary() == []
+    for i in range(LAYERS):
+        assert torch.equal(on.layers[i].W_UK_T, off.layers[i].W_UK_T)
 
 
 def test_register_is_idempotent(gaudi):
-    wrapped = gaudi.HPUMLAAttention.process_weights_after_loading
+    oot_mla = importlib.import_module("vllm_gaudi.attention.oot_mla")
+    wrapped = oot_mla.HPUMLAAttention.process_weights_after_loading
     plugin.register()
     plugin.register()
-    assert gaudi.HPUMLAAttention.process_weights_after_loading is wrapped
+    assert oot_mla.HPUMLAAttention.process_weights_after_loading is wrapped
     assert not getattr(wrapped.__wrapped__, "__mla_runtime_wrapped__", False)  # wrapped exactly once
-    assert plugin.wrap_gaudi(gaudi.HPUMLAAttention) is False
+    assert plugin.wrap_gaudi(oot_mla.HPUMLAAttention) is False
+
+
+def test_accuracy_script_runs_every_path(tmp_path):
+    """scripts/accuracy_runtime.py (the README's accuracy table) at a small size, in its own process."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_runtime.py"
+    r = subprocess.run([sys.executable, str(script), "--heads", "2", "--layers", "1", "--json"], capture_output=True,
+                       text=True, timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    paths = json.loads(r.stdout)["paths"]
+    assert len(paths) == 7 and all(p["artifacts"]["layers_from_artifacts"] == 1 for p in paths)
+    for p in paths:
+        ours, theirs = p["artifacts"]["relative_error"], p["vllm-gaudi"]["relative_error"]
+        assert ours < 2**-8  # bf16 rounding of the exact dequant
+        if "channel-FP8" in p["path"] or "force-channel on" in p["path"]:
+            assert theirs > 5 * ours  # one or two FP8 roundings on vllm-gaudi's side
