@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-import types
-from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from mla_convert.family import MEMBERS
 from mla_runtime import ArtifactError, plugin
@@ -60,66 +56,54 @@ def test_loader_refuses_glm_artifacts_for_v3_dims(family_checkpoints):
         open_artifacts(out / "mla", model_config=v3_config)
 
 
-def _standin_quant_scale_module() -> types.ModuleType:
-    """The two helpers of vllm.model_executor.layers.attention.attention that the Gaudi path calls,
-    as documented: with no quant config nothing is loaded, and the default scales are 1.0."""
-    mod = types.ModuleType(QUANT_SCALE_MODULE)
-
-    def should_load_quant_weights(quant_method) -> bool:
-        return quant_method is not None
-
-    def set_default_quant_scales(layer, register_buffer=False):
-        for name in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
-            getattr(layer, name).fill_(1.0)
-
-    mod.should_load_quant_weights = should_load_quant_weights
-    mod.set_default_quant_scales = set_default_quant_scales
-    return mod
-
-
 @pytest.fixture
 def gaudi(monkeypatch, vllm_gaudi_standin):
-    """The stand-in oot_mla module, imported after plugin.register() so that the plugin wraps it."""
-    monkeypatch.setitem(sys.modules, QUANT_SCALE_MODULE, _standin_quant_scale_module())
-    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
+    """hpu_engine (the vllm-gaudi stand-in in engine order), with the plugin registered before
+    vllm-gaudi's attention module is imported, so that its post-import hook wraps it."""
+    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK",
+                "VLLM_HPU_FORCE_CHANNEL_FP8", "VLLM_SCALE_ADJUSTMENT", "QUANT_CONFIG"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VLLM_GAUDI_STANDIN_DEVICE", "gaudi3")
     plugin.reset()
     plugin.register()
-    yield importlib.import_module("vllm_gaudi.attention.oot_mla")
+    engine = importlib.import_module("hpu_engine")
+    importlib.import_module("vllm_gaudi.attention.oot_mla")
+    yield engine
     plugin.reset()
+
+
+def _kv_b_tensors(load_all, src, layers) -> dict[int, dict[str, torch.Tensor]]:
+    tensors = load_all(src)
+    prefix = "model.layers.{}.self_attn.kv_b_proj."
+    return {
+        i: {k[len(prefix.format(i)) :]: t for k, t in tensors.items() if k.startswith(prefix.format(i))} for i in layers
+    }
 
 
 @pytest.mark.parametrize("member", ["deepseek-v3.2", "glm-5"])
-def test_gaudi_standin_takes_the_artifacts_at_the_members_dims(gaudi, family_checkpoints, load_all, reference, member):
-    """A layer whose kv_b_proj is the source's block-FP8 one (the branch where vllm-gaudi dequantizes
-    and splits it itself) holds the artifacts: the exact split, where vllm-gaudi's own bf16 dequant
-    rounds twice."""
+@pytest.mark.parametrize("force_channel", ["true", "false"])
+def test_gaudi_standin_takes_the_artifacts_at_the_members_dims(
+    gaudi, monkeypatch, family_checkpoints, load_all, reference, member, force_channel
+):
+    """The member's block-FP8 source served through the vllm-gaudi stand-in (its own FP8 branch, with
+    kv_b_proj requantized to channel FP8 or block-dequantized) holds the artifacts: the exact split at
+    the member's dims, where vllm-gaudi's own bf16 arithmetic rounds twice."""
     src, out = family_checkpoints.source(member), family_checkpoints.converted(member, "channel-fp8")
-    cfg, tensors = _config(out), load_all(src)
+    cfg = _config(out)
     n, p, v, l = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"))
-    ctx = {}
     layers = range(cfg["num_hidden_layers"])
+    kv_b = _kv_b_tensors(load_all, src, layers)
+    monkeypatch.setenv("VLLM_HPU_FORCE_CHANNEL_FP8", force_channel)
+    monkeypatch.setenv("MLA_RUNTIME_DIR", str(out / "mla"))
+    shape = gaudi.MlaShape(num_heads=n, qk_nope_head_dim=p, v_head_dim=v, kv_lora_rank=l,
+                           qk_rope_head_dim=cfg["qk_rope_head_dim"])  # fmt: skip
+    loaded = gaudi.build_and_load(src, _config(src)["quantization_config"], kv_b, shape)
     for i in layers:
-        kv_b = nn.Module()
-        name = f"model.layers.{i}.self_attn.kv_b_proj.weight"
-        kv_b.weight = nn.Parameter(tensors[name], requires_grad=False)
-        kv_b.weight_scale_inv = tensors[name + "_scale_inv"]
-        kv_b.weight_block_size = _config(src)["quantization_config"]["weight_block_size"]
-        prefix = f"model.layers.{i}.self_attn.attn"
-        layer = gaudi.HPUMLAAttention(num_heads=n, qk_nope_head_dim=p, v_head_dim=v, kv_lora_rank=l, kv_b_proj=kv_b,
-                                      prefix=prefix)  # fmt: skip
-        layer._vllm_config = SimpleNamespace(
-            model_config=SimpleNamespace(model=str(out), hf_config=None),
-            compilation_config=SimpleNamespace(static_forward_context=ctx),
-        )
-        ctx[prefix] = layer
-    for i, layer in zip(layers, list(ctx.values()), strict=True):
-        layer.process_weights_after_loading(torch.bfloat16)
-        exact = reference.dequant_block(tensors[f"model.layers.{i}.self_attn.kv_b_proj.weight"],
-                                        tensors[f"model.layers.{i}.self_attn.kv_b_proj.weight_scale_inv"])  # fmt: skip
+        layer = loaded.layers[i]
+        exact = reference.dequant_block(kv_b[i]["weight"], kv_b[i]["weight_scale_inv"])
         uk_t, uv = reference.seed_split(exact.to(torch.bfloat16), n, p, v, l)
         assert layer.W_UK_T.shape == (n, p, l) and layer.W_UV.shape == (n, l, v)
         assert reference.same_bits(layer.W_UK_T, uk_t) and reference.same_bits(layer.W_UV, uv)
-        assert layer.W_UK_T.is_contiguous() and float(layer._k_scale) == 1.0
+        assert layer.W_UK_T.is_contiguous() and layer.W_UV.is_contiguous()
     (summary,) = plugin.summary()
     assert summary["loaded"] == len(layers) and summary["spot_checked"] == len(layers)
