@@ -55,7 +55,9 @@ def to_bf16(dequant: torch.Tensor) -> torch.Tensor:
 def channel_scales(dequant: torch.Tensor, fp8_max: float) -> torch.Tensor:
     """Per output row: max|row| / fp8_max; rows whose scale would be 0 (all zero) get 1.0."""
     amax = dequant.abs().amax(dim=1)
-    scale = amax / fp8_max
+    # The divisor is a tensor on amax's device, not a Python number: torch on CUDA divides by a
+    # Python number as a multiplication by its reciprocal, which is not correctly rounded.
+    scale = amax / torch.tensor(fp8_max, dtype=amax.dtype, device=amax.device)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
