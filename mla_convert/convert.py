@@ -38,6 +38,7 @@ from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale, check_scale_v
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
+from .numerics import SIGNED_ZERO
 from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
 from .resume import Journal, completed_jobs, crash_point
@@ -76,9 +77,12 @@ class Compute:
     ops: tuple[str, ...]  # conversions the plan uses: 'fp8', 'bf16', 'quant' (what gets compiled)
     device: str
     chain: tuple[str, ...]  # kernels to try in order (kernels.resolve_mode)
+    signed_zero: bool = True  # the target's FP8 weights may hold -0 (numerics.SIGNED_ZERO)
 
     def kernels(self) -> Kernels:
-        return select_kernels(self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops)
+        return select_kernels(
+            self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops, self.signed_zero
+        )
 
 
 @dataclass(frozen=True)
@@ -535,7 +539,8 @@ def _choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
         chain, why = resolve_mode(settings.kernels, sum(src.info(n).nbytes for n in converted))
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from None
-    compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain)
+    signed_zero = SIGNED_ZERO[plan.options.target]
+    compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain, signed_zero)
     chosen = compute.kernels()
     reason = chosen.reason if why in ("requested", "auto") or chosen.name != "eager" else f"{chosen.reason}; {why}"
     return compute, {"kernels": chosen.name, "kernels_reason": reason}

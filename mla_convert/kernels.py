@@ -36,9 +36,9 @@ class Kernels:
 OPS = ("fp8", "bf16", "quant")
 
 
-def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
+def _funcs(block: tuple[int, int], fp8_max: float, signed_zero: bool = True) -> dict[str, Callable]:
     def to_channel_fp8(w, s):
-        return numerics.block_to_channel_fp8(w, s, block, fp8_max)
+        return numerics.block_to_channel_fp8(w, s, block, fp8_max, signed_zero)
 
     def to_bf16(w, s):
         return numerics.to_bf16(numerics.dequantize_block_fp8(w, s, block))
@@ -47,7 +47,7 @@ def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
         return numerics.dequantize_block_fp8(w, s, block)
 
     def quantize(w):
-        return numerics.float_to_channel_fp8(w, fp8_max)
+        return numerics.float_to_channel_fp8(w, fp8_max, signed_zero)
 
     return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32, "quant": quantize}
 
@@ -56,8 +56,10 @@ def _kernels(name: str, reason: str, f: dict[str, Callable]) -> Kernels:
     return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"])
 
 
-def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested") -> Kernels:
-    return _kernels("eager", reason, _funcs(tuple(block), fp8_max))
+def eager_kernels(
+    block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested", signed_zero: bool = True
+) -> Kernels:
+    return _kernels("eager", reason, _funcs(tuple(block), fp8_max, signed_zero))
 
 
 def _bf16_only(fast: Callable, eager: Callable) -> Callable:
@@ -101,18 +103,23 @@ _CACHE: dict = {}
 
 
 def select_kernels(
-    block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str | tuple[str, ...] = "native", ops=OPS
+    block=BLOCK_DEFAULT,
+    fp8_max: float = 448.0,
+    device: str = "cpu",
+    mode: str | tuple[str, ...] = "native",
+    ops=OPS,
+    signed_zero: bool = True,
 ) -> Kernels:
     """The first kernels of `mode` (a mode name or a chain from resolve_mode) that work here and
     give bit-identical results to eager on the probes; eager at the end, with the reasons."""
     chain = CHAINS[mode] if isinstance(mode, str) else tuple(mode)
-    key = (tuple(block), fp8_max, device, chain, tuple(sorted(ops)))
+    key = (tuple(block), fp8_max, signed_zero, device, chain, tuple(sorted(ops)))
     if key not in _CACHE:
-        _CACHE[key] = _select(tuple(block), fp8_max, device, chain, key[-1])
+        _CACHE[key] = _select(tuple(block), fp8_max, signed_zero, device, chain, key[-1])
     return _CACHE[key]
 
 
-def _select(block, fp8_max, device, chain, ops) -> Kernels:
+def _select(block, fp8_max, signed_zero, device, chain, ops) -> Kernels:
     skipped = []
     for name in chain:
         if name == "eager":
@@ -121,12 +128,12 @@ def _select(block, fp8_max, device, chain, ops) -> Kernels:
             skipped.append(f"eager kernels run fast on {device}")
             break
         try:
-            chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, ops)
+            chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, signed_zero, ops)
         except _Unusable as e:
             skipped.append(str(e))
             continue
         return chosen if not skipped else dataclasses.replace(chosen, reason="; ".join([*skipped, chosen.reason]))
-    return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested")
+    return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested", signed_zero)
 
 
 class _Unusable(Exception):
@@ -147,6 +154,7 @@ def _probes(block, op: str):
             (every[torch.randperm(every.numel(), generator=g)].reshape(512, 128),),
             (spread.to(torch.bfloat16),),
             (torch.zeros(3, 77, dtype=torch.bfloat16),),
+            (-torch.zeros(3, 77, dtype=torch.bfloat16),),
         ]
     bn, bk = block
     every_byte = (torch.arange((bn + 3) * 512) % 256).to(torch.uint8).reshape(bn + 3, 512)
@@ -167,8 +175,8 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
 
 
-def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
-    eager = _funcs(block, fp8_max)
+def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, ops) -> None:
+    eager = _funcs(block, fp8_max, signed_zero)
     for op in ops:
         for args in _probes(block, op):
             got, want = funcs[op](*args), eager[op](*args)
@@ -177,36 +185,37 @@ def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
                 raise _Unusable(f"{name} output of {op!r} differed from eager")
 
 
-def _native(block, fp8_max, ops) -> Kernels:
+def _native(block, fp8_max, signed_zero, ops) -> Kernels:
     from . import native
 
+    eager = _funcs(block, fp8_max, signed_zero)
     funcs = {
-        "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max),
+        "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max, signed_zero),
         "bf16": lambda w, s: native.to_bf16(w, s, block),
         "dequant": lambda w, s: native.dequantize(w, s, block),
-        "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max), _funcs(block, fp8_max)["quant"]),
+        "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max, signed_zero), eager["quant"]),
     }
     try:
         native.library()
     except native.NativeUnavailable as e:
         raise _Unusable(f"native kernels unavailable ({e})") from None
-    _check_against_eager("native", funcs, block, fp8_max, (*ops, "dequant"))
+    _check_against_eager("native", funcs, block, fp8_max, signed_zero, (*ops, "dequant"))
     return _kernels("native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs)
 
 
-def _compiled(block, fp8_max, ops) -> Kernels:
+def _compiled(block, fp8_max, signed_zero, ops) -> Kernels:
     # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
     # that converts is the one checked here. `dynamic=True` would also make the captured block
     # size and FP8 max symbolic, which makes the generated kernel much slower.
-    eager = _funcs(block, fp8_max)
+    eager = _funcs(block, fp8_max, signed_zero)
     chosen = dict(eager)
     try:
         for op in ops:
             chosen[op] = torch.compile(eager[op])
         if "quant" in ops:  # only the dtype probed: another would compile a graph of its own
             chosen["quant"] = _bf16_only(chosen["quant"], eager["quant"])
-        _check_against_eager("torch.compile", chosen, block, fp8_max, ops)
+        _check_against_eager("torch.compile", chosen, block, fp8_max, signed_zero, ops)
     except _Unusable:
         raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct

@@ -103,12 +103,12 @@ def library() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(build()))
         except OSError as e:
             raise NativeUnavailable(f"cannot load the built kernels ({e})") from None
-        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
         lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
-        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
+        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, u32, ptr, i64, i64]
         lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_bf16_row_scales.argtypes = [ptr, i64, f32, ptr, i64, i64]
-        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, ptr, i64, i64]
+        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, u32, ptr, i64, i64]
         lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
@@ -154,7 +154,9 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     return n, k
 
 
-def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def to_channel_fp8(
+    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
     lib = library()
     n, k = _check(weight, scale_inv, block)
@@ -165,11 +167,14 @@ def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) ->
     wp, sp, scp, qp = w.data_ptr(), s.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
-        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, qp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, zs, qp, a, b), n)
     return q, scale
 
 
-def bf16_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def bf16_to_channel_fp8(
+    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
     lib = library()
     if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
@@ -183,8 +188,14 @@ def bf16_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Ten
     wp, scp, qp = w.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_bf16_row_scales(wp, k, fp8_max, scp, a, b), n)
-        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, qp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, zs, qp, a, b), n)
     return q, scale
+
+
+def _zero_sign(signed_zero: bool) -> int:
+    """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
+    return 0x80 if signed_zero else 0
 
 
 def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
