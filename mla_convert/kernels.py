@@ -1,23 +1,36 @@
-"""Choose how the numerics run: native C kernels, torch.compile, or eager torch.
+"""Choose how the numerics run: eager torch on another device, native C kernels, torch.compile,
+or eager torch on the CPU.
 
-Eager is `numerics` itself. torch.compile fuses the same functions. The native kernels
-(native.py) do the same arithmetic in C, operation for operation. Whichever is chosen is checked
-bit-identical to eager on probe tensors once per process (tests check all three against the slow
-reference); any failure (no C compiler, no inductor, a mismatch) falls back with the reason.
+Eager on the CPU is `numerics` itself: the definition. torch.compile fuses the same functions. The
+native kernels (native.py) do the same arithmetic in C, operation for operation. On a --device
+other than the CPU, eager `numerics` runs there. Whichever is chosen is first checked
+bit-identical to CPU eager on the probe set (probes.py) once per process, before it converts
+anything (tests check all of them against the slow reference); any failure (no C compiler, no
+inductor, a device that rounds differently) falls back with the reason: a device to the CPU kernels.
+Every kernel set takes CPU tensors and returns CPU tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from . import numerics
+from . import numerics, probes
 
 BLOCK_DEFAULT = (128, 128)
+
+# Test seam: "module:function", a factory (device, block, fp8_max, signed_zero) -> {op: function}
+# used instead of device_funcs for a non-CPU device (a device kernel set where there is no device,
+# in every process: worker processes inherit it).
+DEVICE_KERNELS_ENV = "MLA_CONVERT_DEVICE_KERNELS"
+
+# Kernels.device_check: how the device was checked.
+CPU_ONLY, PASSED, DIFFERED, FAILED = "not needed", "passed", "differed", "failed"
 
 
 @dataclass(frozen=True)
@@ -29,11 +42,15 @@ class Kernels:
     dequant_fp32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     # a 16- or 32-bit float weight (a BF16 source's linear) -> (e4m3fn [N, K], fp32 scale [N, 1])
     quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    device: str = "cpu"  # where the arithmetic runs: the requested device, or the CPU after a fallback
+    device_check: str = CPU_ONLY  # CPU_ONLY, PASSED, DIFFERED or FAILED
+    device_reason: str = "the arithmetic runs on the CPU"
 
 
 # The per-tensor conversions a plan can use: block-FP8 -> channel FP8, block-FP8 -> bf16, and a
 # float (bf16) weight -> channel FP8.
 OPS = ("fp8", "bf16", "quant")
+BLOCK_OPS = ("fp8", "bf16")
 
 
 def _funcs(block: tuple[int, int], fp8_max: float, signed_zero: bool = True) -> dict[str, Callable]:
@@ -52,14 +69,35 @@ def _funcs(block: tuple[int, int], fp8_max: float, signed_zero: bool = True) -> 
     return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32, "quant": quantize}
 
 
-def _kernels(name: str, reason: str, f: dict[str, Callable]) -> Kernels:
-    return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"])
+def _kernels(name: str, reason: str, f: dict[str, Callable], **device) -> Kernels:
+    return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"], **device)
 
 
 def eager_kernels(
     block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested", signed_zero: bool = True
 ) -> Kernels:
     return _kernels("eager", reason, _funcs(tuple(block), fp8_max, signed_zero))
+
+
+def device_funcs(device: str, block: tuple[int, int], fp8_max: float, signed_zero: bool) -> dict[str, Callable]:
+    """Eager `numerics` on `device`: each function moves its CPU inputs there and its results back."""
+
+    def on_device(fn: Callable) -> Callable:
+        def run(*args):
+            out = fn(*(a.to(device) for a in args))
+            return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+        return run
+
+    return {op: on_device(fn) for op, fn in _funcs(block, fp8_max, signed_zero).items()}
+
+
+def _device_factory() -> Callable:
+    spec = os.environ.get(DEVICE_KERNELS_ENV)
+    if not spec:
+        return device_funcs
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _bf16_only(fast: Callable, eager: Callable) -> Callable:
@@ -71,7 +109,7 @@ def _bf16_only(fast: Callable, eager: Callable) -> Callable:
 # costs more than it saves over eager. The native kernels build much faster, and are cached too.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
-# What each --kernels mode tries, in order; each falls back to the next with the reason.
+# What each --kernels mode tries on the CPU, in order; each falls back to the next with the reason.
 CHAINS = {
     "native": ("native", "eager"),
     "compile": ("compile", "eager"),
@@ -110,8 +148,9 @@ def select_kernels(
     ops=OPS,
     signed_zero: bool = True,
 ) -> Kernels:
-    """The first kernels of `mode` (a mode name or a chain from resolve_mode) that work here and
-    give bit-identical results to eager on the probes; eager at the end, with the reasons."""
+    """For a non-CPU `device`, eager numerics there if they give bit-identical results to CPU eager
+    on the probes; else (and for the CPU) the first kernels of `mode` (a mode name or a chain from
+    resolve_mode) that work here and pass the same check; eager at the end, with the reasons."""
     chain = CHAINS[mode] if isinstance(mode, str) else tuple(mode)
     key = (tuple(block), fp8_max, signed_zero, device, chain, tuple(sorted(ops)))
     if key not in _CACHE:
@@ -120,12 +159,41 @@ def select_kernels(
 
 
 def _select(block, fp8_max, signed_zero, device, chain, ops) -> Kernels:
+    if torch.device(device).type == "cpu":
+        return _select_cpu(block, fp8_max, signed_zero, chain, ops)
+    try:
+        return _on_device(device, block, fp8_max, signed_zero, ops)
+    except _Unusable as e:
+        cpu = _select_cpu(block, fp8_max, signed_zero, chain, ops)
+        check = DIFFERED if isinstance(e, _Differed) else FAILED
+        return dataclasses.replace(
+            cpu,
+            reason=f"{device} did not pass its check (device_reason), the CPU converts: {cpu.reason}",
+            device_check=check,
+            device_reason=f"{e}; converting on the CPU instead",
+        )
+
+
+def _on_device(device, block, fp8_max, signed_zero, ops) -> Kernels:
+    """Eager numerics on `device`, checked against CPU eager on every op the run uses (block-FP8
+    sources: the dequant feeding the MLA artifacts, and their split, too)."""
+    checked = (*ops, "dequant", "mla") if set(ops) & set(BLOCK_OPS) else ops
+    try:
+        funcs = _device_factory()(device, block, fp8_max, signed_zero)
+        n = _check_against_eager(device, funcs, block, fp8_max, signed_zero, checked)
+    except _Unusable:
+        raise
+    except Exception as e:  # the device's own errors: an op it lacks, a failed transfer, ...
+        raise _Unusable(f"{device} failed on the probe ({_first_line(e)})") from None
+    why = f"{device}: {', '.join(checked)} bit-identical to eager on the CPU, on the probe set ({n} elements)"
+    return _kernels("eager", f"eager numerics on {device}", funcs, device=device, device_check=PASSED,
+                    device_reason=why)  # fmt: skip
+
+
+def _select_cpu(block, fp8_max, signed_zero, chain, ops) -> Kernels:
     skipped = []
     for name in chain:
         if name == "eager":
-            break
-        if torch.device(device).type != "cpu":
-            skipped.append(f"eager kernels run fast on {device}")
             break
         try:
             chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, signed_zero, ops)
@@ -140,49 +208,56 @@ class _Unusable(Exception):
     pass
 
 
-def _probes(block, op: str):
-    """Inputs the candidate kernels must convert exactly as eager does: for the block ops aligned
-    and partial blocks, grid dims that differ and exceed 1, and every one of the 256 fp8 bytes
-    (zeros, subnormals, NaN); for 'quant' every bf16 bit pattern, in rows of one exponent and
-    shuffled across rows, and rows of magnitudes far apart (e4m3 subnormal results)."""
-    if op == "quant":
-        g = torch.Generator().manual_seed(0)
-        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        spread = torch.randn(64, 300, generator=g) * torch.pow(2.0, torch.randint(-30, 30, (64, 300), generator=g))
-        return [
-            (every.reshape(256, 256),),
-            (every[torch.randperm(every.numel(), generator=g)].reshape(512, 128),),
-            (spread.to(torch.bfloat16),),
-            (torch.zeros(3, 77, dtype=torch.bfloat16),),
-            (-torch.zeros(3, 77, dtype=torch.bfloat16),),
-        ]
-    bn, bk = block
-    every_byte = (torch.arange((bn + 3) * 512) % 256).to(torch.uint8).reshape(bn + 3, 512)
-    weights = [
-        torch.randn(2 * bn + 5, 3 * bk + 7).to(torch.float8_e4m3fn),
-        torch.randn(4 * bn, 5 * bk + 1).to(torch.float8_e4m3fn),
-        every_byte.view(torch.float8_e4m3fn),
-    ]
-    return [(w, torch.rand(-(-w.shape[0] // bn), -(-w.shape[1] // bk)) + 0.5) for w in weights]
+class _Differed(_Unusable):
+    """Ran, and gave other results than CPU eager."""
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-identical, except that a NaN may be any NaN (torch's own bf16 casts differ there)."""
+    return not _count_differing(a, b)
+
+
+def _count_differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of `a` are not those of `b` (all, for another dtype or shape): the bits
+    differ, unless both are NaN."""
     if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+        return max(a.numel(), b.numel(), 1)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
+    a_bits, b_bits = a.contiguous().view(bits), b.contiguous().view(bits)
+    if torch.equal(a_bits, b_bits):
+        return 0
+    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+    return int(((nan_a != nan_b) | (~nan_a & (a_bits != b_bits))).sum())
 
 
-def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, ops) -> None:
+# What each op returns, to count differences by.
+_OUTPUTS = {"fp8": ("weights", "scales"), "quant": ("weights", "scales"), "mla": ("W_UK_T", "W_UV")}
+
+
+def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, ops) -> int:
+    """Raises _Differed naming each op whose results on the probes differ from CPU eager, with how
+    many elements of how many differed; returns how many output elements were checked."""
     eager = _funcs(block, fp8_max, signed_zero)
+    if "mla" in ops:
+        funcs = {**funcs, "mla": probes.mla_split(funcs["dequant"], block)}
+        eager["mla"] = probes.mla_split(eager["dequant"], block)
+    checked, differed = 0, []
     for op in ops:
-        for args in _probes(block, op):
+        outputs = _OUTPUTS.get(op, ("values",))
+        bad, total = [0] * len(outputs), [0] * len(outputs)
+        for args in probes.inputs(block, fp8_max, op):
             got, want = funcs[op](*args), eager[op](*args)
             got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-            if not all(same_values(a, b) for a, b in zip(got, want, strict=True)):
-                raise _Unusable(f"{name} output of {op!r} differed from eager")
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                total[i] += b.numel()
+                bad[i] += min(_count_differing(a, b), b.numel())
+        checked += sum(total)
+        if any(bad):
+            counts = [f"{n} of {t} {what}" for n, t, what in zip(bad, total, outputs, strict=True) if n]
+            differed.append(f"{op} in {' and '.join(counts)}")
+    if differed:
+        raise _Differed(f"{name} differed from eager on the CPU, on the probe set: {'; '.join(differed)}")
+    return checked
 
 
 def _native(block, fp8_max, signed_zero, ops) -> Kernels:
@@ -204,7 +279,7 @@ def _native(block, fp8_max, signed_zero, ops) -> Kernels:
 
 
 def _compiled(block, fp8_max, signed_zero, ops) -> Kernels:
-    # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
+    # Several probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
     # that converts is the one checked here. `dynamic=True` would also make the captured block
     # size and FP8 max symbolic, which makes the generated kernel much slower.

@@ -3,6 +3,10 @@
 Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk], the scale
 float32 or float8_e8m0fnu (decoded to float32 first). A 16-bit source weight's exact value is its
 float32 widening.
+
+Every operation here is one IEEE operation per element (multiply, divide, cast) or exact (max,
+compare, select, gather), so the bytes are the same on any device that rounds each operation
+correctly; kernels.py checks a device (and each fast kernel) against CPU eager before use.
 """
 
 from __future__ import annotations
