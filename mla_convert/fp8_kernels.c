@@ -297,6 +297,18 @@ void mla_row_max_code(const uint8_t *restrict w, int64_t k, uint8_t *restrict ou
 COUNT_NONFINITE(mla_count_nonfinite16, uint16_t)
 COUNT_NONFINITE(mla_count_nonfinite32, uint32_t)
 
+/* How many of n bytes equal `code` (verify: -0, 0x80, in a gaudi2 output), counted like the above. */
+int64_t mla_count_byte(const uint8_t *restrict x, int64_t n, uint8_t code) {
+    int64_t found = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += 65536) {
+        int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;
+        uint32_t c = 0;
+        for (int64_t i = i0; i < i1; i++) c += (uint32_t)(x[i] == code);
+        found += c;
+    }
+    return found;
+}
+
 /* verify --source for a channel-FP8 weight (q, per-row scale sc) against its block-FP8 source
  * (w, s), rows [r0, r1), in one pass: x = fp32(w) * s (exact source dequant), f = fp32(q) * sc,
  * d = f - x, allowed = |x| * rel + sc * half_step, all in fp32 as verify/bounds.py does in torch.

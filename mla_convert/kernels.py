@@ -314,10 +314,28 @@ class Fp8Readers:
     # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (natively from the exponent bits, as
     # torch's isfinite is slow on CPU)
     count_nonfinite: Callable[[torch.Tensor], int]
+    count_code: Callable[[torch.Tensor, int], int]  # int((t.view(uint8) == code).sum()), any shape
 
 
 def _torch_count_nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
+
+
+def _torch_count_code(t: torch.Tensor, code: int) -> int:
+    return int((t.view(torch.uint8) == code).sum())
+
+
+def _code_count_agrees(native) -> bool:
+    """Every byte value counted in every byte, and 0x80 placed across the 64K stretches and the
+    threads' shares of a longer tensor, from an odd start too."""
+    every = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
+    long = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
+    long[[0, 65535, 65536, 2 * 65536 + 1, long.numel() - 1]] = numerics.NEGATIVE_ZERO_CODE
+    pairs = [(every, c) for c in range(256)] + [(long, numerics.NEGATIVE_ZERO_CODE), (long[1:], 0)]
+    return all(
+        native.count_code(t.view(torch.float8_e4m3fn), c) == _torch_count_code(t.view(torch.float8_e4m3fn), c)
+        for t, c in pairs
+    )
 
 
 def _every_pattern() -> list[torch.Tensor]:
@@ -336,7 +354,9 @@ def _torch_decode(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
 
-TORCH_READERS = Fp8Readers("torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite)
+TORCH_READERS = Fp8Readers(
+    "torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite, _torch_count_code
+)
 _READERS: list[Fp8Readers] = []
 
 
@@ -396,15 +416,16 @@ def _native_readers() -> Fp8Readers:
         raise _Unusable(f"native library unavailable ({detail})") from None
     every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
     rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
-    probes = {
+    checks = {
         "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
         "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
         "non-finite count": lambda: all(
             native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern()
         ),
+        "code count": lambda: _code_count_agrees(native),
         "bound check": lambda: _bound_rows_agree(native),
     }
-    for what, agrees in probes.items():
+    for what, agrees in checks.items():
         try:
             ok = agrees()
         except Exception as e:
@@ -412,6 +433,6 @@ def _native_readers() -> Fp8Readers:
         if not ok:
             raise _Unusable(f"native {what} disagreed with torch on the probe")
     return Fp8Readers(
-        "native", f"C readers built for this CPU; {', '.join(probes)} agree with torch on the probes", native.decode,
-        native.row_max_codes, native.count_nonfinite,
+        "native", f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes", native.decode,
+        native.row_max_codes, native.count_nonfinite, native.count_code,
     )  # fmt: skip

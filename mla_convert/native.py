@@ -115,7 +115,8 @@ def library() -> ctypes.CDLL:
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
         lib.mla_count_nonfinite16.argtypes = [ptr, i64, ctypes.c_uint16]
         lib.mla_count_nonfinite32.argtypes = [ptr, i64, ctypes.c_uint32]
-        lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = i64
+        lib.mla_count_byte.argtypes = [ptr, i64, ctypes.c_uint8]
+        lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = lib.mla_count_byte.restype = i64
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
                   lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
@@ -261,6 +262,18 @@ def count_nonfinite(t: torch.Tensor) -> int:
     p, counts = src.data_ptr(), []
     if src.numel():
         _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask)), src.numel(), 1 << 16)
+    return sum(counts)
+
+
+def count_code(t: torch.Tensor, code: int) -> int:
+    """int((t.view(torch.uint8) == code).sum()) for a float8_e4m3fn CPU tensor of any shape."""
+    lib = library()
+    if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
+        raise ValueError(f"count_code takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    src = t.contiguous()
+    p, counts = src.data_ptr(), []
+    if src.numel():
+        _rows_parallel(lambda a, b: counts.append(lib.mla_count_byte(p + a, b - a, code)), src.numel(), 1 << 16)
     return sum(counts)
 
 

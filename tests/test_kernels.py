@@ -390,3 +390,30 @@ def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeyp
         "raises": "failed on the probe (ValueError: no such kernel)",
     }
     assert readers.reason == f"native row max {why[how]}"
+
+
+def test_native_code_count_equals_torch_across_threads_and_stretches():
+    """verify's -0 count of a gaudi2 output: every byte value of every byte, and 0x80 at the
+    edges of the 64K stretches and of the threads' shares, from an odd start too."""
+    every = (torch.arange(256 * 5, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
+    assert all(native.count_code(every, c) == 5 for c in range(256))
+    t = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
+    t[[0, 65535, 65536, 2 * 65536 + 1, t.numel() - 1]] = 0x80
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert native.count_code(t.view(torch.float8_e4m3fn), 0x80) == 5
+            assert native.count_code(t[1:].view(torch.float8_e4m3fn), 0x80) == 4
+            assert native.count_code(t.view(torch.float8_e4m3fn).reshape(-1, 3 * 65536 + 17), 0) == t.numel() - 5
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeypatch):
+    real = native.count_code
+    monkeypatch.setattr(native, "count_code", lambda t, code: max(0, real(t, code) - 1))
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    readers = kernels_mod.fp8_readers()
+    assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
+    assert readers.count_code is kernels_mod.TORCH_READERS.count_code
