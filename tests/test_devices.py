@@ -14,6 +14,7 @@ from mla_convert import kernels, numerics, probes
 from mla_convert.convert import convert
 from mla_convert.kernels import DEVICE_KERNELS_ENV, select_kernels
 from mla_convert.plan import Options
+from mla_convert.verify import verify
 
 FP8, BF16 = "channel-fp8", "bf16"
 DIFFERED = "meta differed from eager on the CPU, on the probe set: "
@@ -120,9 +121,10 @@ def test_probe_would_have_caught_issue_16_and_passes_its_fix(device_kernels, mon
     [
         ("unsigned_zero_ignored", ("fp8", "quant"), {"fp8", "quant"}),  # gaudi2 writing -0
         ("subnormals_flushed", ("fp8", "bf16"), {"fp8", "bf16", "dequant", "mla"}),  # E8M0 2^-127...
+        ("bf16_truncated", ("fp8", "bf16"), {"bf16"}),
     ],
 )
-def test_probe_catches_minus_zero_and_flushed_subnormals(device_kernels, fake, ops, differing):
+def test_probe_catches_minus_zero_flushed_subnormals_and_truncation(device_kernels, fake, ops, differing):
     device_kernels(fake)
     k = select_kernels((128, 128), 240.0, "meta", "eager", ops, signed_zero=False)
     assert k.device_check == "differed" and k.device == "cpu"
@@ -200,3 +202,24 @@ def test_each_process_checks_the_device_once_before_it_writes(
         assert kinds.count("factory") == 1 and "convert" in kinds
         first_convert = kinds.index("convert")
         assert set(kinds[1:first_convert]) == {"probe"} and set(kinds[first_convert:]) == {"convert"}
+
+
+@pytest.mark.parametrize(("fake", "fmt"), [("bf16_truncated", BF16), ("reciprocal_division", FP8)])
+def test_what_verify_holds_a_device_to(
+    tiny_src, converted, tmp_path, device_kernels, monkeypatch, tree_hashes, fake, fmt
+):
+    """verify computes its references on the CPU whatever device converted. Past a (disabled)
+    device check: a bf16 output that is not the CPU's bytes fails bf16-exact, as would copies and
+    the MLA split; a channel-FP8 output that is not the CPU's bytes passes, as its check is the
+    e4m3 accuracy bound, which a reciprocal-multiply division meets. Byte identity of channel FP8
+    across devices rests on the device check alone."""
+    device_kernels(fake)
+    monkeypatch.setattr(kernels, "_check_against_eager", lambda *a: 0)
+    out = tmp_path / "o"
+    assert convert(tiny_src, out, Options(format=fmt), device="meta")["compute_device"] == "meta"
+    cpu = tree_hashes(converted[fmt])
+    differing = [rel for rel, h in tree_hashes(out).items() if h != cpu[rel]]
+    assert any(rel.endswith(".safetensors") and not rel.startswith("mla/") for rel in differing)
+    report = verify(out, source=tiny_src)
+    found = {(f["group"], f["check"]) for g in report["groups"].values() for f in g["failures"]}
+    assert found == ({("source", "bf16-exact")} if fmt == BF16 else set())

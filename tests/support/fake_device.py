@@ -6,7 +6,8 @@ Each runs the real eager `numerics` on CPU tensors that divide as a device might
 - `reciprocal_division`: every division a multiplication by the divisor's float32 reciprocal;
 - `cuda_scalar_division`: only a division by a Python number, as torch on CUDA does (issue 16);
 - `unsigned_zero_ignored`: correct arithmetic that ignores the target's zero rule (writes -0);
-- `subnormals_flushed`: a dequant that flushes float32 subnormal results to zero.
+- `subnormals_flushed`: a dequant that flushes float32 subnormal results to zero;
+- `bf16_truncated`: a bf16 cast that truncates instead of rounding to nearest even.
 
 With MLA_TEST_DEVICE_LOG=path every factory call and kernel call appends a line
 "pid event detail" there: `factory` (detail: `writing` when the calling shard job has opened its
@@ -119,3 +120,14 @@ def _log(event: str, detail: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(f"{os.getpid()} {event} {detail}\n")
+
+
+def bf16_truncated(device, block, fp8_max, signed_zero) -> dict:
+    _log("factory", _where())
+    funcs = kernels._funcs(block, fp8_max, signed_zero)
+
+    def to_bf16(w, s):
+        bits = numerics.dequantize_block_fp8(w, s, block).view(torch.int32) >> 16
+        return bits.to(torch.int16).view(torch.bfloat16)
+
+    return {**funcs, "bf16": to_bf16}
