@@ -98,9 +98,12 @@ static inline __m256 decode8_avx2(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
 }
 
-static inline __m256i encode8_avx2(__m256 x, __m256i zero_sign) { /* e4m3fn codes in the low byte of each lane */
+/* e4m3fn codes in the low byte of each lane. plus_zero (a constant at every call, so the compiler
+ * drops what it does not need): a zero lane loses its sign bit, as encode_e4m3fn's zero_sign 0. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+ALWAYS_INLINE __m256i encode8_avx2(__m256 x, const int plus_zero) {
     const __m256i b = _mm256_castps_si256(x);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
     const __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
     const __m256i subnormal = _mm256_sub_epi32(
         _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f))),
@@ -110,15 +113,16 @@ static inline __m256i encode8_avx2(__m256 x, __m256i zero_sign) { /* e4m3fn code
         _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((int32_t)(0x7FFFFu - (120u << 23)))), odd), 20);
     __m256i r = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(121 << 23), a));
     r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)));
-    const __m256i keep = _mm256_blendv_epi8(_mm256_set1_epi32(0x80), zero_sign, _mm256_cmpeq_epi32(r, _mm256_setzero_si256()));
-    return _mm256_or_si256(r, _mm256_and_si256(sign, keep));
+    if (plus_zero)
+        sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(r, _mm256_setzero_si256()), sign);
+    return _mm256_or_si256(r, sign);
 }
 
-static inline __m256i quantize8_avx2(const uint8_t *p, __m256 sb, __m256 rs, __m256 hi, __m256 lo, __m256i zs) {
+ALWAYS_INLINE __m256i quantize8_avx2(const uint8_t *p, __m256 sb, __m256 rs, __m256 hi, __m256 lo, const int pz) {
     __m256 x = _mm256_div_ps(_mm256_mul_ps(decode8_avx2(p), sb), rs);
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ)); /* NaN compares false: stays NaN */
     x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return encode8_avx2(x, zs);
+    return encode8_avx2(x, pz);
 }
 
 /* 32 codes, one per 32-bit lane of q0..q3 in element order, stored as 32 bytes. */
@@ -128,38 +132,38 @@ static inline void store32_avx2(uint8_t *dst, __m256i q0, __m256i q1, __m256i q2
     _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-/* Elements [0, n - n % 32) of one block row; returns how many it did. */
-static int64_t quantize_span_avx2(const uint8_t *src, uint8_t *dst, int64_t n, float sb, float rs, float fp8_max,
-                                  uint32_t zero_sign) {
+/* Elements [0, n - n % 32) of one block row; returns how many it did. Called with a constant pz. */
+ALWAYS_INLINE int64_t quantize_span_avx2(const uint8_t *src, uint8_t *dst, int64_t n, float sb, float rs,
+                                         float fp8_max, const int pz) {
     const __m256 vsb = _mm256_set1_ps(sb), vrs = _mm256_set1_ps(rs);
     const __m256 hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
-    const __m256i zs = _mm256_set1_epi32((int32_t)zero_sign);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
-        store32_avx2(dst + j, quantize8_avx2(src + j, vsb, vrs, hi, lo, zs),
-                     quantize8_avx2(src + j + 8, vsb, vrs, hi, lo, zs), quantize8_avx2(src + j + 16, vsb, vrs, hi, lo, zs),
-                     quantize8_avx2(src + j + 24, vsb, vrs, hi, lo, zs));
+        store32_avx2(dst + j, quantize8_avx2(src + j, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 8, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 16, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 24, vsb, vrs, hi, lo, pz));
     return j;
 }
 
 /* The bf16 row's version: widen, divide by the row scale, clamp, encode. */
-static inline __m256i quantize8_bf16_avx2(const uint16_t *p, __m256 rs, __m256 hi, __m256 lo, __m256i zs) {
+ALWAYS_INLINE __m256i quantize8_bf16_avx2(const uint16_t *p, __m256 rs, __m256 hi, __m256 lo, const int pz) {
     const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
     __m256 x = _mm256_div_ps(_mm256_castsi256_ps(wide), rs);
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
     x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return encode8_avx2(x, zs);
+    return encode8_avx2(x, pz);
 }
 
-static int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst, int64_t n, float rs, float fp8_max,
-                                       uint32_t zero_sign) {
+ALWAYS_INLINE int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst, int64_t n, float rs, float fp8_max,
+                                              const int pz) {
     const __m256 vrs = _mm256_set1_ps(rs), hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
-    const __m256i zs = _mm256_set1_epi32((int32_t)zero_sign);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
-        store32_avx2(dst + j, quantize8_bf16_avx2(src + j, vrs, hi, lo, zs),
-                     quantize8_bf16_avx2(src + j + 8, vrs, hi, lo, zs), quantize8_bf16_avx2(src + j + 16, vrs, hi, lo, zs),
-                     quantize8_bf16_avx2(src + j + 24, vrs, hi, lo, zs));
+        store32_avx2(dst + j, quantize8_bf16_avx2(src + j, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 8, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 16, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 24, vrs, hi, lo, pz));
     return j;
 }
 #endif
@@ -177,7 +181,8 @@ void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const
             const float sb = srow[c];
             int64_t j = j0;
 #if defined(__AVX2__)
-            j += quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, zero_sign);
+            j += zero_sign ? quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 0)
+                           : quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 1);
 #endif
             for (; j < j1; j++) {
                 float x = decode_e4m3fn(row[j]) * sb;
@@ -215,7 +220,8 @@ void mla_bf16_quantize_rows(const uint16_t *restrict w, const float *restrict sc
         const float rs = scale[r];
         int64_t j = 0;
 #if defined(__AVX2__)
-        j += quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, zero_sign);
+        j += zero_sign ? quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, 0)
+                       : quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, 1);
 #endif
         for (; j < k; j++) {
             float x = widen_bf16(row[j]) / rs;

@@ -157,9 +157,9 @@ def zero_float_probe() -> tuple[torch.Tensor]:
     return (w.to(torch.bfloat16),)
 
 
-# A kv_b_proj small enough to probe, the last block of each row partial.
 def mla_probe(block) -> tuple[torch.Tensor, torch.Tensor, MlaDims]:
-    """A kv_b_proj of every byte, block scales 1 and 2^-120 (a bf16 split of float32 subnormals)."""
+    """A small kv_b_proj of every byte (one partial block row, its second block partial), block
+    scales 1 and 2^-120 (a bf16 split of float32 subnormals), and its MLA dims."""
     dims = MlaDims(num_heads=2, qk_nope_head_dim=3, v_head_dim=2, kv_lora_rank=block[1] + 5)
     n, k = dims.kv_b_shape()
     w = ((torch.arange(n * k) * 5) % 256).to(torch.uint8).reshape(n, k).view(torch.float8_e4m3fn)
