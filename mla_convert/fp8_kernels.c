@@ -286,34 +286,24 @@ void mla_row_max_code(const uint8_t *restrict w, int64_t k, uint8_t *restrict ou
     }
 }
 
-/* How many elements have every exponent bit set (Inf or NaN): 16-bit floats with mask 0x7F80
- * (bf16) or 0x7C00 (f16), 32-bit ones with 0x7F800000. Counted in 32-bit lanes per 64K-element
- * stretch so the loop vectorizes. */
-#define COUNT_NONFINITE(name, type)                                              \
-    int64_t name(const type *restrict x, int64_t n, type mask) {                \
-        int64_t bad = 0;                                                         \
-        for (int64_t i0 = 0; i0 < n; i0 += 65536) {                              \
-            int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;                        \
-            uint32_t c = 0;                                                      \
-            for (int64_t i = i0; i < i1; i++) c += (uint32_t)((x[i] & mask) == mask); \
-            bad += c;                                                            \
-        }                                                                        \
-        return bad;                                                              \
+/* How many elements x have (x & mask) == value: Inf or NaN (every exponent bit set) with mask =
+ * value = 0x7F80 (bf16), 0x7C00 (f16) or 0x7F800000 (f32); one e4m3fn code (verify: -0, 0x80, in a
+ * gaudi2 output) with mask 0xFF. Counted in 32-bit lanes per 64K-element stretch so the loop
+ * vectorizes. */
+#define COUNT_MATCHING(name, type)                                                          \
+    int64_t name(const type *restrict x, int64_t n, type mask, type value) {               \
+        int64_t found = 0;                                                                  \
+        for (int64_t i0 = 0; i0 < n; i0 += 65536) {                                         \
+            int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;                                   \
+            uint32_t c = 0;                                                                 \
+            for (int64_t i = i0; i < i1; i++) c += (uint32_t)((x[i] & mask) == value);     \
+            found += c;                                                                     \
+        }                                                                                   \
+        return found;                                                                       \
     }
-COUNT_NONFINITE(mla_count_nonfinite16, uint16_t)
-COUNT_NONFINITE(mla_count_nonfinite32, uint32_t)
-
-/* How many of n bytes equal `code` (verify: -0, 0x80, in a gaudi2 output), counted like the above. */
-int64_t mla_count_byte(const uint8_t *restrict x, int64_t n, uint8_t code) {
-    int64_t found = 0;
-    for (int64_t i0 = 0; i0 < n; i0 += 65536) {
-        int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;
-        uint32_t c = 0;
-        for (int64_t i = i0; i < i1; i++) c += (uint32_t)(x[i] == code);
-        found += c;
-    }
-    return found;
-}
+COUNT_MATCHING(mla_count_matching8, uint8_t)
+COUNT_MATCHING(mla_count_matching16, uint16_t)
+COUNT_MATCHING(mla_count_matching32, uint32_t)
 
 /* verify --source for a channel-FP8 weight (q, per-row scale sc) against its block-FP8 source
  * (w, s), rows [r0, r1), in one pass: x = fp32(w) * s (exact source dequant), f = fp32(q) * sc,

@@ -113,10 +113,9 @@ def library() -> ctypes.CDLL:
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
-        lib.mla_count_nonfinite16.argtypes = [ptr, i64, ctypes.c_uint16]
-        lib.mla_count_nonfinite32.argtypes = [ptr, i64, ctypes.c_uint32]
-        lib.mla_count_byte.argtypes = [ptr, i64, ctypes.c_uint8]
-        lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = lib.mla_count_byte.restype = i64
+        for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
+            f = getattr(lib, f"mla_count_matching{bits}")
+            f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
                   lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
@@ -248,32 +247,31 @@ def row_max_codes(t: torch.Tensor) -> torch.Tensor:
 
 
 # Exponent-field masks: an element with all of these bits set is Inf or NaN.
-NONFINITE_MASKS = {torch.bfloat16: (2, 0x7F80), torch.float16: (2, 0x7C00), torch.float32: (4, 0x7F800000)}
+NONFINITE_MASKS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
 
 
 def count_nonfinite(t: torch.Tensor) -> int:
     """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
-    lib = library()
     if t.dtype not in NONFINITE_MASKS or t.device.type != "cpu":
         raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
-    size, mask = NONFINITE_MASKS[t.dtype]
-    fn = lib.mla_count_nonfinite16 if size == 2 else lib.mla_count_nonfinite32
-    src = t.contiguous()
-    p, counts = src.data_ptr(), []
-    if src.numel():
-        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask)), src.numel(), 1 << 16)
-    return sum(counts)
+    return _count_matching(t, NONFINITE_MASKS[t.dtype], NONFINITE_MASKS[t.dtype])
 
 
 def count_code(t: torch.Tensor, code: int) -> int:
     """int((t.view(torch.uint8) == code).sum()) for a float8_e4m3fn CPU tensor of any shape."""
-    lib = library()
     if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
         raise ValueError(f"count_code takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    return _count_matching(t, 0xFF, code)
+
+
+def _count_matching(t: torch.Tensor, mask: int, value: int) -> int:
+    """How many elements of `t` (1, 2 or 4 bytes each) have (bits & mask) == value, over the threads."""
+    size = t.element_size()
+    fn = getattr(library(), f"mla_count_matching{8 * size}")
     src = t.contiguous()
     p, counts = src.data_ptr(), []
     if src.numel():
-        _rows_parallel(lambda a, b: counts.append(lib.mla_count_byte(p + a, b - a, code)), src.numel(), 1 << 16)
+        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask, value)), src.numel(), 1 << 16)
     return sum(counts)
 
 
