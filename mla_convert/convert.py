@@ -38,6 +38,7 @@ from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale, check_scale_v
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
+from .numerics import SIGNED_ZERO
 from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
 from .resume import Journal, completed_jobs, crash_point
@@ -74,11 +75,15 @@ class Compute:
     block: tuple[int, int] | None  # the source's scale block (None: a BF16 source)
     fp8_max: float  # the target's FP8 range
     ops: tuple[str, ...]  # conversions the plan uses: 'fp8', 'bf16', 'quant' (what gets compiled)
-    device: str
-    chain: tuple[str, ...]  # kernels to try in order (kernels.resolve_mode)
+    device: str  # where the arithmetic should run, if it passes the check (kernels.select_kernels)
+    chain: tuple[str, ...]  # CPU kernels to try in order (kernels.resolve_mode)
+    signed_zero: bool = True  # the target's FP8 weights may hold -0 (numerics.SIGNED_ZERO)
 
     def kernels(self) -> Kernels:
-        return select_kernels(self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops)
+        """Chosen and checked once per process: the first call, before this process writes."""
+        return select_kernels(
+            self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops, self.signed_zero
+        )
 
 
 @dataclass(frozen=True)
@@ -175,20 +180,18 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
                     w = inputs.get(t.source)
                     if layer is not None:
                         pending.append(_write_mla_layer(out_dir, layer, w, spec.dims, spec.write_io, commits))
-                    if spec.compute.device != "cpu":
-                        w = w.to(spec.compute.device)
-                    q, pending_scale = (x.cpu() for x in kernels.quantize(w))
+                    q, pending_scale = kernels.quantize(w)
                     writer.write(t.name, q)
                     del w
                 else:
                     w, s = _fp8_inputs(spec, inputs, t.source)
                     if layer is not None:  # from the exact fp32 dequant of the source weight
-                        kv_b = kernels.dequant_fp32(w, s).cpu()
+                        kv_b = kernels.dequant_fp32(w, s)
                         pending.append(_write_mla_layer(out_dir, layer, kv_b, spec.dims, spec.write_io, commits))
                     if t.op == TO_BF16:
-                        writer.write(t.name, kernels.to_bf16(w, s).cpu())
+                        writer.write(t.name, kernels.to_bf16(w, s))
                     elif t.op == TO_FP8:
-                        q, pending_scale = (x.cpu() for x in kernels.to_channel_fp8(w, s))
+                        q, pending_scale = kernels.to_channel_fp8(w, s)
                         writer.write(t.name, q)
                     else:
                         raise AssertionError(f"unknown op {t.op!r}")
@@ -205,11 +208,7 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
 def _fp8_inputs(spec: JobSpec, inputs: _Inputs, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     scale_name = spec.scales[name]
     scale = check_scale(inputs.get(scale_name), f"{spec.src_root}/{spec.sources[scale_name].file}", scale_name)
-    weight = inputs.get(name)
-    device = spec.compute.device
-    if device != "cpu":
-        weight, scale = weight.to(device), scale.to(device)
-    return weight, scale
+    return inputs.get(name), scale
 
 
 def _write_mla_layer(
@@ -535,10 +534,18 @@ def _choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
         chain, why = resolve_mode(settings.kernels, sum(src.info(n).nbytes for n in converted))
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from None
-    compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain)
+    signed_zero = SIGNED_ZERO[plan.options.target]
+    compute = Compute(src.block, plan.options.fp8_max, plan_ops(plan), settings.device, chain, signed_zero)
     chosen = compute.kernels()
-    reason = chosen.reason if why in ("requested", "auto") or chosen.name != "eager" else f"{chosen.reason}; {why}"
-    return compute, {"kernels": chosen.name, "kernels_reason": reason}
+    cpu_eager_by_policy = chosen.name == "eager" and chosen.device == "cpu" and why not in ("requested", "auto")
+    reason = f"{chosen.reason}; {why}" if cpu_eager_by_policy else chosen.reason
+    return compute, {
+        "kernels": chosen.name,
+        "kernels_reason": reason,
+        "compute_device": chosen.device,
+        "device_check": chosen.device_check,
+        "device_reason": chosen.device_reason,
+    }
 
 
 def _check_device(device: str) -> None:

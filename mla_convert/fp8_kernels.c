@@ -7,6 +7,7 @@
  *   dequant = fp32(w) * scale_inv[row / bn][col / bk]        (one IEEE fp32 multiply)
  *   channel scale = max|dequant of row| / fp8_max, 1.0 where that is not > 0
  *   q = e4m3fn(clamp(dequant / channel scale, -fp8_max, fp8_max))   (IEEE divide, round to nearest even)
+ *   and, for a target without -0 (zero_sign 0, gaudi2), a zero q written +0 whatever its sign
  * A bf16 source weight takes the place of the dequant: its fp32 widening is exact.
  * Build with -ffp-contract=off and never -ffast-math: each operation must round exactly as torch's.
  */
@@ -28,8 +29,9 @@ static inline float decode_e4m3fn(uint8_t b) {
     return float_of(r | sign);
 }
 
-/* fp32 -> e4m3fn, round to nearest even, for |x| <= 448 or NaN (the caller clamps). */
-static inline uint8_t encode_e4m3fn(float x) {
+/* fp32 -> e4m3fn, round to nearest even, for |x| <= 448 or NaN (the caller clamps). A zero keeps
+ * its sign bit only where zero_sign is 0x80; 0 writes every zero as +0. */
+static inline uint8_t encode_e4m3fn(float x, uint32_t zero_sign) {
     uint32_t b = bits_of(x);
     uint32_t sign = (b >> 24) & 0x80u;
     uint32_t a = b & 0x7FFFFFFFu;
@@ -39,6 +41,7 @@ static inline uint8_t encode_e4m3fn(float x) {
     uint32_t normal = (a - (120u << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
     uint32_t r = a < (121u << 23) ? subnormal : normal;
     r = a > 0x7F800000u ? 0x7Fu : r;
+    sign &= r ? 0x80u : zero_sign;
     return (uint8_t)(r | sign);
 }
 
@@ -95,9 +98,12 @@ static inline __m256 decode8_avx2(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
 }
 
-static inline __m256i encode8_avx2(__m256 x) { /* e4m3fn codes in the low byte of each lane */
+/* e4m3fn codes in the low byte of each lane. plus_zero (a constant at every call, so the compiler
+ * drops what it does not need): a zero lane loses its sign bit, as encode_e4m3fn's zero_sign 0. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+ALWAYS_INLINE __m256i encode8_avx2(__m256 x, const int plus_zero) {
     const __m256i b = _mm256_castps_si256(x);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
     const __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
     const __m256i subnormal = _mm256_sub_epi32(
         _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f))),
@@ -107,14 +113,16 @@ static inline __m256i encode8_avx2(__m256 x) { /* e4m3fn codes in the low byte o
         _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((int32_t)(0x7FFFFu - (120u << 23)))), odd), 20);
     __m256i r = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(121 << 23), a));
     r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)));
+    if (plus_zero)
+        sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(r, _mm256_setzero_si256()), sign);
     return _mm256_or_si256(r, sign);
 }
 
-static inline __m256i quantize8_avx2(const uint8_t *p, __m256 sb, __m256 rs, __m256 hi, __m256 lo) {
+ALWAYS_INLINE __m256i quantize8_avx2(const uint8_t *p, __m256 sb, __m256 rs, __m256 hi, __m256 lo, const int pz) {
     __m256 x = _mm256_div_ps(_mm256_mul_ps(decode8_avx2(p), sb), rs);
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ)); /* NaN compares false: stays NaN */
     x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return encode8_avx2(x);
+    return encode8_avx2(x, pz);
 }
 
 /* 32 codes, one per 32-bit lane of q0..q3 in element order, stored as 32 bytes. */
@@ -124,38 +132,44 @@ static inline void store32_avx2(uint8_t *dst, __m256i q0, __m256i q1, __m256i q2
     _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-/* Elements [0, n - n % 32) of one block row; returns how many it did. */
-static int64_t quantize_span_avx2(const uint8_t *src, uint8_t *dst, int64_t n, float sb, float rs, float fp8_max) {
+/* Elements [0, n - n % 32) of one block row; returns how many it did. Called with a constant pz. */
+ALWAYS_INLINE int64_t quantize_span_avx2(const uint8_t *src, uint8_t *dst, int64_t n, float sb, float rs,
+                                         float fp8_max, const int pz) {
     const __m256 vsb = _mm256_set1_ps(sb), vrs = _mm256_set1_ps(rs);
     const __m256 hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
-        store32_avx2(dst + j, quantize8_avx2(src + j, vsb, vrs, hi, lo), quantize8_avx2(src + j + 8, vsb, vrs, hi, lo),
-                     quantize8_avx2(src + j + 16, vsb, vrs, hi, lo), quantize8_avx2(src + j + 24, vsb, vrs, hi, lo));
+        store32_avx2(dst + j, quantize8_avx2(src + j, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 8, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 16, vsb, vrs, hi, lo, pz),
+                     quantize8_avx2(src + j + 24, vsb, vrs, hi, lo, pz));
     return j;
 }
 
 /* The bf16 row's version: widen, divide by the row scale, clamp, encode. */
-static inline __m256i quantize8_bf16_avx2(const uint16_t *p, __m256 rs, __m256 hi, __m256 lo) {
+ALWAYS_INLINE __m256i quantize8_bf16_avx2(const uint16_t *p, __m256 rs, __m256 hi, __m256 lo, const int pz) {
     const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
     __m256 x = _mm256_div_ps(_mm256_castsi256_ps(wide), rs);
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
     x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return encode8_avx2(x);
+    return encode8_avx2(x, pz);
 }
 
-static int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst, int64_t n, float rs, float fp8_max) {
+ALWAYS_INLINE int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst, int64_t n, float rs, float fp8_max,
+                                              const int pz) {
     const __m256 vrs = _mm256_set1_ps(rs), hi = _mm256_set1_ps(fp8_max), lo = _mm256_set1_ps(-fp8_max);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
-        store32_avx2(dst + j, quantize8_bf16_avx2(src + j, vrs, hi, lo), quantize8_bf16_avx2(src + j + 8, vrs, hi, lo),
-                     quantize8_bf16_avx2(src + j + 16, vrs, hi, lo), quantize8_bf16_avx2(src + j + 24, vrs, hi, lo));
+        store32_avx2(dst + j, quantize8_bf16_avx2(src + j, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 8, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 16, vrs, hi, lo, pz),
+                     quantize8_bf16_avx2(src + j + 24, vrs, hi, lo, pz));
     return j;
 }
 #endif
 
 void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const float *restrict scale, int64_t k, int64_t bn, int64_t bk,
-                       float fp8_max, uint8_t *restrict out, int64_t r0, int64_t r1) {
+                       float fp8_max, uint32_t zero_sign, uint8_t *restrict out, int64_t r0, int64_t r1) {
     const int64_t gk = (k + bk - 1) / bk;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = w + r * k;
@@ -167,14 +181,15 @@ void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const
             const float sb = srow[c];
             int64_t j = j0;
 #if defined(__AVX2__)
-            j += quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max);
+            j += zero_sign ? quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 0)
+                           : quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 1);
 #endif
             for (; j < j1; j++) {
                 float x = decode_e4m3fn(row[j]) * sb;
                 x = x / rs;
                 x = x < -fp8_max ? -fp8_max : x; /* comparisons leave NaN as it is, like torch's clamp */
                 x = x > fp8_max ? fp8_max : x;
-                orow[j] = encode_e4m3fn(x);
+                orow[j] = encode_e4m3fn(x, zero_sign);
             }
         }
     }
@@ -198,20 +213,21 @@ void mla_bf16_row_scales(const uint16_t *restrict w, int64_t k, float fp8_max, f
 }
 
 void mla_bf16_quantize_rows(const uint16_t *restrict w, const float *restrict scale, int64_t k, float fp8_max,
-                            uint8_t *restrict out, int64_t r0, int64_t r1) {
+                            uint32_t zero_sign, uint8_t *restrict out, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         const uint16_t *row = w + r * k;
         uint8_t *orow = out + r * k;
         const float rs = scale[r];
         int64_t j = 0;
 #if defined(__AVX2__)
-        j += quantize_bf16_span_avx2(row, orow, k, rs, fp8_max);
+        j += zero_sign ? quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, 0)
+                       : quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, 1);
 #endif
         for (; j < k; j++) {
             float x = widen_bf16(row[j]) / rs;
             x = x < -fp8_max ? -fp8_max : x;
             x = x > fp8_max ? fp8_max : x;
-            orow[j] = encode_e4m3fn(x);
+            orow[j] = encode_e4m3fn(x, zero_sign);
         }
     }
 }
@@ -270,22 +286,24 @@ void mla_row_max_code(const uint8_t *restrict w, int64_t k, uint8_t *restrict ou
     }
 }
 
-/* How many elements have every exponent bit set (Inf or NaN): 16-bit floats with mask 0x7F80
- * (bf16) or 0x7C00 (f16), 32-bit ones with 0x7F800000. Counted in 32-bit lanes per 64K-element
- * stretch so the loop vectorizes. */
-#define COUNT_NONFINITE(name, type)                                              \
-    int64_t name(const type *restrict x, int64_t n, type mask) {                \
-        int64_t bad = 0;                                                         \
-        for (int64_t i0 = 0; i0 < n; i0 += 65536) {                              \
-            int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;                        \
-            uint32_t c = 0;                                                      \
-            for (int64_t i = i0; i < i1; i++) c += (uint32_t)((x[i] & mask) == mask); \
-            bad += c;                                                            \
-        }                                                                        \
-        return bad;                                                              \
+/* How many elements x have (x & mask) == value: Inf or NaN (every exponent bit set) with mask =
+ * value = 0x7F80 (bf16), 0x7C00 (f16) or 0x7F800000 (f32); one e4m3fn code (verify: -0, 0x80, in a
+ * gaudi2 output) with mask 0xFF. Counted in 32-bit lanes per 64K-element stretch so the loop
+ * vectorizes. */
+#define COUNT_MATCHING(name, type)                                                          \
+    int64_t name(const type *restrict x, int64_t n, type mask, type value) {               \
+        int64_t found = 0;                                                                  \
+        for (int64_t i0 = 0; i0 < n; i0 += 65536) {                                         \
+            int64_t i1 = i0 + 65536 < n ? i0 + 65536 : n;                                   \
+            uint32_t c = 0;                                                                 \
+            for (int64_t i = i0; i < i1; i++) c += (uint32_t)((x[i] & mask) == value);     \
+            found += c;                                                                     \
+        }                                                                                   \
+        return found;                                                                       \
     }
-COUNT_NONFINITE(mla_count_nonfinite16, uint16_t)
-COUNT_NONFINITE(mla_count_nonfinite32, uint32_t)
+COUNT_MATCHING(mla_count_matching8, uint8_t)
+COUNT_MATCHING(mla_count_matching16, uint16_t)
+COUNT_MATCHING(mla_count_matching32, uint32_t)
 
 /* verify --source for a channel-FP8 weight (q, per-row scale sc) against its block-FP8 source
  * (w, s), rows [r0, r1), in one pass: x = fp32(w) * s (exact source dequant), f = fp32(q) * sc,

@@ -1,23 +1,36 @@
-"""Choose how the numerics run: native C kernels, torch.compile, or eager torch.
+"""Choose how the numerics run: eager torch on another device, native C kernels, torch.compile,
+or eager torch on the CPU.
 
-Eager is `numerics` itself. torch.compile fuses the same functions. The native kernels
-(native.py) do the same arithmetic in C, operation for operation. Whichever is chosen is checked
-bit-identical to eager on probe tensors once per process (tests check all three against the slow
-reference); any failure (no C compiler, no inductor, a mismatch) falls back with the reason.
+Eager on the CPU is `numerics` itself: the definition. torch.compile fuses the same functions. The
+native kernels (native.py) do the same arithmetic in C, operation for operation. On a --device
+other than the CPU, eager `numerics` runs there. Whichever is chosen is first checked
+bit-identical to CPU eager on the probe set (probes.py) once per process, before it converts
+anything (tests check all of them against the slow reference); any failure (no C compiler, no
+inductor, a device that rounds differently) falls back with the reason: a device to the CPU kernels.
+Every kernel set takes CPU tensors and returns CPU tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from . import numerics
+from . import numerics, probes
 
 BLOCK_DEFAULT = (128, 128)
+
+# Test seam: "module:function", a factory (device, block, fp8_max, signed_zero) -> {op: function}
+# used instead of device_funcs for a non-CPU device (a device kernel set where there is no device,
+# in every process: worker processes inherit it).
+DEVICE_KERNELS_ENV = "MLA_CONVERT_DEVICE_KERNELS"
+
+# Kernels.device_check: how the device was checked.
+CPU_ONLY, PASSED, DIFFERED, FAILED = "not needed", "passed", "differed", "failed"
 
 
 @dataclass(frozen=True)
@@ -29,16 +42,20 @@ class Kernels:
     dequant_fp32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     # a 16- or 32-bit float weight (a BF16 source's linear) -> (e4m3fn [N, K], fp32 scale [N, 1])
     quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    device: str = "cpu"  # where the arithmetic runs: the requested device, or the CPU after a fallback
+    device_check: str = CPU_ONLY  # CPU_ONLY, PASSED, DIFFERED or FAILED
+    device_reason: str = "the arithmetic runs on the CPU"
 
 
 # The per-tensor conversions a plan can use: block-FP8 -> channel FP8, block-FP8 -> bf16, and a
 # float (bf16) weight -> channel FP8.
 OPS = ("fp8", "bf16", "quant")
+BLOCK_OPS = ("fp8", "bf16")
 
 
-def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
+def _funcs(block: tuple[int, int], fp8_max: float, signed_zero: bool = True) -> dict[str, Callable]:
     def to_channel_fp8(w, s):
-        return numerics.block_to_channel_fp8(w, s, block, fp8_max)
+        return numerics.block_to_channel_fp8(w, s, block, fp8_max, signed_zero)
 
     def to_bf16(w, s):
         return numerics.to_bf16(numerics.dequantize_block_fp8(w, s, block))
@@ -47,17 +64,40 @@ def _funcs(block: tuple[int, int], fp8_max: float) -> dict[str, Callable]:
         return numerics.dequantize_block_fp8(w, s, block)
 
     def quantize(w):
-        return numerics.float_to_channel_fp8(w, fp8_max)
+        return numerics.float_to_channel_fp8(w, fp8_max, signed_zero)
 
     return {"fp8": to_channel_fp8, "bf16": to_bf16, "dequant": dequant_fp32, "quant": quantize}
 
 
-def _kernels(name: str, reason: str, f: dict[str, Callable]) -> Kernels:
-    return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"])
+def _kernels(name: str, reason: str, f: dict[str, Callable], **device) -> Kernels:
+    return Kernels(name, reason, f["fp8"], f["bf16"], f["dequant"], f["quant"], **device)
 
 
-def eager_kernels(block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested") -> Kernels:
-    return _kernels("eager", reason, _funcs(tuple(block), fp8_max))
+def eager_kernels(
+    block=BLOCK_DEFAULT, fp8_max: float = 448.0, reason: str = "requested", signed_zero: bool = True
+) -> Kernels:
+    return _kernels("eager", reason, _funcs(tuple(block), fp8_max, signed_zero))
+
+
+def device_funcs(device: str, block: tuple[int, int], fp8_max: float, signed_zero: bool) -> dict[str, Callable]:
+    """Eager `numerics` on `device`: each function moves its CPU inputs there and its results back."""
+
+    def on_device(fn: Callable) -> Callable:
+        def run(*args):
+            out = fn(*(a.to(device) for a in args))
+            return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+        return run
+
+    return {op: on_device(fn) for op, fn in _funcs(block, fp8_max, signed_zero).items()}
+
+
+def _device_factory() -> Callable:
+    spec = os.environ.get(DEVICE_KERNELS_ENV)
+    if not spec:
+        return device_funcs
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _bf16_only(fast: Callable, eager: Callable) -> Callable:
@@ -69,7 +109,7 @@ def _bf16_only(fast: Callable, eager: Callable) -> Callable:
 # costs more than it saves over eager. The native kernels build much faster, and are cached too.
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
-# What each --kernels mode tries, in order; each falls back to the next with the reason.
+# What each --kernels mode tries on the CPU, in order; each falls back to the next with the reason.
 CHAINS = {
     "native": ("native", "eager"),
     "compile": ("compile", "eager"),
@@ -101,112 +141,156 @@ _CACHE: dict = {}
 
 
 def select_kernels(
-    block=BLOCK_DEFAULT, fp8_max: float = 448.0, device: str = "cpu", mode: str | tuple[str, ...] = "native", ops=OPS
+    block=BLOCK_DEFAULT,
+    fp8_max: float = 448.0,
+    device: str = "cpu",
+    mode: str | tuple[str, ...] = "native",
+    ops=OPS,
+    signed_zero: bool = True,
 ) -> Kernels:
-    """The first kernels of `mode` (a mode name or a chain from resolve_mode) that work here and
-    give bit-identical results to eager on the probes; eager at the end, with the reasons."""
+    """For a non-CPU `device`, eager numerics there if they give bit-identical results to CPU eager
+    on the probes; else (and for the CPU) the first kernels of `mode` (a mode name or a chain from
+    resolve_mode) that work here and pass the same check; eager at the end, with the reasons."""
     chain = CHAINS[mode] if isinstance(mode, str) else tuple(mode)
-    key = (tuple(block), fp8_max, device, chain, tuple(sorted(ops)))
+    key = (tuple(block), fp8_max, signed_zero, device, chain, tuple(sorted(ops)))
     if key not in _CACHE:
-        _CACHE[key] = _select(tuple(block), fp8_max, device, chain, key[-1])
+        _CACHE[key] = _select(tuple(block), fp8_max, signed_zero, device, chain, key[-1])
     return _CACHE[key]
 
 
-def _select(block, fp8_max, device, chain, ops) -> Kernels:
+def _select(block, fp8_max, signed_zero, device, chain, ops) -> Kernels:
+    if torch.device(device).type == "cpu":
+        return _select_cpu(block, fp8_max, signed_zero, chain, ops)
+    try:
+        return _on_device(device, block, fp8_max, signed_zero, ops)
+    except _Unusable as e:
+        cpu = _select_cpu(block, fp8_max, signed_zero, chain, ops)
+        check = DIFFERED if isinstance(e, _Differed) else FAILED
+        return dataclasses.replace(
+            cpu,
+            reason=f"{device} did not pass its check (device_reason), the CPU converts: {cpu.reason}",
+            device_check=check,
+            device_reason=f"{e}; converting on the CPU instead",
+        )
+
+
+def _on_device(device, block, fp8_max, signed_zero, ops) -> Kernels:
+    """Eager numerics on `device`, checked against CPU eager on every op the run uses (block-FP8
+    sources: the dequant feeding the MLA artifacts, and their split, too)."""
+    checked = (*ops, "dequant", "mla") if set(ops) & set(BLOCK_OPS) else ops
+    try:
+        funcs = _device_factory()(device, block, fp8_max, signed_zero)
+        n = _check_against_eager(device, funcs, block, fp8_max, signed_zero, checked)
+    except _Unusable:
+        raise
+    except Exception as e:  # the device's own errors: an op it lacks, a failed transfer, ...
+        raise _Unusable(f"{device} failed on the probe ({_first_line(e)})") from None
+    why = f"{device}: {', '.join(checked)} bit-identical to eager on the CPU, on the probe set ({n} elements)"
+    return _kernels("eager", f"eager numerics on {device}", funcs, device=device, device_check=PASSED,
+                    device_reason=why)  # fmt: skip
+
+
+def _select_cpu(block, fp8_max, signed_zero, chain, ops) -> Kernels:
     skipped = []
     for name in chain:
         if name == "eager":
             break
-        if torch.device(device).type != "cpu":
-            skipped.append(f"eager kernels run fast on {device}")
-            break
         try:
-            chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, ops)
+            chosen = {"native": _native, "compile": _compiled}[name](block, fp8_max, signed_zero, ops)
         except _Unusable as e:
             skipped.append(str(e))
             continue
         return chosen if not skipped else dataclasses.replace(chosen, reason="; ".join([*skipped, chosen.reason]))
-    return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested")
+    return eager_kernels(block, fp8_max, "; ".join(skipped) or "requested", signed_zero)
 
 
 class _Unusable(Exception):
     pass
 
 
-def _probes(block, op: str):
-    """Inputs the candidate kernels must convert exactly as eager does: for the block ops aligned
-    and partial blocks, grid dims that differ and exceed 1, and every one of the 256 fp8 bytes
-    (zeros, subnormals, NaN); for 'quant' every bf16 bit pattern, in rows of one exponent and
-    shuffled across rows, and rows of magnitudes far apart (e4m3 subnormal results)."""
-    if op == "quant":
-        g = torch.Generator().manual_seed(0)
-        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        spread = torch.randn(64, 300, generator=g) * torch.pow(2.0, torch.randint(-30, 30, (64, 300), generator=g))
-        return [
-            (every.reshape(256, 256),),
-            (every[torch.randperm(every.numel(), generator=g)].reshape(512, 128),),
-            (spread.to(torch.bfloat16),),
-            (torch.zeros(3, 77, dtype=torch.bfloat16),),
-        ]
-    bn, bk = block
-    every_byte = (torch.arange((bn + 3) * 512) % 256).to(torch.uint8).reshape(bn + 3, 512)
-    weights = [
-        torch.randn(2 * bn + 5, 3 * bk + 7).to(torch.float8_e4m3fn),
-        torch.randn(4 * bn, 5 * bk + 1).to(torch.float8_e4m3fn),
-        every_byte.view(torch.float8_e4m3fn),
-    ]
-    return [(w, torch.rand(-(-w.shape[0] // bn), -(-w.shape[1] // bk)) + 0.5) for w in weights]
+class _Differed(_Unusable):
+    """Ran, and gave other results than CPU eager."""
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-identical, except that a NaN may be any NaN (torch's own bf16 casts differ there)."""
+    return not _count_differing(a, b)
+
+
+def _count_differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of `a` are not those of `b` (all, for another dtype or shape): the bits
+    differ, unless both are NaN."""
     if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+        return max(b.numel(), 1)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
+    a_bits, b_bits = a.contiguous().view(bits), b.contiguous().view(bits)
+    if torch.equal(a_bits, b_bits):
+        return 0
+    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+    return int(((nan_a != nan_b) | (~nan_a & (a_bits != b_bits))).sum())
 
 
-def _check_against_eager(name: str, funcs: dict, block, fp8_max, ops) -> None:
-    eager = _funcs(block, fp8_max)
+# What each op returns, to count differences by.
+_OUTPUTS = {"fp8": ("weights", "scales"), "quant": ("weights", "scales"), "mla": ("W_UK_T", "W_UV")}
+
+
+def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, ops) -> int:
+    """Raises _Differed naming each op whose results on the probes differ from CPU eager, with how
+    many elements of how many differed; returns how many output elements were checked."""
+    eager = _funcs(block, fp8_max, signed_zero)
+    if "mla" in ops:
+        funcs = {**funcs, "mla": probes.mla_split(funcs["dequant"], block)}
+        eager["mla"] = probes.mla_split(eager["dequant"], block)
+    checked, differed = 0, []
     for op in ops:
-        for args in _probes(block, op):
+        outputs = _OUTPUTS.get(op, ("values",))
+        bad, total = [0] * len(outputs), [0] * len(outputs)
+        for args in probes.inputs(block, fp8_max, op):
             got, want = funcs[op](*args), eager[op](*args)
             got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-            if not all(same_values(a, b) for a, b in zip(got, want, strict=True)):
-                raise _Unusable(f"{name} output of {op!r} differed from eager")
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                total[i] += b.numel()
+                bad[i] += _count_differing(a, b)
+        checked += sum(total)
+        if any(bad):
+            counts = [f"{n} of {t} {what}" for n, t, what in zip(bad, total, outputs, strict=True) if n]
+            differed.append(f"{op} in {' and '.join(counts)}")
+    if differed:
+        raise _Differed(f"{name} differed from eager on the CPU, on the probe set: {'; '.join(differed)}")
+    return checked
 
 
-def _native(block, fp8_max, ops) -> Kernels:
+def _native(block, fp8_max, signed_zero, ops) -> Kernels:
     from . import native
 
+    eager = _funcs(block, fp8_max, signed_zero)
     funcs = {
-        "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max),
+        "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max, signed_zero),
         "bf16": lambda w, s: native.to_bf16(w, s, block),
         "dequant": lambda w, s: native.dequantize(w, s, block),
-        "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max), _funcs(block, fp8_max)["quant"]),
+        "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max, signed_zero), eager["quant"]),
     }
     try:
         native.library()
     except native.NativeUnavailable as e:
         raise _Unusable(f"native kernels unavailable ({e})") from None
-    _check_against_eager("native", funcs, block, fp8_max, (*ops, "dequant"))
+    _check_against_eager("native", funcs, block, fp8_max, signed_zero, (*ops, "dequant"))
     return _kernels("native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs)
 
 
-def _compiled(block, fp8_max, ops) -> Kernels:
-    # Two probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
+def _compiled(block, fp8_max, signed_zero, ops) -> Kernels:
+    # Several probe shapes: torch.compile's automatic dynamic shapes compile a static graph for the
     # first and a shape-generic one at the second, which every later tensor reuses; so the graph
     # that converts is the one checked here. `dynamic=True` would also make the captured block
     # size and FP8 max symbolic, which makes the generated kernel much slower.
-    eager = _funcs(block, fp8_max)
+    eager = _funcs(block, fp8_max, signed_zero)
     chosen = dict(eager)
     try:
         for op in ops:
             chosen[op] = torch.compile(eager[op])
         if "quant" in ops:  # only the dtype probed: another would compile a graph of its own
             chosen["quant"] = _bf16_only(chosen["quant"], eager["quant"])
-        _check_against_eager("torch.compile", chosen, block, fp8_max, ops)
+        _check_against_eager("torch.compile", chosen, block, fp8_max, signed_zero, ops)
     except _Unusable:
         raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
@@ -230,10 +314,28 @@ class Fp8Readers:
     # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (natively from the exponent bits, as
     # torch's isfinite is slow on CPU)
     count_nonfinite: Callable[[torch.Tensor], int]
+    count_code: Callable[[torch.Tensor, int], int]  # int((t.view(uint8) == code).sum()), any shape
 
 
 def _torch_count_nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
+
+
+def _torch_count_code(t: torch.Tensor, code: int) -> int:
+    return int((t.view(torch.uint8) == code).sum())
+
+
+def _code_count_agrees(native) -> bool:
+    """Every byte value counted in every byte, and 0x80 placed across the 64K stretches and the
+    threads' shares of a longer tensor, from an odd start too."""
+    every = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
+    long = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
+    long[[0, 65535, 65536, 2 * 65536 + 1, long.numel() - 1]] = numerics.NEGATIVE_ZERO_CODE
+    pairs = [(every, c) for c in range(256)] + [(long, numerics.NEGATIVE_ZERO_CODE), (long[1:], 0)]
+    return all(
+        native.count_code(t.view(torch.float8_e4m3fn), c) == _torch_count_code(t.view(torch.float8_e4m3fn), c)
+        for t, c in pairs
+    )
 
 
 def _every_pattern() -> list[torch.Tensor]:
@@ -252,7 +354,9 @@ def _torch_decode(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
 
-TORCH_READERS = Fp8Readers("torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite)
+TORCH_READERS = Fp8Readers(
+    "torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite, _torch_count_code
+)
 _READERS: list[Fp8Readers] = []
 
 
@@ -312,15 +416,16 @@ def _native_readers() -> Fp8Readers:
         raise _Unusable(f"native library unavailable ({detail})") from None
     every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
     rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
-    probes = {
+    checks = {
         "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
         "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
         "non-finite count": lambda: all(
             native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern()
         ),
+        "code count": lambda: _code_count_agrees(native),
         "bound check": lambda: _bound_rows_agree(native),
     }
-    for what, agrees in probes.items():
+    for what, agrees in checks.items():
         try:
             ok = agrees()
         except Exception as e:
@@ -328,6 +433,6 @@ def _native_readers() -> Fp8Readers:
         if not ok:
             raise _Unusable(f"native {what} disagreed with torch on the probe")
     return Fp8Readers(
-        "native", f"C readers built for this CPU; {', '.join(probes)} agree with torch on the probes", native.decode,
-        native.row_max_codes, native.count_nonfinite,
+        "native", f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes", native.decode,
+        native.row_max_codes, native.count_nonfinite, native.count_code,
     )  # fmt: skip

@@ -103,19 +103,19 @@ def library() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(build()))
         except OSError as e:
             raise NativeUnavailable(f"cannot load the built kernels ({e})") from None
-        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
         lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
-        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
+        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, u32, ptr, i64, i64]
         lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_bf16_row_scales.argtypes = [ptr, i64, f32, ptr, i64, i64]
-        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, ptr, i64, i64]
+        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, u32, ptr, i64, i64]
         lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
-        lib.mla_count_nonfinite16.argtypes = [ptr, i64, ctypes.c_uint16]
-        lib.mla_count_nonfinite32.argtypes = [ptr, i64, ctypes.c_uint32]
-        lib.mla_count_nonfinite16.restype = lib.mla_count_nonfinite32.restype = i64
+        for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
+            f = getattr(lib, f"mla_count_matching{bits}")
+            f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
         for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
                   lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
@@ -154,7 +154,9 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     return n, k
 
 
-def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def to_channel_fp8(
+    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
     lib = library()
     n, k = _check(weight, scale_inv, block)
@@ -165,11 +167,14 @@ def to_channel_fp8(weight, scale_inv, block: tuple[int, int], fp8_max: float) ->
     wp, sp, scp, qp = w.data_ptr(), s.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
-        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, qp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, zs, qp, a, b), n)
     return q, scale
 
 
-def bf16_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def bf16_to_channel_fp8(
+    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
     lib = library()
     if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
@@ -183,8 +188,14 @@ def bf16_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Ten
     wp, scp, qp = w.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_bf16_row_scales(wp, k, fp8_max, scp, a, b), n)
-        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, qp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, zs, qp, a, b), n)
     return q, scale
+
+
+def _zero_sign(signed_zero: bool) -> int:
+    """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
+    return 0x80 if signed_zero else 0
 
 
 def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
@@ -236,20 +247,31 @@ def row_max_codes(t: torch.Tensor) -> torch.Tensor:
 
 
 # Exponent-field masks: an element with all of these bits set is Inf or NaN.
-NONFINITE_MASKS = {torch.bfloat16: (2, 0x7F80), torch.float16: (2, 0x7C00), torch.float32: (4, 0x7F800000)}
+NONFINITE_MASKS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
 
 
 def count_nonfinite(t: torch.Tensor) -> int:
     """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
-    lib = library()
     if t.dtype not in NONFINITE_MASKS or t.device.type != "cpu":
         raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
-    size, mask = NONFINITE_MASKS[t.dtype]
-    fn = lib.mla_count_nonfinite16 if size == 2 else lib.mla_count_nonfinite32
+    return _count_matching(t, NONFINITE_MASKS[t.dtype], NONFINITE_MASKS[t.dtype])
+
+
+def count_code(t: torch.Tensor, code: int) -> int:
+    """int((t.view(torch.uint8) == code).sum()) for a float8_e4m3fn CPU tensor of any shape."""
+    if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
+        raise ValueError(f"count_code takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    return _count_matching(t, 0xFF, code)
+
+
+def _count_matching(t: torch.Tensor, mask: int, value: int) -> int:
+    """How many elements of `t` (1, 2 or 4 bytes each) have (bits & mask) == value, over the threads."""
+    size = t.element_size()
+    fn = getattr(library(), f"mla_count_matching{8 * size}")
     src = t.contiguous()
     p, counts = src.data_ptr(), []
     if src.numel():
-        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask)), src.numel(), 1 << 16)
+        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask, value)), src.numel(), 1 << 16)
     return sum(counts)
 
 

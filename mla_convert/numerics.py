@@ -3,6 +3,10 @@
 Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk], the scale
 float32 or float8_e8m0fnu (decoded to float32 first). A 16-bit source weight's exact value is its
 float32 widening.
+
+Every operation here is one IEEE operation per element (multiply, divide, cast) or exact (max,
+compare, select, gather), so the bytes are the same on any device that rounds each operation
+correctly; kernels.py checks a device (and each fast kernel) against CPU eager before use.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = {"gaudi3": 448.0, "gaudi2": 240.0}
+# Whether a target's FP8 weights may hold e4m3fn's -0 (code 0x80). Gaudi2's nominal format is
+# float8_e4m3fnuz, in which 0x80 is NaN: its outputs write every zero as +0.
+SIGNED_ZERO = {"gaudi3": True, "gaudi2": False}
+NEGATIVE_ZERO_CODE = 0x80
 E8M0_NAN = 0xFF
 
 
@@ -55,27 +63,38 @@ def to_bf16(dequant: torch.Tensor) -> torch.Tensor:
 def channel_scales(dequant: torch.Tensor, fp8_max: float) -> torch.Tensor:
     """Per output row: max|row| / fp8_max; rows whose scale would be 0 (all zero) get 1.0."""
     amax = dequant.abs().amax(dim=1)
-    scale = amax / fp8_max
+    # The divisor is a tensor on amax's device, not a Python number: torch on CUDA divides by a
+    # Python number as a multiplication by its reciprocal, which is not correctly rounded.
+    scale = amax / torch.tensor(fp8_max, dtype=amax.dtype, device=amax.device)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def quantize_channel_fp8(dequant: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_channel_fp8(
+    dequant: torch.Tensor, fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 [N, K] -> (e4m3 weight [N, K], fp32 scale [N, 1]) with weight * scale ~= dequant.
 
     Division (not multiplication by a reciprocal) keeps the quotient correctly rounded; the
-    clamp makes saturation explicit whatever torch's cast does out of range.
+    clamp makes saturation explicit whatever torch's cast does out of range. Without
+    `signed_zero` (SIGNED_ZERO of the target) a zero is written +0 whatever its sign: -0.0 in the
+    source, or a negative quotient that rounds to zero.
     """
     scale = channel_scales(dequant, fp8_max).unsqueeze(1)
     q = (dequant / scale).clamp_(-fp8_max, fp8_max).to(FP8_DTYPE)
+    if not signed_zero:
+        codes = q.view(torch.uint8)
+        q = codes.masked_fill(codes == NEGATIVE_ZERO_CODE, 0).view(FP8_DTYPE)
     return q, scale.contiguous()
 
 
 def block_to_channel_fp8(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], fp8_max: float
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_channel_fp8(dequantize_block_fp8(weight, scale_inv, block), fp8_max)
+    return quantize_channel_fp8(dequantize_block_fp8(weight, scale_inv, block), fp8_max, signed_zero)
 
 
-def float_to_channel_fp8(weight: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def float_to_channel_fp8(
+    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 / f16 / f32 weight -> channel FP8: the same per-row quantization, of its exact fp32 value."""
-    return quantize_channel_fp8(weight.float(), fp8_max)
+    return quantize_channel_fp8(weight.float(), fp8_max, signed_zero)

@@ -89,15 +89,16 @@ def test_native_every_byte_every_rounding_case(fast, scale, reference):
     fp8_max=st.sampled_from([448.0, 240.0]),
     exp=st.integers(-30, 30),
     seed=st.integers(0, 2**31 - 1),
+    signed_zero=st.booleans(),
 )
-def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, seed):
+def test_native_matches_eager_on_random_inputs(rows, cols, block, fp8_max, exp, seed, signed_zero):
     g = torch.Generator().manual_seed(seed)
     w = torch.randint(0, 256, (rows, cols), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
     grid = (-(-rows // block[0]), -(-cols // block[1]))
     s = (torch.rand(grid, generator=g) + 0.01) * 2.0**exp
-    k = select_kernels(block, fp8_max, "cpu", "native", ("fp8", "bf16"))
+    k = select_kernels(block, fp8_max, "cpu", "native", ("fp8", "bf16"), signed_zero)
     assert k.name == "native", k.reason
-    eager = eager_kernels(block, fp8_max)
+    eager = eager_kernels(block, fp8_max, signed_zero=signed_zero)
     for a, b in zip(k.to_channel_fp8(w, s), eager.to_channel_fp8(w, s), strict=True):
         assert same_values(a, b)
     assert same_values(k.to_bf16(w, s), eager.to_bf16(w, s))
@@ -130,18 +131,40 @@ def test_native_bf16_quantize_every_pattern(fast, reference):
     fp8_max=st.sampled_from([448.0, 240.0]),
     exp=st.integers(-40, 40),
     seed=st.integers(0, 2**31 - 1),
+    signed_zero=st.booleans(),
 )
-def test_native_bf16_quantize_matches_eager_on_random_inputs(rows, cols, fp8_max, exp, seed):
+def test_native_bf16_quantize_matches_eager_on_random_inputs(rows, cols, fp8_max, exp, seed, signed_zero):
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(rows, cols, generator=g) * 2.0**exp).to(torch.bfloat16)
-    k = select_kernels((128, 128), fp8_max, "cpu", "native", ("quant",))
+    k = select_kernels((128, 128), fp8_max, "cpu", "native", ("quant",), signed_zero)
     assert k.name == "native", k.reason
-    for a, b in zip(k.quantize(w), eager_kernels(fp8_max=fp8_max).quantize(w), strict=True):
+    eager = eager_kernels(fp8_max=fp8_max, signed_zero=signed_zero)
+    for a, b in zip(k.quantize(w), eager.quantize(w), strict=True):
         assert same_values(a, b)
     w32 = w.float()  # other float dtypes go to eager: the native kernel takes bf16 only
-    assert all(
-        same_values(a, b) for a, b in zip(k.quantize(w32), eager_kernels(fp8_max=fp8_max).quantize(w32), strict=True)
-    )
+    assert all(same_values(a, b) for a, b in zip(k.quantize(w32), eager.quantize(w32), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["native", "compile"])
+def test_fast_kernels_write_gaudi2_zeros_as_eager(mode, reference):
+    """gaudi2 (max 240, no -0): native and compiled kernels give eager's bytes, with no 0x80 code,
+    on every e4m3 byte under block scales that send quotients to zero, and on every bf16 pattern;
+    gaudi3 keeps the -0 codes the same inputs produce."""
+    k = select_kernels((128, 128), 240.0, "cpu", mode, ("fp8", "quant"), signed_zero=False)
+    assert k.name == {"native": "native", "compile": "torch.compile"}[mode], k.reason
+    eager = eager_kernels((128, 128), 240.0, signed_zero=False)
+    w = _every_byte(200, 300)
+    s = torch.tensor([[1.0, 2.0**-30, 1e-3], [2.0**-20, 1.0, 0.5]])
+    every = _every_bf16(256)
+    for got, want in ((k.to_channel_fp8(w, s), eager.to_channel_fp8(w, s)), (k.quantize(every), eager.quantize(every))):
+        assert all(same_values(a, b) for a, b in zip(got, want, strict=True))
+        assert not (got[0].view(torch.uint8) == 0x80).any()
+    assert (eager_kernels((128, 128), 240.0).to_channel_fp8(w, s)[0].view(torch.uint8) == 0x80).any()
+    finite = every[torch.isfinite(every.float()).all(dim=1)]
+    q, sc = k.quantize(finite)
+    rq, rs = reference.channel_fp8(finite.float(), 240.0, signed_zero=False)
+    assert reference.same_bits(q, rq) and reference.same_bits(sc, rs)
 
 
 @pytest.mark.slow
@@ -206,8 +229,8 @@ def test_no_c_compiler_falls_back_with_the_reason(fresh_native, monkeypatch):
 def test_a_native_build_that_disagrees_is_not_used(fresh_native, monkeypatch):
     real = native.to_channel_fp8
 
-    def off_by_one_bit(w, s, block, fp8_max):
-        q, sc = real(w, s, block, fp8_max)
+    def off_by_one_bit(w, s, block, fp8_max, *signed_zero):
+        q, sc = real(w, s, block, fp8_max, *signed_zero)
         q.view(torch.uint8)[0, 0] ^= 1
         return q, sc
 
@@ -367,3 +390,30 @@ def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeyp
         "raises": "failed on the probe (ValueError: no such kernel)",
     }
     assert readers.reason == f"native row max {why[how]}"
+
+
+def test_native_code_count_equals_torch_across_threads_and_stretches():
+    """verify's -0 count of a gaudi2 output: every byte value of every byte, and 0x80 at the
+    edges of the 64K stretches and of the threads' shares, from an odd start too."""
+    every = (torch.arange(256 * 5, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
+    assert all(native.count_code(every, c) == 5 for c in range(256))
+    t = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
+    t[[0, 65535, 65536, 2 * 65536 + 1, t.numel() - 1]] = 0x80
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert native.count_code(t.view(torch.float8_e4m3fn), 0x80) == 5
+            assert native.count_code(t[1:].view(torch.float8_e4m3fn), 0x80) == 4
+            assert native.count_code(t.view(torch.float8_e4m3fn).reshape(-1, 3 * 65536 + 17), 0) == t.numel() - 5
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeypatch):
+    real = native.count_code
+    monkeypatch.setattr(native, "count_code", lambda t, code: max(0, real(t, code) - 1))
+    monkeypatch.setattr(kernels_mod, "_READERS", [])
+    readers = kernels_mod.fp8_readers()
+    assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
+    assert readers.count_code is kernels_mod.TORCH_READERS.count_code

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from mla_convert.numerics import FP8_MAX, dequantize_block_fp8, quantize_channel_fp8, to_bf16
+from mla_convert.numerics import (
+    FP8_MAX,
+    SIGNED_ZERO,
+    block_to_channel_fp8,
+    dequantize_block_fp8,
+    float_to_channel_fp8,
+    quantize_channel_fp8,
+    to_bf16,
+)
 from mla_convert.synthetic import quantize_block_fp8
 
 # Full blocks, partial edge blocks in either dimension (576 rows = 4.5 blocks, like kv_a_proj_with_mqa).
@@ -46,8 +54,8 @@ def test_channel_fp8_matches_reference_and_bound(shape, target, reference):
     fp8_max = FP8_MAX[target]
     w, s = block_fp8(shape, seed=2)
     x = reference.dequant_block(w, s)
-    q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max)
-    ref_q, ref_scale = reference.channel_fp8(x, fp8_max)
+    q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max, SIGNED_ZERO[target])
+    ref_q, ref_scale = reference.channel_fp8(x, fp8_max, SIGNED_ZERO[target])
     assert reference.same_bits(scale, ref_scale) and reference.same_bits(q, ref_q)
     assert q.dtype == torch.float8_e4m3fn and scale.shape == (shape[0], 1) and scale.dtype == torch.float32
     assert q.float().abs().max() <= fp8_max
@@ -121,12 +129,57 @@ def test_e8m0_decode_every_code(reference):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_16_bit_weight_to_channel_fp8_matches_reference(target, dtype, reference):
     """A BF16 source's linear: the same per-row quantization of its exact (widened) value."""
-    from mla_convert.numerics import float_to_channel_fp8
-
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(300, 200, generator=g) * torch.logspace(-8, 2, 300).unsqueeze(1)).to(dtype)
     w[7] = 0
-    q, s = float_to_channel_fp8(w, FP8_MAX[target])
-    rq, rs = reference.channel_fp8(w.float(), FP8_MAX[target])
+    q, s = float_to_channel_fp8(w, FP8_MAX[target], SIGNED_ZERO[target])
+    rq, rs = reference.channel_fp8(w.float(), FP8_MAX[target], SIGNED_ZERO[target])
     assert reference.same_bits(q, rq) and reference.same_bits(s, rs)
     assert s[7, 0] == 1.0 and not q[7].float().any()
+
+
+def _negative_zero_sources() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block-FP8 weight whose rows hold -0.0 codes and negative values that quotient to -0 (a
+    row max of 448 under block scale 1 next to block scale 2^-30), and its 16-bit twin."""
+    codes = torch.zeros(4, 256, dtype=torch.uint8)
+    codes[:, 0] = 0x7E  # 448: the row max
+    codes[:, 1:128:2] = 0x80  # -0.0
+    codes[:, 2:128:2] = 0x00
+    codes[:, 128:] = (torch.arange(128) % 0x7F).to(torch.uint8) | 0x80  # negative, tiny once scaled
+    codes[1] = 0x80  # a row of -0.0 only: scale 1.0
+    w = codes.view(torch.float8_e4m3fn)
+    s = torch.tensor([[1.0, 2.0**-30]])
+    return w, s, dequantize_block_fp8(w, s, (128, 128))
+
+
+@pytest.mark.parametrize("target", ["gaudi3", "gaudi2"])
+def test_gaudi2_writes_every_zero_as_plus_zero(target, reference):
+    """Gaudi2's nominal float8_e4m3fnuz reads 0x80 as NaN: its outputs have none, from -0.0 in the
+    source or from a negative value that rounds to zero; gaudi3 keeps e4m3fn's -0. Either way the
+    rest of the bytes are the same, and equal the reference."""
+    w, s, x = _negative_zero_sources()
+    fp8_max, signed = FP8_MAX[target], SIGNED_ZERO[target]
+    for q, scale in (
+        block_to_channel_fp8(w, s, (128, 128), fp8_max, signed),
+        float_to_channel_fp8(x, fp8_max, signed),
+        float_to_channel_fp8(x.to(torch.bfloat16), fp8_max, signed),
+    ):
+        rq, rs = reference.channel_fp8(x, fp8_max, signed)
+        assert reference.same_bits(q, rq) and reference.same_bits(scale, rs)
+        codes, signed_codes = q.view(torch.uint8), quantize_channel_fp8(x, fp8_max)[0].view(torch.uint8)
+        assert int((signed_codes == 0x80).sum()) > 3 * 128  # the source does produce -0
+        if signed:
+            assert torch.equal(codes, signed_codes)
+        else:
+            assert not (codes == 0x80).any()
+            assert torch.equal(codes, signed_codes.masked_fill(signed_codes == 0x80, 0))
+
+
+def test_plus_zero_reference_turns_only_zeros(reference):
+    """The reference's gaudi2 rule on its own: zeros of either sign (-0.0, a negative value that
+    rounds to zero) become +0; the smallest subnormal and the saturated values keep their sign."""
+    x = torch.tensor([[448.0, -0.0, 0.0, -1e-9, -(2.0**-9), -448.0]])
+    assert reference.channel_fp8(x, 448.0)[0].view(torch.uint8).tolist() == [[0x7E, 0x80, 0, 0x80, 0x81, 0xFE]]
+    assert reference.channel_fp8(x, 448.0, signed_zero=False)[0].view(torch.uint8).tolist() == [
+        [0x7E, 0, 0, 0, 0x81, 0xFE]
+    ]

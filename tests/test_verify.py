@@ -179,6 +179,51 @@ def test_gaudi2_conversion_passes(tiny_src, tmp_path):
     assert report["fp8_max"] == 240
 
 
+def negative_zero_codes(root: Path) -> int:
+    """How many float8_e4m3fn codes of the model shards under `root` are 0x80 (-0)."""
+    return sum(
+        int((t.view(torch.uint8) == 0x80).sum())
+        for f in root.glob("*.safetensors")
+        for t in load_file(f).values()
+        if t.dtype == torch.float8_e4m3fn
+    )
+
+
+@pytest.mark.parametrize("kernels", ["eager", "native"])
+def test_gaudi2_output_has_no_negative_zero_code(converted, tiny_src, tmp_path, monkeypatch, kernels):
+    """The tiny source's blocks produce -0 (its gaudi3 output holds 0x80 codes); a gaudi2 output,
+    which a float8_e4m3fnuz reader would decode 0x80 of as NaN, holds none, whichever kernels ran."""
+    monkeypatch.delenv("MLA_CONVERT_KERNELS")
+    out = tmp_path / "g2"
+    assert convert(tiny_src, out, Options(target="gaudi2"), kernels=kernels)["kernels"] == kernels
+    assert negative_zero_codes(converted[FP8]) > 10 and negative_zero_codes(out) == 0
+    code, report = run(out, tiny_src)
+    assert code == 0 and report["groups"]["values"]["checked"] > 0
+
+
+@pytest.mark.parametrize("readers", ["native", "torch"])
+def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, monkeypatch, readers):
+    """One +0 code turned into -0: the same value (the source comparison cannot see it), one
+    values failure naming the file, the tensor and the count, with either fp8 reader."""
+    from mla_convert import kernels
+
+    out = tmp_path / "g2"
+    convert(tiny_src, out, Options(target="gaudi2"))
+    name = "model.layers.1.self_attn.q_b_proj.weight"
+    rel = shard_of(out, name)
+    begin, end = data_offset(out / rel, name)
+    patch_bytes(out / rel, begin + (out / rel).read_bytes()[begin:end].index(b"\x00"), b"\x80")
+    fix_hash(out, rel)
+    if readers == "torch":
+        monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
+    _, report = run(out, tiny_src)
+    assert report["readers"] == readers
+    assert [f["message"] for f in failures(report)] == [
+        f"[values/fp8-negative-zero] {rel} {name!r}: expected no -0 code (0x80): this target's readers may take "
+        f"0x80 for NaN (float8_e4m3fnuz); found 1 of {end - begin} codes are 0x80"
+    ]
+
+
 def test_table_and_parallel_workers(converted, tiny_src):
     res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(tiny_src), "--workers", "2"])
     assert res.exit_code == 0, res.stderr

@@ -28,6 +28,7 @@ from ..checkpoint import CONFIG_NAME, SourceCheckpoint, open_source
 from ..errors import ConvertError, VerificationError
 from ..kernels import fp8_readers
 from ..manifest import COMPLETE, MANIFEST_NAME, TOOL_NAME
+from ..numerics import SIGNED_ZERO
 from ..plan import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, make_plan
 from ..settings import ProgressFactory
 from ..source import resolve_source
@@ -178,6 +179,7 @@ def _file_tasks(
     common = {
         "root": str(root),
         "fp8_max": options.fp8_max,
+        "signed_zero": SIGNED_ZERO[options.target],
         "block": src.block if src else None,
         "dims": lay.dims,
         "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),

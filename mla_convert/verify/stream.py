@@ -27,7 +27,7 @@ from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, T
 
 from .. import native
 from ..kernels import fp8_readers
-from ..numerics import decode_e8m0, dequantize_block_fp8, to_bf16
+from ..numerics import NEGATIVE_ZERO_CODE, decode_e8m0, dequantize_block_fp8, to_bf16
 from ..plan import CHANNEL_FP8_OPS, COPY, FP8_SCALE, TO_BF16
 from ..read_ahead import will_need
 from ..safetensors_io import TORCH_DTYPES
@@ -98,6 +98,7 @@ class FileTask:
     rel: str
     header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
     fp8_max: float
+    signed_zero: bool = True  # the target's FP8 weights may hold -0 (numerics.SIGNED_ZERO)
     block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
     dims: MlaDims | None = None
     rope_dim: int = 0
@@ -399,8 +400,9 @@ class _Checks:
         self._verdict(nonfinite, VALUES, "nan-inf", info.name, "finite values", t.numel(), "NaN/Inf in ")
 
     def _fp8_values(self, info: TensorInfo, t: torch.Tensor) -> None:
-        """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes, and
-        max|row| / FP8_MAX scaling makes every non-zero row reach exactly FP8_MAX."""
+        """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes,
+        max|row| / FP8_MAX scaling makes every non-zero row reach exactly FP8_MAX, and a target
+        without -0 (gaudi2) has no code 0x80."""
         fp8_max = self.task.fp8_max
         top = int(torch.tensor(fp8_max).to(torch.float8_e4m3fn).view(torch.uint8))
         flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
@@ -420,6 +422,17 @@ class _Checks:
         n = t.numel()
         self._verdict(nan, VALUES, "nan-inf", info.name, "finite values", n, "NaN in ")
         self._verdict(out_of_range, VALUES, "fp8-range", info.name, f"|w| <= {fp8_max:g}", n)
+        if not self.task.signed_zero:
+            minus_zero = fp8_readers().count_code(t, NEGATIVE_ZERO_CODE)
+            self.tally.expect(
+                not minus_zero,
+                VALUES,
+                "fp8-negative-zero",
+                self.rel,
+                info.name,
+                expected="no -0 code (0x80): this target's readers may take 0x80 for NaN (float8_e4m3fnuz)",
+                found=f"{minus_zero} of {n} codes are 0x80",
+            )
         if t.dim() == 2:
             self._verdict(
                 rows,

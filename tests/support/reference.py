@@ -33,8 +33,9 @@ def dequant_block(weight: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128
     return out
 
 
-def channel_fp8(x: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row by row: scale = max|row| / fp8_max (1.0 for an all-zero row); q = e4m3(clamp(row / scale))."""
+def channel_fp8(x: torch.Tensor, fp8_max: float, signed_zero: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row by row: scale = max|row| / fp8_max (1.0 for an all-zero row); q = e4m3(clamp(row / scale)).
+    Without `signed_zero` (gaudi2) an element whose quantized value is zero, of either sign, is +0."""
     n, k = x.shape
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     scales = torch.empty(n, 1, dtype=torch.float32)
@@ -45,6 +46,10 @@ def channel_fp8(x: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Te
             s = torch.tensor(1.0)
         scales[i, 0] = s
         q[i] = torch.clamp(x[i] / s, -fp8_max, fp8_max).to(torch.float8_e4m3fn)
+        if not signed_zero:
+            rounded = q[i].to(torch.float32)  # exact: every e4m3 value is a float32
+            rounded[rounded == 0] = 0.0  # -0.0 == 0 too: both zeros become +0.0
+            q[i] = rounded.to(torch.float8_e4m3fn)
     return q, scales
 
 
