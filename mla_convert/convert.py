@@ -40,7 +40,7 @@ from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
 from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .read_ahead import will_need
-from .resume import Journal, completed_jobs, crash_point
+from .resume import Journal, completed_jobs, crash_point, remove_partials
 from .safetensors_io import (
     BackgroundCommits,
     ShardWriter,
@@ -53,6 +53,7 @@ from .safetensors_io import (
 from .settings import ProgressFn, RunSettings
 from .source import is_hub_source, resolve_source
 from .workers import process_pool
+from .workers import stop as workers_stop
 
 
 @dataclass(frozen=True)
@@ -369,8 +370,11 @@ def run_in_pool(
             while running:
                 collect()
         except BaseException:
-            for f in running:
-                f.cancel()
+            # Ctrl-C or a failed job: stop the other jobs now rather than let them finish, and
+            # remove the files they were writing (a killed job cannot remove its own).
+            workers_stop(pool)
+            if specs:
+                remove_partials(Path(specs[0].out_dir))
             raise
 
 
