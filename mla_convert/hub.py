@@ -19,10 +19,9 @@ from mla_runtime.format import CONFIG_NAME
 from mla_runtime.safetensors_file import ShardHeader, file_sha256
 
 from .checkpoint import INDEX_NAME, SINGLE_FILE_NAME
-from .errors import SourceError
+from .errors import SourceError, network_errors
+from .out_dir import STAGING_DIR_NAME  # noqa: F401 (where --stream downloads go, inside --out)
 from .safetensors_io import header_length, parse_header
-
-STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,13 @@ def hub_errors(repo_id: str, revision: str | None):
         ) from None
     except errors.HfHubHTTPError as e:
         raise SourceError(f"{repo_id}: Hub request failed: {str(e).splitlines()[0]}") from None
-    except OSError as e:  # connection refused, DNS, ...
-        raise SourceError(f"{repo_id}: cannot reach the Hub ({type(e).__name__}: {e})") from None
+    except (OSError, *network_errors()) as e:  # connection refused, DNS, a dropped connection, ...
+        from huggingface_hub import constants
+
+        raise SourceError(
+            f"{repo_id}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); check the "
+            "network, or HF_ENDPOINT and the proxy settings"
+        ) from None
 
 
 def offline() -> bool:
@@ -137,6 +141,23 @@ def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader
 
     n = header_length(local_path, get_range(0, 7), size)
     return parse_header(local_path, get_range(8, 8 + n - 1), size)
+
+
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def bytes_to_download(repo: HubRepo) -> int:
+    """What a snapshot download of `repo` still has to fetch: its files not yet in the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return sum(
+        f.size or 0
+        for f in repo.files.values()
+        if not isinstance(try_to_load_from_cache(repo.repo_id, f.path, revision=repo.commit), str)
+    )
 
 
 def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:

@@ -50,16 +50,19 @@ def test_dry_run_writes_nothing(tiny_src, tmp_path):
 
 
 def test_non_empty_out_is_refused_and_left_alone(tiny_src, tmp_path):
+    """A directory of the user's files is never an --out, with or without --overwrite."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / "keep").mkdir(parents=True)
+    (out / "keep" / "thesis.txt").write_text("mine")
     r = run("deepseek-r1", tiny_src, "--out", out, "--quiet")
-    assert r.exit_code != 0
-    assert "not empty" in one_line_error(r) and "--overwrite" in r.stderr
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert r.exit_code == 2
+    assert "not empty" in one_line_error(r) and "keep/thesis.txt" in r.stderr
     r = run("deepseek-r1", tiny_src, "--out", out, "--quiet", "--overwrite")
-    assert r.exit_code == 0, r.stderr
-    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert r.exit_code == 2
+    line = one_line_error(r)
+    assert "--overwrite replaces only an earlier mla-convert output" in line and "keep/thesis.txt" in line
+    assert [str(p.relative_to(out)) for p in out.rglob("*")] == ["keep", "keep/thesis.txt"]
+    assert (out / "keep" / "thesis.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])
