@@ -208,6 +208,9 @@ def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
             fetch_checked(repo, rel)
 
 
+DOWNLOAD_THREAD_NAME = "mla-convert download"
+
+
 class ShardStreamer:
     """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
     needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
@@ -229,17 +232,20 @@ class ShardStreamer:
         self.peak_on_disk = 0
         self.error: BaseException | None = None
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="mla-convert download", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=DOWNLOAD_THREAD_NAME, daemon=True)
 
     def __enter__(self) -> ShardStreamer:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        self.thread.join(timeout=60)
+        # After an error or Ctrl-C the download under way is not waited for (a 4 GB shard can take
+        # minutes, and a stalled connection longer): it stops with the process, into the staging
+        # directory, which a --resume checks again.
+        self.thread.join(timeout=60 if exc_type is None else 0.5)
 
     def _run(self) -> None:
         try:

@@ -330,9 +330,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> WrittenFile:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # Ctrl-C too: no partial file stays behind
         disk_write.discard(tmp)
-        raise OutputError(f"{path}: write failed: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise OutputError(f"{path}: write failed: {e.strerror or e}") from None
+        raise
     return WrittenFile(path, len(data), hashlib.sha256(data).hexdigest())
 
 
@@ -352,7 +354,9 @@ def copy_file_atomic(src: Path, dst: Path) -> WrittenFile:
             fo.flush()
             os.fsync(fo.fileno())
         os.replace(tmp, dst)
-    except OSError as e:
+    except BaseException as e:  # Ctrl-C too: no partial file stays behind
         disk_write.discard(tmp)
-        raise OutputError(f"{dst}: copy from {src} failed: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise OutputError(f"{dst}: copy from {src} failed: {e.strerror or e}") from None
+        raise
     return WrittenFile(dst, size, h.hexdigest())
