@@ -502,9 +502,9 @@ def _run(
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
-    progress = settings.progress_factory(src.total_bytes()) if settings.progress_factory else None
-    if progress:
-        progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
+    # What this run converts: a resume's kept jobs are not counted, so speed and time left are this run's.
+    todo = src.total_bytes() - sum(plan.in_bytes(j) for j in plan.shards if j.file in done)
+    progress = settings.progress_factory(max(todo, 0)) if settings.progress_factory else None
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
     specs = [s for s in job_specs(plan, out_dir, compute, write_io) if s.job.file not in done]
     if streaming:
