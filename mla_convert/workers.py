@@ -46,6 +46,7 @@ def stop(pool: cf.ProcessPoolExecutor) -> None:
     """End the pool now (after an interrupt or an error): queued tasks are dropped and running ones
     end with their process instead of finishing first (a shard job can take minutes). What a task
     leaves behind is the caller's to clean up. Returns once every worker has exited."""
+    # The executor has no public way to end a running task; its process table is the one handle.
     processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for p in processes:
