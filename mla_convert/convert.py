@@ -459,7 +459,8 @@ def _open_source(
         return _local_source(source, settings), None
     (settings.status or _quiet)(f"reading the file list and shard headers of {source} on the Hub")
     repo = hub.list_repo(source, settings.revision)
-    staging = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mla-convert-plan-")))
+    temporary = tempfile.TemporaryDirectory(prefix="mla-convert-plan-", ignore_cleanup_errors=True)
+    staging = Path(cleanup.enter_context(temporary))
     return open_source(staging, remote_headers=hub.prepare_staging(repo, staging)), repo
 
 
@@ -561,6 +562,7 @@ def _staged_in(plan: Plan, out_dir: Path) -> Plan:
         shutil.copytree(plan.source.root, staging, dirs_exist_ok=True)
     except (OSError, shutil.Error) as e:
         raise OutputError(f"{staging}: cannot stage the source's small files ({e})") from None
+    shutil.rmtree(plan.source.root, ignore_errors=True)  # now, not at the end: a killed run leaves no copy
     return dataclasses.replace(plan, source=dataclasses.replace(plan.source, root=staging))
 
 
