@@ -127,7 +127,7 @@ def checked_member(root: Path, rel: str, what: str) -> Path:
 
     A Hugging Face cache snapshot links its files to '../../blobs/': that blobs folder is allowed.
     """
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+    if not isinstance(rel, str) or not rel or "\0" in rel or os.path.isabs(rel) or ".." in Path(rel).parts:
         raise SourceError(f"{root}: {what} {rel!r} must be a relative path inside the checkpoint")
     path = root / rel
     real = path.resolve()

@@ -33,15 +33,17 @@ from mla_runtime.format import (
 from mla_runtime.layout import split_kv_b_proj
 from mla_runtime.safetensors_file import nbytes_of
 
-from . import __version__, disk_write, hub
+from . import __version__, disk_write, hub, preflight
 from .checkpoint import INDEX_NAME, SourceCheckpoint, check_scale, check_scale_values, checked_member, open_source
 from .errors import ConvertError, OutputError, SourceError
 from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
-from .manifest import COMPLETE, INCOMPLETE, MANIFEST_NAME, TOOL_NAME, read_manifest, write_manifest
+from .manifest import COMPLETE, INCOMPLETE, TOOL_NAME, write_manifest
 from .numerics import SIGNED_ZERO
+from .out_dir import check_location, gb
 from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
+from .preflight import prepare
 from .read_ahead import will_need
-from .resume import Journal, completed_jobs, crash_point
+from .resume import Journal, crash_point, remove_partials
 from .safetensors_io import (
     BackgroundCommits,
     ShardWriter,
@@ -54,6 +56,7 @@ from .safetensors_io import (
 from .settings import ProgressFn, RunSettings
 from .source import is_hub_source, resolve_source
 from .workers import process_pool
+from .workers import stop as workers_stop
 
 
 @dataclass(frozen=True)
@@ -228,35 +231,6 @@ def _write_mla_layer(
         return rel, commits.submit(w)
 
 
-def ensure_empty_dir(path: Path, overwrite: bool) -> None:
-    """Create `path`, or accept it empty; a non-empty one only with `overwrite` (its contents go)."""
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{path}: exists and is not a directory")
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise OutputError(f"{path}: directory is not empty; delete it, pick another --out, or pass --overwrite")
-        for child in path.iterdir():
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    path.mkdir(parents=True, exist_ok=True)
-
-
-def check_out_dir_location(out_dir: Path, src_root: Path) -> None:
-    out_real, src_real = out_dir.resolve(), src_root.resolve()
-    if out_real == src_real or src_real in out_real.parents:
-        raise OutputError(f"{out_dir}: --out is the source or inside it; pick a directory outside {src_root}")
-    if out_real in src_real.parents:
-        raise OutputError(f"{out_dir}: --out contains the source {src_root}; pick a directory outside it")
-
-
-def prepare_out_dir(out_dir: Path, src_root: Path, overwrite: bool) -> None:
-    check_out_dir_location(out_dir, src_root)
-    if not overwrite and (out_dir / MANIFEST_NAME).exists():
-        status = (read_manifest(out_dir) or {}).get("status")
-        if status != COMPLETE:
-            raise OutputError(f"{out_dir}: holds an unfinished conversion; pass --resume to finish it, or --overwrite")
-    ensure_empty_dir(out_dir, overwrite)
-
-
 def plan_ops(plan: Plan) -> tuple[str, ...]:
     """The per-tensor conversions the plan uses: 'fp8' (block -> channel), 'bf16', 'quant' (16-bit
     linear -> channel)."""
@@ -368,8 +342,11 @@ def run_in_pool(
             while running:
                 collect()
         except BaseException:
-            for f in running:
-                f.cancel()
+            # Ctrl-C or a failed job: stop the other jobs now rather than let them finish, and
+            # remove the files they were writing (a killed job cannot remove its own).
+            workers_stop(pool)
+            if specs:
+                remove_partials(Path(specs[0].out_dir))
             raise
 
 
@@ -427,8 +404,9 @@ def convert(
     t0 = time.perf_counter()
     settings = dataclasses.replace(settings, **changes)
     out_dir = Path(out_dir)
+    status = settings.status or _quiet
     with contextlib.ExitStack() as cleanup:
-        src, repo = _open_source(str(source), out_dir, settings, cleanup)
+        src, repo = _open_source(str(source), settings, cleanup)
         plan = make_plan(src, options)
         summary = plan.summary() | {
             "out": str(out_dir),
@@ -438,34 +416,50 @@ def convert(
         }
         if repo is not None:
             summary |= _hub_summary(repo, plan, settings.workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
-        if settings.dry_run:
-            return summary
-        return summary | _run(plan, out_dir, repo, settings, t0)
+        downloads = repo is not None and not settings.stream
+        download = hub.bytes_to_download(repo) if downloads else None
+        cache = hub.cache_dir() if downloads else None
+        if settings.dry_run:  # the numbers, not the checks: a plan is also for a disk not ready yet
+            return summary | preflight.space(summary, out_dir, settings, preflight.OutputState({}), download, cache)
+        state = preflight.inspect_output(plan, out_dir, settings, src.fingerprint(), None if repo else src.root)
+        summary |= preflight.space(summary, out_dir, settings, state, download, cache)
+        preflight.check_room(summary, out_dir, settings)
+        if repo is not None and settings.notice:
+            settings.notice(preflight.plan_line(summary, out_dir, settings.stream))
+        if downloads:  # the whole source into the Hub cache, checked, and converted from there
+            status(f"downloading {source} ({gb(download)}) to {cache}")
+            src = _local_source(str(source), settings)
+            plan, repo = make_plan(src, options), None
+        return summary | _run(plan, out_dir, repo, settings, state, t0)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def _local_source(source: str, settings: RunSettings) -> SourceCheckpoint:
+    (settings.status or _quiet)(f"reading the headers of {source}")
+    src = open_source(resolve_source(source, settings.revision))
+    check_scale_values(src)
+    return src
 
 
 def _open_source(
-    source: str, out_dir: Path, settings: RunSettings, cleanup: contextlib.ExitStack
+    source: str, settings: RunSettings, cleanup: contextlib.ExitStack
 ) -> tuple[SourceCheckpoint, hub.HubRepo | None]:
-    """The source checkpoint, and its Hub repo when only its headers are fetched now (--stream, or
-    a dry run of a Hub source): they go to a staging directory, in --out or a temporary one."""
-    remote = is_hub_source(source) and (settings.stream or settings.dry_run)
+    """The source checkpoint, and its Hub repo when only its headers are here: a Hub source is first
+    planned from its headers (range requests) and small files, staged in a temporary directory, so
+    that nothing is downloaded or written before the plan's checks pass."""
     if settings.stream and not is_hub_source(source):
         raise ConvertError(f"--stream needs a Hub repo id; {source!r} is a local directory")
-    if remote and hub.offline():
+    if not is_hub_source(source) or hub.offline():
         if settings.stream:
             raise ConvertError("--stream downloads shards as it goes; it cannot run with HF_HUB_OFFLINE=1")
-        remote = False
-    if not remote:
-        src = open_source(resolve_source(source, settings.revision))
-        check_scale_values(src)
-        return src, None
+        return _local_source(source, settings), None
+    (settings.status or _quiet)(f"reading the file list and shard headers of {source} on the Hub")
     repo = hub.list_repo(source, settings.revision)
-    if settings.dry_run:
-        staging = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mla-convert-plan-")))
-    else:
-        if not (settings.resume and out_dir.is_dir()):
-            ensure_empty_dir(out_dir, settings.overwrite)
-        staging = out_dir / hub.STAGING_DIR_NAME
+    temporary = tempfile.TemporaryDirectory(prefix="mla-convert-plan-", ignore_cleanup_errors=True)
+    staging = Path(cleanup.enter_context(temporary))
     return open_source(staging, remote_headers=hub.prepare_staging(repo, staging)), repo
 
 
@@ -482,12 +476,24 @@ def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
     }
 
 
-def _run(plan: Plan, out_dir: Path, repo: hub.HubRepo | None, settings: RunSettings, t0: float) -> dict:
-    src, options = plan.source, plan.options
+def _run(
+    plan: Plan,
+    out_dir: Path,
+    repo: hub.HubRepo | None,
+    settings: RunSettings,
+    state: preflight.OutputState,
+    t0: float,
+) -> dict:
     streaming = repo is not None
     compute, result = _choose_compute(plan, settings)
+    if not streaming:  # a downloaded source lies in the Hub cache: checked against --out only now
+        check_location(out_dir, plan.source.root)
+    prepare(out_dir, state)
+    done = state.kept
+    if streaming:
+        plan = _staged_in(plan, out_dir)
+    src, options = plan.source, plan.options
     fingerprint = src.fingerprint()
-    done = _prepare_output(plan, out_dir, settings, streaming, fingerprint)
     try:  # before the first byte of output: a refused --write-io direct leaves nothing behind
         write_io, why = disk_write.resolve_mode(out_dir, settings.write_io)
     except OSError as e:
@@ -496,9 +502,9 @@ def _run(plan: Plan, out_dir: Path, repo: hub.HubRepo | None, settings: RunSetti
     write_manifest(out_dir, INCOMPLETE, options.as_dict(), fingerprint, {})
     (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
     journal = Journal(out_dir)
-    progress = settings.progress_factory(src.total_bytes()) if settings.progress_factory else None
-    if progress:
-        progress(sum(plan.in_bytes(j) for j in plan.shards if j.file in done))
+    # What this run converts: a resume's kept jobs are not counted, so speed and time left are this run's.
+    todo = src.total_bytes() - sum(plan.in_bytes(j) for j in plan.shards if j.file in done)
+    progress = settings.progress_factory(max(todo, 0)) if settings.progress_factory else None
     files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
     specs = [s for s in job_specs(plan, out_dir, compute, write_io) if s.job.file not in done]
     if streaming:
@@ -555,19 +561,16 @@ def _check_device(device: str) -> None:
         raise ConvertError(f"--device {device!r} is not usable here ({type(e).__name__}: {e})") from None
 
 
-def _prepare_output(
-    plan: Plan, out_dir: Path, settings: RunSettings, streaming: bool, fingerprint: str
-) -> dict[str, list]:
-    """A fresh --out (streaming: already prepared with its staging directory), or with --resume the
-    jobs already done there and still intact: {job file: [(relative path, size, sha256)]}."""
-    if settings.resume and (out_dir / MANIFEST_NAME).exists():
-        if not streaming:
-            check_out_dir_location(out_dir, plan.source.root)
-        outputs = {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in plan.shards}
-        return completed_jobs(out_dir, plan.options.as_dict(), fingerprint, outputs)
-    if not streaming:
-        prepare_out_dir(out_dir, plan.source.root, settings.overwrite)
-    return {}
+def _staged_in(plan: Plan, out_dir: Path) -> Plan:
+    """--stream: the source's small files, staged in a temporary directory while planning, moved to
+    --out's staging directory, where its shards will be downloaded; the plan rooted there."""
+    staging = out_dir / hub.STAGING_DIR_NAME
+    try:
+        shutil.copytree(plan.source.root, staging, dirs_exist_ok=True)
+    except (OSError, shutil.Error) as e:
+        raise OutputError(f"{staging}: cannot stage the source's small files ({e})") from None
+    shutil.rmtree(plan.source.root, ignore_errors=True)  # now, not at the end: a killed run leaves no copy
+    return dataclasses.replace(plan, source=dataclasses.replace(plan.source, root=staging))
 
 
 def _execute_streaming(

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 from pathlib import Path
 
-from .convert import convert, ensure_empty_dir
-from .errors import ConvertError
+from . import out_dir as out
+from .convert import convert
+from .errors import ConvertError, OutputError
 from .family import MEMBERS
 from .plan import Options
 from .synthetic import CheckpointSpec, write_checkpoint
 from .verify import verify
+
+# Written once the demo's source checkpoint is complete: the files it holds, which a later
+# `demo --overwrite` may delete (the converted-* directories are recognised by their manifests).
+MARKER = ".mla-convert-demo.json"
+SOURCE_DIR = "source"
 
 
 def run_demo(
@@ -19,13 +27,15 @@ def run_demo(
     """Write the tiny checkpoint of `member` (family.MEMBERS) to `out_dir`/source (default: a new
     temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source.
 
-    Returns (the conversion summary with a 'verify' entry, the verify report).
+    Returns (the conversion summary with 'verify', 'demo_dir' and 'demo_bytes' entries, the verify report).
     """
     if member not in MEMBERS:
         raise ConvertError(f"--family {member!r}: expected one of {', '.join(MEMBERS)}")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
-    ensure_empty_dir(root, overwrite)
-    src = write_checkpoint(root / "source", CheckpointSpec.family(member))
+    _prepare(root, overwrite)
+    src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))
+    written = [f"{SOURCE_DIR}/{rel}" for rel in out.files_under(src)]
+    (root / MARKER).write_text(json.dumps({"source_files": written}, indent=1) + "\n")
     summary = convert(src, root / f"converted-{options.format}", options)
     report = verify(summary["out"], src)
     summary["verify"] = {
@@ -34,4 +44,51 @@ def run_demo(
         "failed": sum(g["failed"] for g in report["groups"].values()),
         "seconds": report["seconds"],
     }
+    summary["demo_dir"] = str(root)
+    summary["demo_bytes"] = sum(os.lstat(root / rel).st_size for rel in out.files_under(root))
     return summary, report
+
+
+def _prepare(root: Path, overwrite: bool) -> None:
+    """`root` created or empty; with `overwrite`, an earlier demo in it is deleted, and only that."""
+    out.check_writable(root)
+    if not out.is_empty(root):
+        if not overwrite:
+            raise OutputError(f"{root}: directory is not empty; delete it, pick another --out, or pass --overwrite")
+        _earlier_demo(root)()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{root}: cannot create the demo directory ({e.strerror or e})") from None
+
+
+def _earlier_demo(root: Path):
+    """A function that deletes the earlier demo in `root`; refuses if `root` holds anything else."""
+    try:
+        listed = set(json.loads((root / MARKER).read_text())["source_files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OutputError(
+            f"{root}: --overwrite replaces only an earlier demo (one with {MARKER}), and this directory is not "
+            f"one; pick another --out, or empty it yourself"
+        ) from None
+    outputs = [p for p in root.glob("converted-*") if p.is_dir() and not p.is_symlink()]
+    earlier = [out.earlier_output(p, ()) for p in outputs]
+    claimed = {MARKER} | listed | {f"{p.name}/{rel}" for p in outputs for rel in out.files_under(p)}
+    foreign = [rel for rel in out.files_under(root) if rel not in claimed]
+    if foreign:
+        raise OutputError(
+            f"{root}: --overwrite would delete {out.some(foreign)}, which the demo did not write; "
+            "move it out of --out first"
+        )
+
+    def delete() -> None:
+        for e in earlier:
+            e.delete()
+        out.Earlier(root, tuple(sorted(listed | {MARKER})), 0).delete()
+        for p in outputs:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+    return delete

@@ -24,6 +24,7 @@ MODES = (AUTO, DIRECT, BUFFERED)
 ALIGN = 4096  # a multiple of every logical block size Linux devices use
 STAGE_BYTES = 32 * 1024 * 1024  # per staging buffer, one direct write each: small ones are slower
 WRITEBACK_STEP = 64 * 1024 * 1024
+PROBE_NAME = ".mla-convert-write-probe"  # resolve_mode's test file, removed at once
 
 
 def _sync_file_range():
@@ -40,6 +41,15 @@ def _sync_file_range():
 
 _START_WRITEBACK = _sync_file_range()
 SYNC_FILE_RANGE_WRITE = 2
+
+
+def discard(path: Path) -> None:
+    """Remove a file this run gave up on. A read-only filesystem refuses even the removal of a file
+    that was never created (EROFS, not ENOENT); that must not hide the error that got us here."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _write_all(fd: int, data) -> None:
@@ -102,6 +112,7 @@ class DirectFile(BufferedFile):
         self._offset = 0  # file offset where the current stage goes
         self._full: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
+        self._discard = False  # closed before finish: the file is abandoned, queued stages need no write
         self._cur, self._fill = self._free.get(), 0
         self._io = [
             threading.Thread(target=self._io_loop, name=f"direct write {path.name}", daemon=True)
@@ -113,7 +124,7 @@ class DirectFile(BufferedFile):
     def _io_loop(self) -> None:
         while (job := self._full.get()) is not None:
             stage, offset, n = job
-            if self._error is None:
+            if self._error is None and not self._discard:
                 try:
                     with memoryview(stage) as view:
                         self._pwrite(view[:n], offset)
@@ -180,6 +191,7 @@ class DirectFile(BufferedFile):
         super().finish()
 
     def close(self) -> None:
+        self._discard = True  # after finish() nothing is queued; after an error, nothing queued matters
         self._stop_io()
         super().close()
         if self._free is not None:  # every stage is back: none is being written
@@ -260,7 +272,7 @@ def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
     fs = filesystem_type(directory)
     if mode == AUTO and fs is not None and fs not in DIRECT_FILESYSTEMS:
         return BUFFERED, f"{fs} is not a local block filesystem"
-    probe = Path(directory) / ".mla-convert-write-probe"
+    probe = Path(directory) / PROBE_NAME
     f = None
     try:
         if not hasattr(os, "O_DIRECT"):
@@ -275,5 +287,5 @@ def resolve_mode(directory: Path, mode: str = AUTO) -> tuple[str, str]:
     finally:
         if f is not None:
             f.close()
-        probe.unlink(missing_ok=True)
+        discard(probe)
     return DIRECT, "requested" if mode == DIRECT else f"{fs or 'this filesystem'} takes O_DIRECT: no page-cache copy"

@@ -17,3 +17,16 @@ class OutputError(ConvertError):
 
 class VerificationError(ConvertError):
     """Verification could not run (not a conversion output, unreadable input)."""
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP clients' own transport errors (no network, DNS, a refused or dropped connection),
+    which huggingface_hub lets through from some calls; only from client modules already imported."""
+    import sys
+
+    found = []
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "RequestException")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)

@@ -19,10 +19,9 @@ from mla_runtime.format import CONFIG_NAME
 from mla_runtime.safetensors_file import ShardHeader, file_sha256
 
 from .checkpoint import INDEX_NAME, SINGLE_FILE_NAME
-from .errors import SourceError
+from .errors import SourceError, network_errors
+from .out_dir import STAGING_DIR_NAME  # noqa: F401 (where --stream downloads go, inside --out)
 from .safetensors_io import header_length, parse_header
-
-STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,13 @@ def hub_errors(repo_id: str, revision: str | None):
         ) from None
     except errors.HfHubHTTPError as e:
         raise SourceError(f"{repo_id}: Hub request failed: {str(e).splitlines()[0]}") from None
-    except OSError as e:  # connection refused, DNS, ...
-        raise SourceError(f"{repo_id}: cannot reach the Hub ({type(e).__name__}: {e})") from None
+    except (OSError, *network_errors()) as e:  # connection refused, DNS, a dropped connection, ...
+        from huggingface_hub import constants
+
+        raise SourceError(
+            f"{repo_id}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); check the "
+            "network, or HF_ENDPOINT and the proxy settings"
+        ) from None
 
 
 def offline() -> bool:
@@ -139,6 +143,23 @@ def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader
     return parse_header(local_path, get_range(8, 8 + n - 1), size)
 
 
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def bytes_to_download(repo: HubRepo) -> int:
+    """What a snapshot download of `repo` still has to fetch: its files not yet in the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return sum(
+        f.size or 0
+        for f in repo.files.values()
+        if not isinstance(try_to_load_from_cache(repo.repo_id, f.path, revision=repo.commit), str)
+    )
+
+
 def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
     """None if `path` has the size and sha256 the Hub lists for `filename`, else what differs."""
     expected = repo.files.get(filename)
@@ -187,6 +208,9 @@ def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
             fetch_checked(repo, rel)
 
 
+DOWNLOAD_THREAD_NAME = "mla-convert download"
+
+
 class ShardStreamer:
     """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
     needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
@@ -208,17 +232,20 @@ class ShardStreamer:
         self.peak_on_disk = 0
         self.error: BaseException | None = None
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="mla-convert download", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=DOWNLOAD_THREAD_NAME, daemon=True)
 
     def __enter__(self) -> ShardStreamer:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        self.thread.join(timeout=60)
+        # After an error or Ctrl-C the download under way is not waited for (a 4 GB shard can take
+        # minutes, and a stalled connection longer): it stops with the process, into the staging
+        # directory, which a --resume checks again.
+        self.thread.join(timeout=60 if exc_type is None else 0.5)
 
     def _run(self) -> None:
         try:

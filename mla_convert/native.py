@@ -129,7 +129,15 @@ MIN_ROWS_PER_THREAD = 64
 
 
 def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
-    """Run fn(r0, r1) over row ranges on torch's thread count (each call releases the GIL)."""
+    """Run fn(r0, r1) over row ranges on torch's thread count (each call releases the GIL).
+
+    Returns or raises only once every range is done: the callers' fn hold raw pointers into
+    tensors that the caller frees as soon as this returns or unwinds. A range that fails does not
+    stop the wait for the others, and a Ctrl-C is held back until they are all done
+    (interrupts.deferred), then raised.
+    """
+    from . import interrupts
+
     global _POOL
     threads = max(1, min(torch.get_num_threads(), n // min_per_thread))
     if threads == 1:
@@ -138,7 +146,10 @@ def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> Non
     if _POOL is None or _POOL._max_workers < threads:
         _POOL = cf.ThreadPoolExecutor(threads, thread_name_prefix="mla-kernel")
     bounds = [n * i // threads for i in range(threads + 1)]
-    for f in [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]:
+    with interrupts.deferred():
+        futures = [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
+        cf.wait(futures)
+    for f in futures:
         f.result()
 
 

@@ -61,7 +61,7 @@ class Journal:
 def remove_partials(out_dir: Path) -> int:
     n = 0
     for p in Path(out_dir).rglob(f".*{PARTIAL_SUFFIX}"):
-        p.unlink()
+        p.unlink(missing_ok=True)
         n += 1
     return n
 

@@ -127,6 +127,7 @@ class ShardWriter:
         self._queues: list[queue.Queue] = [queue.Queue() for _ in range(2)] if background else []
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
+        self._aborted = False  # set by abort: the file is discarded, nothing queued needs writing
         self._room = threading.Condition()  # guards the in-flight byte count
         self._inflight = 0
         self.peak_inflight = 0  # the most bytes that waited at once (tests read it)
@@ -162,7 +163,7 @@ class ShardWriter:
 
     def _drain(self, q: queue.Queue, fn) -> None:
         while (item := q.get()) is not None:
-            if self._error is None:
+            if self._error is None and not self._aborted:
                 try:
                     fn(item[0])
                 except BaseException as e:  # handed to the caller at its next write or commit
@@ -251,10 +252,11 @@ class ShardWriter:
         return WrittenFile(self.path, self.total_size, self._hash.hexdigest())
 
     def abort(self) -> None:
+        self._aborted = True  # an interrupted run stops within one buffer, not INFLIGHT_BYTES later
         self._join_threads()
         if self._out is not None:
             self._out.close()
-        self._tmp.unlink(missing_ok=True)
+        disk_write.discard(self._tmp)
 
 
 class BackgroundCommits:
@@ -263,19 +265,29 @@ class BackgroundCommits:
     fsync waits for the disk to flush the whole file, a large share of a conversion's time when done
     inline; here it overlaps the next tensors' work.
     Leaving the `with` block waits for every commit, so no file is still being written after it.
+    Left by an exception (Ctrl-C, an error), the commits not yet started are dropped instead, their
+    files discarded: the run is over, and a resume redoes those jobs anyway.
     """
 
     def __init__(self) -> None:
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="commit")
+        self._queued: list[tuple[cf.Future, ShardWriter]] = []
 
     def submit(self, writer: ShardWriter) -> cf.Future:
         """A future of writer.commit()'s WrittenFile (or its exception)."""
-        return self._pool.submit(writer.commit)
+        future = self._pool.submit(writer.commit)
+        self._queued = [(f, w) for f, w in self._queued if not f.done()] + [(future, writer)]
+        return future
 
     def __enter__(self) -> BackgroundCommits:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            for future, writer in self._queued:
+                if future.cancel():
+                    writer.abort()
+        self._queued = []
         self._pool.shutdown(wait=True)
 
 
@@ -318,20 +330,22 @@ def write_bytes_atomic(path: Path, data: bytes) -> WrittenFile:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: write failed: {e.strerror or e}") from None
+    except BaseException as e:  # Ctrl-C too: no partial file stays behind
+        disk_write.discard(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"{path}: write failed: {e.strerror or e}") from None
+        raise
     return WrittenFile(path, len(data), hashlib.sha256(data).hexdigest())
 
 
 def copy_file_atomic(src: Path, dst: Path) -> WrittenFile:
     """Copy a side file under a temporary name, hashing it on the way; rename when complete."""
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = partial_name(dst)
     h = hashlib.sha256()
     size = 0
     try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
         with open(src, "rb") as fi, open(tmp, "wb") as fo:
             while chunk := fi.read(HASH_CHUNK):
                 fo.write(chunk)
@@ -340,7 +354,9 @@ def copy_file_atomic(src: Path, dst: Path) -> WrittenFile:
             fo.flush()
             os.fsync(fo.fileno())
         os.replace(tmp, dst)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{dst}: copy from {src} failed: {e.strerror or e}") from None
+    except BaseException as e:  # Ctrl-C too: no partial file stays behind
+        disk_write.discard(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"{dst}: copy from {src} failed: {e.strerror or e}") from None
+        raise
     return WrittenFile(dst, size, h.hexdigest())

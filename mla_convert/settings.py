@@ -16,6 +16,7 @@ from .errors import ConvertError
 
 ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes processed
 ProgressFactory = Callable[[int], ProgressFn]  # factory(total_bytes) -> advance
+MessageFn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,11 @@ class RunSettings:
     stream: bool = False  # Hub source: download each shard just in time, delete it once converted
     dry_run: bool = False  # plan and report; write nothing
     resume: bool = False  # finish an interrupted conversion in the output directory
-    overwrite: bool = False  # delete the contents of a non-empty output directory first
+    overwrite: bool = False  # replace an earlier mla-convert output in the output directory
+    ignore_free_space: bool = False  # write even where the filesystems report too little free space
     progress_factory: ProgressFactory | None = field(default=None, compare=False, repr=False)
+    status: MessageFn | None = field(default=None, compare=False, repr=False)  # what runs now (transient)
+    notice: MessageFn | None = field(default=None, compare=False, repr=False)  # a line worth keeping in a log
 
     def __post_init__(self):
         if self.write_io not in WRITE_MODES:

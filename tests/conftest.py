@@ -166,3 +166,23 @@ def family_checkpoints(tmp_path_factory) -> FamilyCheckpoints:
     """family_checkpoints.source(member) / .converted(member, fmt): the tiny checkpoint of each
     family member (mla_convert.family.MEMBERS) and its conversions (read-only: copy to change)."""
     return FamilyCheckpoints(tmp_path_factory.mktemp("family"))
+
+
+# ---- a checkpoint of large tensors (interrupts, progress lines) -----------------------------------
+
+
+@pytest.fixture(scope="session")
+def big_tensors(tmp_path_factory) -> tuple[Path, Path]:
+    """(source, its conversion with the native kernels): one dense layer whose weights are 50 MB
+    of FP8 each, above glibc's largest mmap threshold (32 MB, mla_convert/heap.py), so that memory
+    freed under a running kernel is unmapped and a use-after-free segfaults instead of passing
+    silently. 176 MB; converts in about a second with the native kernels (read-only)."""
+    spec = CheckpointSpec(
+        hidden_size=4096, num_hidden_layers=1, first_k_dense_replace=1, num_nextn_predict_layers=0,
+        num_attention_heads=16, q_lora_rank=512, intermediate_size=12288, vocab_size=512, num_shards=2,
+        n_routed_experts=2, split_scale_of="model.layers.0.mlp.down_proj.weight",
+    )  # fmt: skip
+    base = tmp_path_factory.mktemp("big")
+    src = write_checkpoint(base / "src", spec)
+    convert(src, base / "converted", Options(), kernels="native")
+    return src, base / "converted"

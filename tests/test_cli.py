@@ -1,6 +1,7 @@
 """The CLI through Typer's test runner: exit codes, one-line errors, nothing written on refusal."""
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -50,16 +51,19 @@ def test_dry_run_writes_nothing(tiny_src, tmp_path):
 
 
 def test_non_empty_out_is_refused_and_left_alone(tiny_src, tmp_path):
+    """A directory of the user's files is never an --out, with or without --overwrite."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / "keep").mkdir(parents=True)
+    (out / "keep" / "thesis.txt").write_text("mine")
     r = run("deepseek-r1", tiny_src, "--out", out, "--quiet")
-    assert r.exit_code != 0
-    assert "not empty" in one_line_error(r) and "--overwrite" in r.stderr
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert r.exit_code == 2
+    assert "not empty" in one_line_error(r) and "keep/thesis.txt" in r.stderr
     r = run("deepseek-r1", tiny_src, "--out", out, "--quiet", "--overwrite")
-    assert r.exit_code == 0, r.stderr
-    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert r.exit_code == 2
+    line = one_line_error(r)
+    assert "--overwrite replaces only an earlier mla-convert output" in line and "keep/thesis.txt" in line
+    assert [str(p.relative_to(out)) for p in out.rglob("*")] == ["keep", "keep/thesis.txt"]
+    assert (out / "keep" / "thesis.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])
@@ -124,3 +128,150 @@ def test_commands_leave_the_cyclic_gc_on(tiny_src, tmp_path):
     for args in (["deepseek-r1", str(tiny_src), "--out", out, "--quiet"], ["verify", out, "--quiet"]):
         assert CliRunner().invoke(app, args).exit_code == 0
         assert gc.isenabled()
+
+
+# ---- conventions: --version, choices in --help, Typer's own errors in one line -----------------
+
+
+def test_version():
+    from mla_convert import __version__
+
+    r = run("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"mla-convert {__version__}"
+
+
+def test_help_shows_the_choices_the_library_accepts(monkeypatch):
+    from mla_convert import cli, disk_write, kernels, plan
+
+    monkeypatch.setenv("COLUMNS", "200")  # no choice folded across two lines of the help's table
+
+    assert (cli.FORMATS, cli.TARGETS) == (plan.FORMATS, plan.TARGETS)
+    assert (cli.KERNEL_MODES, cli.WRITE_MODES) == (kernels.MODES, disk_write.MODES)
+    text = " ".join(run("convert", "--help").stdout.split())  # the help wraps with the terminal
+    for choices in ("[channel-fp8|bf16]", "[gaudi3|gaudi2]", "[auto|native|compile|eager]", "[auto|direct|buffered]"):
+        assert choices in text
+    assert "--ignore-free-space" in text and "misreport" in text
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [(["--workers", "0"], "'--workers'"), (["--bogus"], "No such option: --bogus"), ([], "Missing option '--out'")],
+)
+def test_typers_own_errors_are_one_line(tiny_src, tmp_path, args, expect):
+    out = ["--out", str(tmp_path / "o")] if expect != "Missing option '--out'" else []
+    r = run("deepseek-r1", tiny_src, *out, *args)
+    assert r.exit_code == 2
+    line = one_line_error(r)
+    assert expect in line and line.endswith("(see mla-convert deepseek-r1 --help)")
+    assert not (tmp_path / "o").exists()
+
+
+# ---- summaries ------------------------------------------------------------------------------------
+
+
+def test_summary_of_a_bf16_conversion_shows_no_fp8_max_and_the_next_steps(tiny_src, tmp_path):
+    out = tmp_path / "out"
+    r = run("convert", tiny_src, "--out", out, "--format", "bf16")
+    assert r.exit_code == 0, r.stderr
+    assert "FP8 max" not in r.stdout and "bf16" in r.stdout
+    lines = r.stdout.splitlines()
+    assert f"to check it: mla-convert verify {out} --source {tiny_src}" in lines
+    assert f"to serve it: vllm serve {out}" in lines
+    r = run("convert", tiny_src, "--out", tmp_path / "fp8")
+    assert "FP8 max 448" in r.stdout
+
+
+def test_summary_after_resume_says_what_was_kept(tiny_src, tmp_path, run_cli):
+    from support.checkpoints import SHARD2
+
+    out = tmp_path / "out"
+    r = run_cli("convert", tiny_src, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"})
+    assert r.returncode == -9
+    r = run("convert", tiny_src, "--out", out, "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert "kept 2 of 4 shard jobs (re-hashed), redid 2" in r.stdout
+
+
+def test_summary_prints_the_device_reason_next_to_the_kernels(tiny_src, tmp_path, capsys):
+    from mla_convert import cli
+    from mla_convert.convert import convert
+    from mla_convert.plan import Options
+
+    summary = convert(tiny_src, tmp_path / "out", Options())
+    cli._print_summary(summary | {"device_reason": "no HPU here: fell back to cpu"}, "Converted")
+    lines = capsys.readouterr().out.splitlines()
+    kernels = next(i for i, ln in enumerate(lines) if "│ kernels" in ln)
+    assert "│ device" in lines[kernels + 1] and "no HPU here: fell back to cpu" in lines[kernels + 1]
+
+
+def test_paths_stay_whole_in_80_columns(tiny_src, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / ("a-long-output-directory-name-" * 3) / "converted-channel-fp8"
+    r = run("convert", tiny_src, "--out", out)
+    assert r.exit_code == 0, r.stderr
+    assert max(len(ln) for ln in r.stdout.splitlines() if ln.startswith("│")) <= 80  # the table fits
+    assert f"output: {out}" in r.stdout.splitlines()  # the path on one line, unbroken
+    r = run("verify", out)
+    assert f"checked: {out}" in r.stdout.splitlines()
+
+
+def test_demo_says_where_its_files_are(tmp_path):
+    r = run("demo", "--out", tmp_path / "demo")
+    assert r.exit_code == 0, r.stderr
+    where = next(ln for ln in r.stdout.splitlines() if ln.startswith("demo files:"))
+    assert str(tmp_path / "demo") in where and "MB: the tiny source and its conversion" in where
+    assert f"rm -r {tmp_path / 'demo'}" in r.stdout
+
+
+# ---- progress: plain lines in a log, a bar on a terminal ---------------------------------------
+
+PROGRESS_LINE = re.compile(
+    r"^converting: ([\d.]+) (GB|MB) of ([\d.]+) (GB|MB) \(([\d.]+) %\), [\d.]+ GB/s, about \S+ left$"
+)
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(big_tensors, tmp_path, run_cli):
+    src, _ = big_tensors
+    env = {"MLA_CONVERT_PROGRESS_INTERVAL": "0.05", "MLA_CONVERT_KERNELS": "native"}
+    r = run_cli("convert", src, "--out", tmp_path / "a", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"] == "complete"  # stdout holds the JSON only
+    lines = r.stderr.splitlines()
+    assert len(lines) >= 3, r.stderr
+    done = []
+    for line in lines:
+        m = PROGRESS_LINE.match(line)
+        assert m, line
+        done.append(float(m[1]) * (1e9 if m[2] == "GB" else 1e6))
+    assert done == sorted(done) and 0 < done[0] < done[-1]
+    r = run_cli("convert", src, "--out", tmp_path / "b", "--quiet", env=env)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
+
+
+def test_on_a_terminal_a_status_line_then_a_bar_that_reaches_100_percent(tiny_src, tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    parent, child = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mla_convert", "convert", str(tiny_src), "--out", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL, stderr=child, stdin=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    os.close(child)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert p.wait(timeout=120) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    assert "starting (loading torch)" in text
+    final = [ln for ln in text.replace("\r", "\n").splitlines() if ln.startswith("converting")][-1]
+    assert re.search(r"9\.6/9\.6 MB", final), final

@@ -96,9 +96,9 @@ def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream, tree_hashes):
-    # The first whole download is bad, the second good (--stream first reads the header by two
+    # The first whole download is bad, the second good (the plan first reads the header by two
     # range requests, which the fault also counts).
-    hub.corrupt(REPO, SHARD2, times=3 if stream else 1)
+    hub.corrupt(REPO, SHARD2, times=3)
     convert(REPO, tmp_path / "out", Options(), stream=stream)
     assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
     assert fetches(hub, SHARD2) == 2

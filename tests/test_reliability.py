@@ -243,6 +243,15 @@ def test_index_entry_escaping_the_source(src_copy, tmp_path, entry):
     convert_fails(src_copy, tmp_path / "o", entry)
 
 
+def test_index_entry_with_a_nul_byte(src_copy, tmp_path):
+    """A NUL cannot be in a path: refused like any other bad entry (the fuzzer found it raising)."""
+    edit_json(
+        src_copy / "model.safetensors.index.json",
+        lambda i: i["weight_map"].__setitem__("model.norm.weight", "model\x00.safetensors"),
+    )
+    convert_fails(src_copy, tmp_path / "o", "model\\x00.safetensors", "relative path inside the checkpoint")
+
+
 def test_out_containing_the_source(src_copy):
     convert_fails(src_copy, src_copy.parent, "contains the source")
 

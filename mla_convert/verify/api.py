@@ -33,6 +33,7 @@ from ..plan import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8, Options, Plan, m
 from ..settings import ProgressFactory
 from ..source import resolve_source
 from ..workers import process_pool
+from ..workers import stop as stop_workers
 from .bounds import TOLERANCES
 from .order import FILE_THREADS, largest_first
 from .report import INTEGRITY, MLA, SOURCE, Tally, as_report
@@ -254,38 +255,63 @@ def _run(
     if workers <= 1 or len(tasks) <= 1:
         return _run_in_threads(tasks, sizes, advance)
     with process_pool(workers) as pool:
-        futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
-        for fut in cf.as_completed(futures):
-            task = futures[fut]
-            results[task.rel] = fut.result()
-            if advance:
-                advance(sizes[task.rel])
+        try:
+            futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
+            for fut in cf.as_completed(futures):
+                task = futures[fut]
+                results[task.rel] = fut.result()
+                if advance:
+                    advance(sizes[task.rel])
+        except BaseException:  # Ctrl-C: the workers only read, so they are stopped where they are
+            stop_workers(pool)
+            raise
     return results
+
+
+FILE_THREADS_NAME = "verify-file"
+
+
+class _Stopped(Exception):
+    """Raised in a file thread, between two tensors, once verify was interrupted."""
 
 
 def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
     """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
-    sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks."""
+    sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks.
+
+    Interrupted (Ctrl-C in the main thread), it raises at once: the files not started are dropped,
+    and each thread stops after the tensor it is checking (its memory is its own, nothing here
+    waits for it)."""
     lock = threading.Lock()
+    stop = threading.Event()
 
     def run_one(task: FileTask) -> FileResult:
         done = 0
 
         def step(n: int) -> None:
             nonlocal done
+            if stop.is_set():
+                raise _Stopped
             done += n
-            with lock:
-                advance(n)
+            if advance:
+                with lock:
+                    advance(n)
 
-        result = run_file_task(task, step if advance else None)
+        result = run_file_task(task, step)
         if advance:
             with lock:
                 advance(max(0, sizes[task.rel] - done))
         return result
 
     order = _largest_first(tasks, sizes)
-    with cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix="verify-file") as pool:
+    pool = cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix=FILE_THREADS_NAME)
+    try:
         results = {t.rel: r for t, r in zip(order, pool.map(run_one, order), strict=True)}
+    except BaseException:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return {t.rel: results[t.rel] for t in tasks}
 
 

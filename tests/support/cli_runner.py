@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 
-def run_cli(*args, env=None, preexec_fn=None) -> subprocess.CompletedProcess:
-    """`python -m mla_convert ARGS...` with `env` added to this process's environment; its output
-    captured as text."""
+def run_cli(*args, env=None, preexec_fn=None, unset=()) -> subprocess.CompletedProcess:
+    """`python -m mla_convert ARGS...` with `env` added to this process's environment and the
+    variables named in `unset` removed from it; its output captured as text."""
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-m", "mla_convert", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, timeout=300,
+        capture_output=True, text=True, env=child_env, preexec_fn=preexec_fn, timeout=300,
     )  # fmt: skip

@@ -20,7 +20,8 @@ Xet is never offered (no `X-Xet-*` headers, no `xetHash`), so the client always 
 Faults, for tests: `corrupt` (serve other bytes than the advertised sha256; same length by default, which the
 client does NOT detect: it only checks sizes), `advertise_sha256` (list a wrong sha256 for good bytes), `fail`
 (answer an HTTP error status N times), `truncate` (send a full Content-Length but close the connection early,
-N times: the client retries after ~1 s, with a Range request past the whole 10 MiB chunks it got). Every
+N times: the client retries after ~1 s, with a Range request past the whole 10 MiB chunks it got), `stall`
+(send a download's headers, then nothing until the server stops: the network lost mid-download). Every
 request is recorded in `requests`;
 `count()` / `downloads()` query that log.
 
@@ -258,6 +259,8 @@ class FakeHub:
         self._advertised: dict[tuple[str, str], str] = {}
         self._fail: dict[tuple[str, str | None], list[tuple[str | None, int, _Countdown]]] = {}
         self._truncate: dict[tuple[str, str], tuple[int | None, _Countdown]] = {}
+        self._stall: dict[tuple[str, str], _Countdown] = {}
+        self._unstall = threading.Event()  # set by stop(): stalled answers end with the server
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._monkeypatch: pytest.MonkeyPatch | None = None
@@ -269,6 +272,7 @@ class FakeHub:
     def start(self) -> FakeHub:
         if self._server is not None:
             return self
+        self._unstall.clear()
         self._server = _Server(self, self.host)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="FakeHub", daemon=True
@@ -280,6 +284,7 @@ class FakeHub:
         server, self._server = self._server, None
         if server is None:
             return
+        self._unstall.set()
         server.shutdown()
         server.server_close()
         with server.conns_lock:
@@ -420,12 +425,19 @@ class FakeHub:
         with self._lock:
             self._truncate[(repo_id, path)] = (at, _Countdown(times))
 
+    def stall(self, repo_id: str, path: str, *, times: int = 1) -> None:
+        """On the next `times` whole-file GETs of `path` (range requests go through), send the headers and
+        then nothing until the server stops: the network going away in the middle of a download."""
+        with self._lock:
+            self._stall[(repo_id, path)] = _Countdown(times)
+
     def clear_faults(self) -> None:
         with self._lock:
             self._corrupt.clear()
             self._advertised.clear()
             self._fail.clear()
             self._truncate.clear()
+            self._stall.clear()
 
     # ---- request log
 
@@ -781,6 +793,8 @@ class FakeHub:
             )
             trunc = self._truncate.get(key)
             trunc_at = trunc[0] if (method == "GET" and trunc is not None and trunc[1].take()) else -1
+            stall = self._stall.get(key)
+            stalled = method == "GET" and not h.headers.get("Range") and stall is not None and stall.take()
         data: bytes | None = None
         if use_corrupt:
             data = corrupt[0]
@@ -821,6 +835,11 @@ class FakeHub:
             h.send_header(k, v)
         h.end_headers()
         if method == "HEAD":
+            return
+        if stalled:
+            h.wfile.flush()
+            self._unstall.wait(60)
+            h.close_connection = True
             return
         limit = length if trunc_at < 0 else min(length, trunc_at if trunc_at is not None else length // 2)
         # bytes_sent is counted before each write: the client may return as soon as it has the last byte.
