@@ -191,7 +191,13 @@ IgnoreFreeSpaceOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option("--device", help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Output is identical.")
+    str,
+    typer.Option(
+        "--device",
+        help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Used only where it gives the CPU's bytes: "
+        "every process first checks it bit-identical to the CPU on a probe set, else the CPU converts and the "
+        "summary says why.",
+    ),
 ]
 KernelsOpt = Annotated[
     str,
@@ -410,10 +416,11 @@ def _print_summary(summary: dict, title: str, source_arg: str | None = None) -> 
     if "seconds" in summary:
         rows += [
             ("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)"),
-            ("kernels", f"{summary['kernels']} on {summary['device']} ({summary['kernels_reason']})"),
-        ]
-        if summary.get("device_reason"):
-            rows.append(("device", f"{summary['device']} ({summary['device_reason']})"))
+            ("kernels", f"{summary['kernels']} on {summary.get('compute_device', summary['device'])} "
+             f"({summary['kernels_reason']})"),
+        ]  # fmt: skip
+        if summary["device"] != "cpu" and summary.get("device_reason"):
+            rows.append(("device", f"{summary['device']}: {summary['device_check']} ({summary['device_reason']})"))
         rows.append(("writes", f"{summary['write_io']} ({summary['write_io_reason']})"))
     if "verify" in summary:
         v = summary["verify"]
@@ -538,6 +545,8 @@ app.command(
 
 
 def _report(summary: dict, json_out: bool, quiet: bool, title: str, source_arg: str | None = None) -> None:
+    if summary.get("device_check") in ("differed", "failed") and not quiet:  # the user asked for that device
+        typer.echo(f"warning: --device {summary['device']}: {summary['device_reason']}", err=True)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     elif not quiet:
