@@ -192,16 +192,21 @@ def test_summary_after_resume_says_what_was_kept(tiny_src, tmp_path, run_cli):
     assert "kept 2 of 4 shard jobs (re-hashed), redid 2" in r.stdout
 
 
-def test_summary_prints_the_device_reason_next_to_the_kernels(tiny_src, tmp_path, capsys):
-    from mla_convert import cli
-    from mla_convert.convert import convert
-    from mla_convert.plan import Options
+def test_a_device_that_differs_is_named_in_the_summary_and_warned_about(tiny_src, tmp_path, monkeypatch):
+    """--device whose arithmetic differs from the CPU's (here a fake one dividing by reciprocal
+    multiplication): the CPU converts, the kernels row names the CPU, the device row says why, and
+    stderr carries one warning line."""
+    from mla_convert.kernels import DEVICE_KERNELS_ENV
 
-    summary = convert(tiny_src, tmp_path / "out", Options())
-    cli._print_summary(summary | {"device_reason": "no HPU here: fell back to cpu"}, "Converted")
-    lines = capsys.readouterr().out.splitlines()
+    monkeypatch.setenv(DEVICE_KERNELS_ENV, "support.fake_device:reciprocal_division")
+    r = run("convert", tiny_src, "--out", tmp_path / "out", "--device", "meta")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
     kernels = next(i for i, ln in enumerate(lines) if "│ kernels" in ln)
-    assert "│ device" in lines[kernels + 1] and "no HPU here: fell back to cpu" in lines[kernels + 1]
+    device = next(i for i, ln in enumerate(lines) if "│ device" in ln)
+    assert " on cpu " in lines[kernels] and device > kernels and "meta: differed" in lines[device]
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: --device meta:")]
+    assert len(warnings) == 1 and "converting on the CPU instead" in warnings[0]
 
 
 def test_paths_stay_whole_in_80_columns(tiny_src, tmp_path, monkeypatch):
