@@ -59,7 +59,7 @@ class _OneLineErrors(TyperGroup):
             hint = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
             typer.echo(f"error: {message}{hint}", err=True)
             code = e.exit_code
-        except _click.exceptions.Abort:
+        except typer.Abort:  # the same class in every Typer (its own, or click's re-exported)
             typer.echo("error: aborted", err=True)
             code = 1
         if standalone_mode:

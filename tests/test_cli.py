@@ -1,7 +1,10 @@
 """The CLI through Typer's test runner: exit codes, one-line errors, nothing written on refusal."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -280,3 +283,18 @@ def test_on_a_terminal_a_status_line_then_a_bar_that_reaches_100_percent(tiny_sr
     assert "starting (loading torch)" in text
     final = [ln for ln in text.replace("\r", "\n").splitlines() if ln.startswith("converting")][-1]
     assert re.search(r"9\.6/9\.6 MB", final), final
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`mla-convert convert --help | head -1`: the reader goes away mid-help; no traceback follows."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mla_convert", "convert", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 1), stderr
+    assert "Traceback" not in stderr, stderr
