@@ -44,7 +44,7 @@ _NoArgsIsHelp = getattr(_click.exceptions, "NoArgsIsHelpError", ())
 class _OneLineErrors(TyperGroup):
     """Typer's own refusals (a bad option value, a missing argument, an unknown option) as one
     `error:` line with exit code 2, like the library's, instead of a framed usage panel; and a
-    Ctrl-C outside a command's own handling (while torch imports, while the summary prints) as one
+    Ctrl-C outside a command's own handling (while the options parse, while the summary prints) as one
     line with exit code 130."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -61,7 +61,7 @@ class _OneLineErrors(TyperGroup):
             code = e.exit_code
         except typer.Abort:  # the same class in every Typer (its own, or click's re-exported)
             typer.echo("error: aborted", err=True)
-            code = 1
+            code = 130  # click's Abort stands for the user's interrupt
         if standalone_mode:
             sys.exit(code)
         return code
@@ -138,7 +138,7 @@ OverwriteOpt = Annotated[
     bool,
     typer.Option(
         "--overwrite",
-        help="Replace an earlier mla-convert output in --out (recognised by its manifest or journal). Refused if "
+        help="Replace an earlier mla-convert output in --out (recognised by its manifest, journal or --stream staging). Refused if "
         "--out holds any file mla-convert did not write.",
     ),
 ]

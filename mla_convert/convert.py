@@ -396,10 +396,11 @@ def convert(
     `options` says what to produce, `settings` how (RunSettings); keyword arguments replace fields
     of `settings`: `convert(src, out, options, workers=2)`.
 
-    Stages: resolve and validate the source (headers only) -> plan -> prepare --out (fresh, or
-    resume) -> shard jobs (journaled) -> side files, config, index, MLA manifest -> manifest
-    'complete'. With `stream`, shards of a Hub source are downloaded just in time and deleted
-    once converted.
+    Stages: open and validate the source from its headers (a Hub source by range requests, before
+    any download) -> plan -> preflight (--out writable, free space) -> download a Hub source not
+    streamed -> kernels and device check -> prepare --out (fresh, resume or overwrite) -> shard
+    jobs (journaled) -> side files, config, index, MLA manifest -> manifest 'complete'. With
+    `stream`, shards are downloaded just in time and deleted once converted.
     """
     t0 = time.perf_counter()
     settings = dataclasses.replace(settings, **changes)
@@ -428,7 +429,16 @@ def convert(
             settings.notice(preflight.plan_line(summary, out_dir, settings.stream))
         if downloads:  # the whole source into the Hub cache, checked, and converted from there
             status(f"downloading {source} ({gb(download)}) to {cache}")
+            planned = src.fingerprint()
             src = _local_source(str(source), settings)
+            # The download resolves the revision again (so the cache records it for offline use):
+            # it must be the commit, and the headers, that the plan and its checks were made for.
+            if src.root.name != repo.commit or src.fingerprint() != planned:
+                raise SourceError(
+                    f"{source}: revision {settings.revision or 'main'!r} moved on the Hub while it was planned "
+                    f"(planned commit {repo.commit}, downloaded {src.root.name}); run the command again, or pass "
+                    "--revision with a commit hash"
+                )
             plan, repo = make_plan(src, options), None
         return summary | _run(plan, out_dir, repo, settings, state, t0)
 

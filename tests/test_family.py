@@ -1,6 +1,7 @@
-"""The MLA family: every member's tiny checkpoint (model-family.md's structure, dims shrunk) converts
-in both formats, every output tensor matches the slow reference, and verify passes with and without
---source; bad input is refused in one line before anything is written."""
+"""The MLA family: every member's tiny checkpoint (the structure in the project's reference notes,
+shared/reference/model-family.md, dims shrunk) converts in both formats, every output tensor
+matches the slow reference, and verify passes with and without --source; bad input is refused in
+one line before anything is written."""
 
 import json
 import math

@@ -197,3 +197,23 @@ def test_streamer_window_holds_when_jobs_finish_out_of_order(tmp_path, monkeypat
         st.release("j5", ["s5", "s6"])
     assert on_disk() == [] and fetched == [f"s{k}" for k in range(1, 7)]
     assert st.peak_on_disk == 300  # never more than the window's three shards
+
+
+def test_a_branch_that_moves_between_plan_and_download_is_refused(hub, tiny_src, tmp_path, monkeypatch):
+    """The plan (and its free-space and --resume checks) is made for the commit the branch named then;
+    if `main` moves before the download resolves it again, the run stops instead of converting
+    another commit than it checked."""
+    from mla_convert import hub as hub_mod
+
+    other = write_checkpoint(tmp_path / "other", CheckpointSpec(seed=1))
+    real = hub_mod.prepare_staging
+
+    def staging_then_push(repo, staging):
+        headers = real(repo, staging)
+        hub.add_repo(REPO, other)  # a new commit on main, after the plan read main's headers
+        return headers
+
+    monkeypatch.setattr(hub_mod, "prepare_staging", staging_then_push)
+    with pytest.raises(SourceError, match=r"moved on the Hub while it was planned"):
+        convert(REPO, tmp_path / "out", Options())
+    assert not (tmp_path / "out" / "model.safetensors.index.json").exists()
