@@ -162,14 +162,24 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
     return lay
 
 
-def _check_config(root: Path, fmt: str, tally: Tally) -> dict | None:
+_UNREADABLE = object()
+
+
+def _load_json(root: Path, rel: str, check: str, what: str, tally: Tally) -> object:
+    """The JSON document `rel`, or _UNREADABLE with a failure of `check` when it is missing or is
+    not JSON (a document that is JSON `null` is returned as None, for the caller to refuse)."""
     try:
-        cfg = json.loads((root / CONFIG_NAME).read_bytes())
+        return json.loads((root / rel).read_bytes())
     except FileNotFoundError:
-        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="config.json", found="missing")
-        return None
+        tally.fail(STRUCTURE, check, rel, expected=what, found="missing")
     except (OSError, ValueError) as e:
-        tally.fail(STRUCTURE, "config", CONFIG_NAME, expected="valid JSON", found=str(e))
+        tally.fail(STRUCTURE, check, rel, expected="valid JSON", found=str(e))
+    return _UNREADABLE
+
+
+def _check_config(root: Path, fmt: str, tally: Tally) -> dict | None:
+    cfg = _load_json(root, CONFIG_NAME, "config", "config.json", tally)
+    if cfg is _UNREADABLE:
         return None
     archs = cfg.get("architectures") if isinstance(cfg, dict) else None
     if not tally.expect(
@@ -256,13 +266,8 @@ def _check_index(root: Path, lay: Layout, tally: Tally) -> None:
 
 def _read_index(root: Path, tally: Tally) -> dict | None:
     """The safetensors index, if it parses and has a weight_map of tensor -> file name."""
-    try:
-        index = json.loads((root / INDEX_NAME).read_bytes())
-    except FileNotFoundError:
-        tally.fail(STRUCTURE, "index", INDEX_NAME, expected="the safetensors index", found="missing")
-        return None
-    except (OSError, ValueError) as e:
-        tally.fail(STRUCTURE, "index", INDEX_NAME, expected="valid JSON", found=str(e))
+    index = _load_json(root, INDEX_NAME, "index", "the safetensors index", tally)
+    if index is _UNREADABLE:
         return None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
