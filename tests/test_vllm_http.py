@@ -31,6 +31,7 @@ import pytest
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from support.vllm_engine_run import engine_env
 
 pytestmark = pytest.mark.vllm
 
@@ -68,13 +69,7 @@ class Server:
         self.port = _free_port()
         self.base = f"http://{HOST}:{self.port}"
         self.log_path = log_path
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-        for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
-            env.pop(var, None)
-        if plugin:
-            env.pop("VLLM_PLUGINS", None)  # every installed general plugin, mla_runtime included
-        else:
-            env["VLLM_PLUGINS"] = "none-but-not-mla_runtime"  # vLLM loads only the plugins named here
+        env = engine_env(plugin=plugin, VLLM_CPU_KVCACHE_SPACE="1")
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--host", HOST, "--port", str(self.port), "--skip-tokenizer-init", "--dtype", "bfloat16",
@@ -139,11 +134,7 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:  # a failure, not a skip: this group exists to run vLLM
-        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")
+def model_dir(tmp_path_factory, vllm_installed) -> Path:
     base = tmp_path_factory.mktemp("http")
     src = write_checkpoint(base / "src", CheckpointSpec(num_attention_heads=8))
     convert(src, base / "bf16", Options(format="bf16"))

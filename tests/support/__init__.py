@@ -18,10 +18,9 @@ Where things live, and how a test gets them:
 - `artifacts.py`: builders of MLA artifacts and FP8 kv_b_proj weights for the mla_runtime
   tests (also used by scripts/bench_runtime.py); imported, since the test modules' own
   module-level helpers and default arguments use them.
-- `vllm_engine_run.py`: the script tests/test_vllm_engine.py runs, one vLLM engine per
-  subprocess; that test module imports its `PROMPTS` and `MAX_TOKENS`.
-- `vllm_family_run.py`: the same engine plus each token's logprobs, which
-  tests/test_vllm_family.py runs for the family members.
+- `vllm_engine_run.py`: the script the vLLM tests run, one vLLM engine per subprocess (greedy
+  tokens, logprobs, the layers' W_UK_T / W_UV), and the helpers that drive it (`engine_env`,
+  `run_engine_process`, `plugin_lines`); the `vllm_installed` fixture fails the group without vLLM.
 
 The fixtures are defined in tests/conftest.py, with the tiny checkpoint (`tiny_src`, `src_copy`)
 and its conversions (`converted`), and each family member's tiny checkpoint and conversions

@@ -2,23 +2,55 @@
 
     python tests/support/vllm_engine_run.py MODEL_DIR OUT_DIR
 
-Writes OUT_DIR/result.json (greedy token ids per prompt, the plugin's summary in this process) and
+Writes OUT_DIR/result.json (greedy token ids per prompt, the top LOGPROBS log-probabilities of each
+generated token, the plugin's summary in this process) and
 OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them; rank r > 0
 prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND. Run in a
 subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
-leak between runs. Not a test module: tests/test_vllm_engine.py drives it, and imports its PROMPTS
-and MAX_TOKENS (this module imports nothing beyond the standard library until main() runs).
+leak between runs. Not a test module: the vLLM tests drive it through `run_engine_process` and
+`engine_env` below, and import its PROMPTS and MAX_TOKENS (this module imports nothing beyond the
+standard library until main() runs).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 PROMPTS = [[0, 5, 17, 42, 99, 7], [0, 300, 301, 302], [0, 11, 12, 13, 14, 15, 16, 17, 18]]
 MAX_TOKENS = 12
+LOGPROBS = 5
+PLUGIN_VARS = ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK")
+
+
+def engine_env(*, plugin: bool, **extra: str) -> dict[str, str]:
+    """This process's environment for an engine or server with the plugin on or off: none of the
+    plugin's own variables, and VLLM_PLUGINS naming every plugin (unset) or none of them."""
+    env = {k: v for k, v in os.environ.items() if k not in PLUGIN_VARS} | extra
+    if plugin:
+        env.pop("VLLM_PLUGINS", None)  # every installed general plugin, mla_runtime included
+    else:
+        env["VLLM_PLUGINS"] = "none-but-not-mla_runtime"  # vLLM loads only the plugins named here
+    return env
+
+
+def run_engine_process(model_dir: Path, out_dir: Path, env: dict[str, str]) -> tuple[dict, str]:
+    """Run this script on `model_dir` in a subprocess; (its result.json, its log). Fails loudly."""
+    r = subprocess.run(
+        [sys.executable, __file__, str(model_dir), str(out_dir)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    log = r.stdout + r.stderr
+    if r.returncode != 0:
+        raise AssertionError(f"the engine exited with {r.returncode}:\n{log[-6000:]}")
+    return json.loads((Path(out_dir) / "result.json").read_text()), log
+
+
+def plugin_lines(log: str) -> list[str]:
+    return [line[line.index("mla_runtime:") :] for line in log.splitlines() if "mla_runtime:" in line]
 
 
 def collect(model):
@@ -53,9 +85,11 @@ def main(model_dir: str, out_dir: str) -> None:
         # native PyTorch path is right, so the comparison with transformers uses that.
         compilation_config={"custom_ops": ["all", "-rotary_embedding"]},
     )  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
+    # per prompt, per generated token: {token id: logprob} of the top LOGPROBS (and the chosen one)
+    logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs]
 
     per_rank = llm.apply_model(collect)  # one dict per TP worker, in rank order
     tensors = {f"rank{r}.{k}" if r else k: v for r, got in enumerate(per_rank) for k, v in got.items()}
@@ -66,7 +100,9 @@ def main(model_dir: str, out_dir: str) -> None:
         summary = plugin.summary()
     except Exception as e:
         summary = [{"error": repr(e)}]
-    (Path(out_dir) / "result.json").write_text(json.dumps({"tokens": tokens, "plugin": summary}, indent=2))
+    (Path(out_dir) / "result.json").write_text(
+        json.dumps({"tokens": tokens, "logprobs": logprobs, "plugin": summary}, indent=2)
+    )
 
 
 if __name__ == "__main__":
