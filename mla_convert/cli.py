@@ -138,8 +138,8 @@ OverwriteOpt = Annotated[
     bool,
     typer.Option(
         "--overwrite",
-        help="Replace an earlier mla-convert output in --out (recognised by its manifest, journal or --stream staging). Refused if "
-        "--out holds any file mla-convert did not write.",
+        help="Replace an earlier mla-convert output in --out (recognised by its manifest, journal or --stream "
+        "staging). Refused if --out holds any file mla-convert did not write.",
     ),
 ]
 
@@ -506,15 +506,11 @@ def convert_cmd(
 
 def _convert_interrupted(out: Path) -> str:
     """What an interrupted conversion left in --out, for the one line that says so."""
-    from .manifest import COMPLETE, MANIFEST_NAME, read_manifest
+    from .manifest import COMPLETE, MANIFEST_NAME, readable_manifest
 
-    try:
-        status = (read_manifest(out) or {}).get("status") if (out / MANIFEST_NAME).is_file() else None
-    except (OSError, ValueError, AttributeError):
-        status = "unreadable"
-    if status is None:
+    if not (out / MANIFEST_NAME).is_file():
         return f"interrupted before the conversion wrote to {out}"
-    if status == COMPLETE:
+    if (readable_manifest(out) or {}).get("status") == COMPLETE:
         return f"interrupted; {out} holds a finished conversion"
     return INTERRUPTED
 

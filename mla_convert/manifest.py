@@ -41,3 +41,14 @@ def read_manifest(out_dir: Path) -> dict | None:
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+def readable_manifest(out_dir: Path) -> dict | None:
+    """The manifest, or None when it is missing, unreadable or not a JSON object: for the callers
+    that only ask what --out holds (an earlier output? finished?), where a damaged manifest is
+    just not one."""
+    try:
+        manifest = json.loads((Path(out_dir) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None

@@ -9,7 +9,6 @@ naming that file, so a wrong --out never costs the user a file.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ from mla_runtime.format import MLA_DIR_NAME
 
 from .disk_write import PROBE_NAME
 from .errors import OutputError
-from .manifest import MANIFEST_NAME, TOOL_NAME
+from .manifest import MANIFEST_NAME, TOOL_NAME, readable_manifest
 from .resume import JOURNAL_NAME, PARTIAL_SUFFIX, Journal
 
 STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
@@ -75,11 +74,8 @@ def _recorded_files(out_dir: Path) -> tuple[bool, set[str]]:
     """(is an mla-convert output, the files its manifest and journal record)."""
     recorded: set[str] = set()
     ours = (out_dir / JOURNAL_NAME).is_file() or (out_dir / STAGING_DIR_NAME).is_dir()
-    try:
-        manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if isinstance(manifest, dict) and manifest.get("tool") == TOOL_NAME:
+    manifest = readable_manifest(out_dir)
+    if manifest is not None and manifest.get("tool") == TOOL_NAME:
         ours = True
         if isinstance(manifest.get("files"), dict):
             recorded |= set(manifest["files"])

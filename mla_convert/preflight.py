@@ -14,7 +14,7 @@ from mla_runtime.format import MANIFEST_NAME as MLA_MANIFEST_NAME
 from . import out_dir as out
 from .checkpoint import INDEX_NAME
 from .errors import OutputError
-from .manifest import COMPLETE, MANIFEST_NAME, read_manifest
+from .manifest import COMPLETE, MANIFEST_NAME, readable_manifest
 from .plan import Plan, mla_file_rel
 from .resume import completed_jobs
 from .settings import RunSettings
@@ -65,7 +65,7 @@ def inspect_output(
                 f"{out_dir}: directory is not empty (it holds {out.some(out.files_under(out_dir))}); pick another "
                 "--out (--overwrite replaces only an earlier mla-convert output)"
             )
-        if _manifest_status(out_dir) != COMPLETE:
+        if (readable_manifest(out_dir) or {}).get("status") != COMPLETE:
             raise OutputError(f"{out_dir}: holds an unfinished conversion; pass --resume to finish it, or --overwrite")
         raise OutputError(
             f"{out_dir}: directory is not empty: it holds an earlier conversion; pass --overwrite to replace it"
@@ -76,13 +76,6 @@ def inspect_output(
 def _only_staging(out_dir: Path) -> bool:
     """A --stream run stopped before its manifest: only its downloads are there, kept for the resume."""
     return all(p.name == out.STAGING_DIR_NAME for p in out_dir.iterdir())
-
-
-def _manifest_status(out_dir: Path) -> str | None:
-    try:
-        return (read_manifest(out_dir) or {}).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def prepare(out_dir: Path, state: OutputState) -> None:
