@@ -39,7 +39,7 @@ from .errors import ConvertError, OutputError, SourceError
 from .kernels import BLOCK_DEFAULT, Kernels, resolve_mode, select_kernels
 from .manifest import COMPLETE, INCOMPLETE, TOOL_NAME, write_manifest
 from .numerics import SIGNED_ZERO
-from .out_dir import check_location, gb
+from .out_dir import STAGING_DIR_NAME, check_location, gb
 from .plan import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8, Options, Plan, ShardJob, make_plan, mla_file_rel
 from .preflight import prepare
 from .read_ahead import will_need
@@ -574,7 +574,7 @@ def _check_device(device: str) -> None:
 def _staged_in(plan: Plan, out_dir: Path) -> Plan:
     """--stream: the source's small files, staged in a temporary directory while planning, moved to
     --out's staging directory, where its shards will be downloaded; the plan rooted there."""
-    staging = out_dir / hub.STAGING_DIR_NAME
+    staging = out_dir / STAGING_DIR_NAME
     try:
         shutil.copytree(plan.source.root, staging, dirs_exist_ok=True)
     except (OSError, shutil.Error) as e:

@@ -20,7 +20,6 @@ from mla_runtime.safetensors_file import ShardHeader, file_sha256
 
 from .checkpoint import INDEX_NAME, SINGLE_FILE_NAME
 from .errors import SourceError, network_errors
-from .out_dir import STAGING_DIR_NAME  # noqa: F401 (where --stream downloads go, inside --out)
 from .safetensors_io import header_length, parse_header
 
 
