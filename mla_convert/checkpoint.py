@@ -295,12 +295,11 @@ def check_scale(scale, path: Path | str, name: str):
     """A block scale as float32, or SourceError if it holds NaN/Inf (E8M0: the NaN code 0xFF)."""
     import torch
 
-    from .numerics import E8M0_NAN, decode_e8m0
+    from .numerics import E8M0_NAN, block_scale_f32
 
     if scale.dtype == torch.float8_e8m0fnu:
         if bool((scale.view(torch.uint8) == E8M0_NAN).any()):
             raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
-        return decode_e8m0(scale)
-    if not torch.isfinite(scale).all():
+    elif not torch.isfinite(scale).all():
         raise SourceError(f"{path}: scale {name!r} contains NaN or Inf")
-    return scale
+    return block_scale_f32(scale)

@@ -33,6 +33,11 @@ def decode_e8m0(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(v == E8M0_NAN, torch.tensor(float("nan")), out)
 
 
+def block_scale_f32(scale: torch.Tensor) -> torch.Tensor:
+    """A block scale as float32: float8_e8m0fnu decoded exactly (its NaN code to NaN), float32 as it is."""
+    return decode_e8m0(scale) if scale.dtype == torch.float8_e8m0fnu else scale
+
+
 def dequantize_block_fp8(
     weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], decode=None
 ) -> torch.Tensor:

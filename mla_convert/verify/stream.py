@@ -27,7 +27,7 @@ from mla_runtime.safetensors_file import DTYPE_SIZES, HASH_CHUNK, ShardHeader, T
 
 from .. import native
 from ..kernels import fp8_readers
-from ..numerics import NEGATIVE_ZERO_CODE, decode_e8m0, dequantize_block_fp8, to_bf16
+from ..numerics import NEGATIVE_ZERO_CODE, block_scale_f32, dequantize_block_fp8, to_bf16
 from ..plan import CHANNEL_FP8_OPS, COPY, FP8_SCALE, TO_BF16
 from ..read_ahead import will_need
 from ..safetensors_io import TORCH_DTYPES
@@ -162,12 +162,6 @@ def _decode(buf: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, .
     if not buf:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(shape)
-
-
-def _scale_f32(scale: torch.Tensor) -> torch.Tensor:
-    """A block scale as float32: float8_e8m0fnu decoded (its NaN code, refused when the source is
-    opened, decodes to NaN and fails the bound)."""
-    return decode_e8m0(scale) if scale.dtype == torch.float8_e8m0fnu else scale
 
 
 def _row_chunks(n_rows: int, row_elems: int, align: int = 1):
@@ -541,7 +535,8 @@ class _Checks:
         """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows, float32."""
         bn = self.task.block[0]
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
-        return self.reader.rows(job.source, r0, r1 - r0), _scale_f32(self.reader.rows(job.source_scale, g0, g1 - g0))
+        scale = block_scale_f32(self.reader.rows(job.source_scale, g0, g1 - g0))
+        return self.reader.rows(job.source, r0, r1 - r0), scale
 
     def _source_values(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
         """The exact fp32 value of source rows [r0, r1): the dequant of a block-FP8 weight, the
@@ -649,7 +644,7 @@ class _Checks:
         if job.source is not None and job.source_scale is None:
             return self.reader.rows(job.source).float(), None, "split_kv_b_proj(the source's 16-bit kv_b_proj)"
         if job.source is not None:
-            scale = _scale_f32(self.reader.rows(job.source_scale))
+            scale = block_scale_f32(self.reader.rows(job.source_scale))
             x = dequantize_block_fp8(self.reader.rows(job.source), scale, self.task.block)
             return x, None, "split_kv_b_proj(exact fp32 dequant of the source kv_b_proj)"
         if job.kv_b is not None and job.kv_b.dtype == "BF16":
