@@ -20,6 +20,7 @@ from mla_runtime import ArtifactError, open_artifacts
 from mla_runtime.artifacts import head_range
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
+from support.artifacts import read_artifacts
 
 HEADS = 8
 LAYERS = [0, 1, 2, 3]  # 3 decoder layers + the MTP layer
@@ -37,11 +38,6 @@ def served(tmp_path_factory) -> Path:
 @pytest.fixture
 def served_copy(served, tmp_path) -> Path:
     return Path(shutil.copytree(served, tmp_path / "out"))
-
-
-def full_tensors(mla_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    with safe_open(str(mla_dir / f"layer-{layer:03d}.safetensors"), "pt") as f:
-        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
 
 
 def test_artifacts_are_the_split_of_the_served_bf16_kv_b_proj(served):
@@ -62,7 +58,7 @@ def test_tp_slice_equals_slice_of_full_tensors(served, tp_size):
     dims = arts.dims
     per = HEADS // tp_size
     for layer in LAYERS:
-        full_uk_t, full_uv = full_tensors(served / "mla", layer)
+        full_uk_t, full_uv = read_artifacts(served / "mla", layer)
         assert full_uk_t.shape == (HEADS, dims.qk_nope_head_dim, dims.kv_lora_rank)
         parts_uk, parts_uv = [], []
         for rank in range(tp_size):
@@ -83,7 +79,7 @@ def test_tp_slice_equals_slice_of_full_tensors(served, tp_size):
 def test_load_casts_to_the_requested_dtype(served):
     arts = open_artifacts(served / "mla")
     uk_t, uv = arts.load_layer(2, tp_rank=3, tp_size=4, dtype=torch.float32)
-    full_uk_t, full_uv = full_tensors(served / "mla", 2)
+    full_uk_t, full_uv = read_artifacts(served / "mla", 2)
     assert uk_t.dtype == torch.float32 and torch.equal(uk_t, full_uk_t[6:8].float())
     assert torch.equal(uv, full_uv[6:8].float())
 
@@ -345,7 +341,7 @@ def test_a_rank_reads_only_its_heads_from_disk(served_copy, tp_size):
     resident = _resident_bytes(path)
     # This rank's rows, the header page, and at most the kernel's read-around of a fault on each side.
     assert slice_bytes <= resident <= slice_bytes + 4 * 64 * 1024 + 8192, (resident, slice_bytes, path.stat().st_size)
-    full_uk_t, full_uv = full_tensors(served_copy / "mla", 1)
+    full_uk_t, full_uv = read_artifacts(served_copy / "mla", 1)
     per = HEADS // tp_size
     assert torch.equal(w_uk_t, full_uk_t[-per:]) and torch.equal(w_uv, full_uv[-per:])
 
@@ -369,7 +365,7 @@ def test_cpu_bf16_tensors_are_the_file_pages_copy_on_write(served_copy):
 
 def test_another_dtype_is_one_copy_and_unmappable_files_are_read(served_copy, monkeypatch):
     mla = served_copy / "mla"
-    full_uk_t, full_uv = full_tensors(mla, 0)
+    full_uk_t, full_uv = read_artifacts(mla, 0)
     w_uk_t, w_uv = open_artifacts(mla).load_layer(0, dtype=torch.float32)
     assert (
         w_uk_t.dtype == torch.float32 and torch.equal(w_uk_t, full_uk_t.float()) and torch.equal(w_uv, full_uv.float())

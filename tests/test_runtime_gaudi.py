@@ -31,8 +31,8 @@ from safetensors import safe_open
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_runtime import ArtifactError, plugin
-from mla_runtime.format import MlaDims, layer_file_name, w_uk_t_name, w_uv_name
-from support.artifacts import write_artifacts
+from mla_runtime.format import MlaDims
+from support.artifacts import read_artifacts, write_artifacts
 
 ENV_VARS = (
     "MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_VERIFY", "MLA_RUNTIME_CHECK",
@@ -68,11 +68,6 @@ def kv_b_tensors(model_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
                 with safe_open(str(model_dir / file), "pt") as f:
                     out.setdefault(layer, {})[name[len(prefix) :]] = f.get_tensor(name)
     return out
-
-
-def artifact(mla_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    with safe_open(str(mla_dir / layer_file_name(layer)), "pt") as f:
-        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
 
 
 def registered(layer) -> tuple[bool, bool]:
@@ -161,7 +156,7 @@ def test_layer_holds_the_artifacts_as_vllm_gaudi_holds_its_own(gaudi, monkeypatc
     assert calls_off == (LAYERS if where == "parameter" else 0)  # ... and without it, it did where it applies
 
     for i in range(LAYERS):
-        a_uk_t, a_uv = artifact(mla_dir, i)
+        a_uk_t, a_uv = read_artifacts(mla_dir, i)
         layer, ref = on.layers[i], off.layers[i]
         assert torch.equal(layer.W_UK_T, a_uk_t) and torch.equal(layer.W_UV, a_uv)
         # Registered as vllm-gaudi registers what it computes itself, with the same tensor properties.
@@ -204,7 +199,7 @@ def test_tensor_parallel_rank_holds_its_heads(gaudi, monkeypatch, models, path):
     off = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force, artifacts=arts, tp=(1, 2))
     on = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=arts, tp=(1, 2))
     for i in range(LAYERS):
-        a_uk_t, a_uv = artifact(arts or models[key] / "mla", i)
+        a_uk_t, a_uv = read_artifacts(arts or models[key] / "mla", i)
         assert on.layers[i].W_UK_T.shape == off.layers[i].W_UK_T.shape == (HEADS // 2, 128, 512)
         assert torch.equal(on.layers[i].W_UK_T, a_uk_t[2:]) and torch.equal(on.layers[i].W_UV, a_uv[2:])
     assert plugin.summary()[0]["tp_rank"] == 1 and plugin.summary()[0]["spot_checked"] == LAYERS
@@ -261,7 +256,7 @@ def test_gaudi2_flavor_flag_is_reset_before_weights_load(gaudi, monkeypatch, mod
         assert torch.equal(mine[large], theirs[large])
         assert bool(((mine - theirs).abs() <= 2**-9 * s.double()).all())
         # Through the MLA layer: the plugin's tensors are the artifacts; the spot check passed.
-        a_uk_t, a_uv = artifact(models[key] / "mla", i)
+        a_uk_t, a_uv = read_artifacts(models[key] / "mla", i)
         assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
     assert plugin.summary()[0]["spot_checked"] == LAYERS
 
@@ -276,7 +271,7 @@ def test_gaudi3_range_checkpoints_load_on_gaudi2(gaudi, monkeypatch, models, key
     for i in range(LAYERS):
         kv_b = loaded.layers[i].kv_b_proj
         assert kv_b.weight.float().abs().max() <= (224 if key == "channel-fp8" else 240)
-        a_uk_t, a_uv = artifact(arts or models[key] / "mla", i)
+        a_uk_t, a_uv = read_artifacts(arts or models[key] / "mla", i)
         assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
 
 

@@ -26,13 +26,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
-from mla_runtime.format import w_uk_t_name, w_uv_name
+from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
 pytestmark = pytest.mark.vllm
@@ -78,11 +77,6 @@ def run_engine(models, key: str, model: str, *, plugin: bool, dtype: str = "bflo
     return _engines[key]
 
 
-def artifact(model_dir: Path, layer: int):
-    with safe_open(str(model_dir / "mla" / f"layer-{layer:03d}.safetensors"), "pt") as f:
-        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
-
-
 def engine_weights(engine: Engine, layer: int, contiguous: bool = True, rank: int = 0):
     names = [
         k
@@ -121,7 +115,7 @@ def test_bf16_plugin_loads_every_layer_and_matches_vllm_bit_for_bit(models):
         assert on_uk_t.dtype == off_uk_t.dtype == torch.bfloat16
         assert on_uk_t.shape == (HEADS, 128, 512) and on_uv.shape == (HEADS, 512, 128)
         assert torch.equal(on_uk_t, off_uk_t) and torch.equal(on_uv, off_uv)  # what vLLM computes itself
-        art_uk_t, art_uv = artifact(models["bf16"], layer)
+        art_uk_t, art_uv = read_artifacts(models["bf16"] / "mla", layer)
         assert torch.equal(on_uk_t, art_uk_t) and torch.equal(on_uv, art_uv)  # what the files hold
 
 
@@ -134,7 +128,7 @@ def test_fp32_engine_with_plugin_matches_transformers(models):
     assert on.plugin_lines() and f"of {LAYERS}/{LAYERS} MLA layers" in on.plugin_lines()[0]
     for layer in range(LAYERS):  # bf16 artifacts widened: exactly vLLM's fp32 split of the bf16 kv_b_proj
         uk_t, uv = engine_weights(on, layer)
-        art_uk_t, art_uv = artifact(models["bf16"], layer)
+        art_uk_t, art_uv = read_artifacts(models["bf16"] / "mla", layer)
         assert uk_t.dtype == torch.float32 and torch.equal(uk_t, art_uk_t.float()) and torch.equal(uv, art_uv.float())
 
     model = AutoModelForCausalLM.from_pretrained(str(models["bf16"]), dtype=torch.float32)
@@ -163,10 +157,10 @@ def test_channel_fp8_output_loads_and_generates_with_the_plugin(models):
     assert all(0 <= tok < 512 for t in fp8.tokens for tok in t)
     for layer in range(LAYERS):
         uk_t, uv = engine_weights(fp8, layer)
-        art_uk_t, art_uv = artifact(models["fp8"], layer)
+        art_uk_t, art_uv = read_artifacts(models["fp8"] / "mla", layer)
         assert torch.equal(uk_t, art_uk_t) and torch.equal(uv, art_uv)
         # The channel-FP8 and bf16 outputs carry the same (exact-dequant) artifacts.
-        assert torch.equal(art_uk_t, artifact(models["bf16"], layer)[0])
+        assert torch.equal(art_uk_t, read_artifacts(models["bf16"] / "mla", layer)[0])
 
 
 def test_tensor_parallel_ranks_load_their_own_heads(models):
@@ -181,7 +175,7 @@ def test_tensor_parallel_ranks_load_their_own_heads(models):
         ), line
     per = HEADS // tp
     for layer in range(LAYERS):
-        full_uk_t, full_uv = artifact(models["bf16"], layer)
+        full_uk_t, full_uv = read_artifacts(models["bf16"] / "mla", layer)
         for rank in range(tp):
             uk_t, uv = engine_weights(engine, layer, rank=rank)
             assert uk_t.shape == (per, 128, 512)

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from mla_convert.convert import convert
 from mla_convert.plan import Options
 from mla_convert.synthetic import CheckpointSpec, write_checkpoint
-from mla_runtime.format import w_uk_t_name, w_uv_name
+from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
 pytestmark = pytest.mark.vllm
@@ -74,11 +73,6 @@ def layer_weights(engine: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]
     return engine["weights"][prefix + ".W_UK_T"], engine["weights"][prefix + ".W_UV"]
 
 
-def artifact(model_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    with safe_open(str(model_dir / "mla" / f"layer-{layer:03d}.safetensors"), "pt") as f:
-        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
-
-
 def assert_loaded_every_layer(engine: dict, model_dir: Path) -> None:
     assert len(engine["log"]) == 1 and engine["log"][0].startswith(
         f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {model_dir / 'mla'} "
@@ -97,7 +91,7 @@ def test_same_tokens_and_logprobs_with_and_without_the_plugin(models, model):
     for layer in range(LAYERS):
         uk_t, uv = layer_weights(on, layer)
         assert torch.equal(uk_t, layer_weights(off, layer)[0]) and torch.equal(uv, layer_weights(off, layer)[1])
-        art_uk_t, art_uv = artifact(models[model], layer)
+        art_uk_t, art_uv = read_artifacts(models[model] / "mla", layer)
         assert torch.equal(uk_t, art_uk_t) and torch.equal(uv, art_uv)
 
 
@@ -122,7 +116,7 @@ def test_fp8_kv_b_proj_serves_the_exact_artifacts(models):
     exact = run_engine(models, "v2-fp8-kvb16", plugin=True)
     for layer in range(LAYERS):
         uk_t, uv = layer_weights(on, layer)
-        art_uk_t, art_uv = artifact(models["v2-fp8"], layer)
+        art_uk_t, art_uv = read_artifacts(models["v2-fp8"] / "mla", layer)
         assert torch.equal(uk_t, art_uk_t) and torch.equal(uv, art_uv)
-        assert torch.equal(art_uk_t, artifact(models["v2-fp8-kvb16"], layer)[0])  # the same exact split
+        assert torch.equal(art_uk_t, read_artifacts(models["v2-fp8-kvb16"] / "mla", layer)[0])  # the same exact split
         assert torch.equal(uk_t, layer_weights(exact, layer)[0])

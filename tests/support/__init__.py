@@ -15,9 +15,9 @@ Where things live, and how a test gets them:
 - `cli_runner.py`: `run_cli`, the real CLI in a child process; the `run_cli` fixture.
 - `standins/vllm_gaudi/`: a stand-in of vllm-gaudi (see its README). The `vllm_gaudi_standin`
   fixture puts it on `sys.path` for one test and takes it off again.
-- `artifacts.py`: builders of MLA artifacts and FP8 kv_b_proj weights for the mla_runtime
-  tests (also used by scripts/bench_runtime.py); imported, since the test modules' own
-  module-level helpers and default arguments use them.
+- `artifacts.py`: `write_artifacts` (MLA artifacts as mla-convert writes them, for given kv_b_proj
+  weights; also used by scripts/bench_runtime.py) and `read_artifacts` (a layer's W_UK_T / W_UV
+  read back whole); imported, since the test modules' own module-level helpers use them.
 - `vllm_engine_run.py`: the script the vLLM tests run, one vLLM engine per subprocess (greedy
   tokens, logprobs, the layers' W_UK_T / W_UV), and the helpers that drive it (`engine_env`,
   `run_engine_process`, `plugin_lines`); the `vllm_installed` fixture fails the group without vLLM.

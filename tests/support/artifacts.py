@@ -1,4 +1,4 @@
-"""Helper for the mla_runtime tests: write MLA artifacts for given kv_b_proj weights."""
+"""Helpers for the MLA artifact tests: write artifacts for given kv_b_proj weights, read a layer's back."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mla_runtime.format import MANIFEST_NAME, LayerEntry, MlaDims, MlaManifest, layer_file_name, w_uk_t_name, w_uv_name
@@ -26,3 +27,9 @@ def write_artifacts(mla_dir: Path, kv_b: dict[int, torch.Tensor], dims: MlaDims,
     manifest = MlaManifest(dims=dims, layers=tuple(entries), source_fingerprint=fingerprint)
     (mla_dir / MANIFEST_NAME).write_text(manifest.to_json())
     return mla_dir
+
+
+def read_artifacts(mla_dir: Path, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_UK_T, W_UV) of `layer`, whole, as its file in `mla_dir` holds them."""
+    with safe_open(str(Path(mla_dir) / layer_file_name(layer)), "pt") as f:
+        return f.get_tensor(w_uk_t_name(layer)), f.get_tensor(w_uv_name(layer))
