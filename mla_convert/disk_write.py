@@ -3,8 +3,8 @@
 Copying into the page cache costs CPU time for every byte, while a direct write of the same bytes
 costs a small fraction of it: the disk's DMA reads the user buffer. On a host with few cores that
 CPU is what the fp8 kernels and sha256 need. Direct writes must be block-aligned in memory, offset
-and length, so bytes are staged in a page-aligned buffer and written in whole blocks; the
-unaligned tail goes through the page cache at the end. resolve_mode picks the mode once per output directory.
+and length, so bytes are staged in a page-aligned buffer and written in whole blocks; the unaligned
+tail goes through the page cache at the end. resolve_mode picks the mode once per output directory.
 """
 
 from __future__ import annotations

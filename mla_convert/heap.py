@@ -3,12 +3,11 @@
 A conversion allocates buffers of the same few sizes for every tensor. By default glibc serves
 large ones with mmap and unmaps them when freed, so each tensor page-faults its buffers in again,
 at a CPU cost per byte. Here buffers up to 32 MB (glibc's largest mmap threshold; every routed
-expert's weight in R1 is 14.7 MB, 29 MB as bf16) come from the heap and are reused as they are,
-and the heap is not trimmed. Bigger ones (dense-layer
-weights, a handful per checkpoint) are still unmapped when freed, so the heap's high-water mark,
-which is what RSS shows, stays low: turning mmap off altogether saves more faults, but each
-dense-layer buffer then stays in the heap and raises the peak RSS.
-Process-wide, so only the CLI and the converter's worker processes turn it on.
+expert's weight in R1 is 14.7 MB, 29 MB as bf16) come from the heap and are reused as they are, and
+the heap is not trimmed. Bigger ones (dense-layer weights, a handful per checkpoint) are still
+unmapped when freed, so the heap's high-water mark, which is what RSS shows, stays low: turning
+mmap off altogether saves more faults, but each dense-layer buffer then stays in the heap and
+raises the peak RSS. Process-wide, so only the CLI and the converter's worker processes turn it on.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 torch's CPU fp8 casts are scalar on hosts without AVX-512 (AVX2 machines such as this project's),
 and inductor's generated code inherits that. The C kernels decode and encode e4m3fn with integer
-arithmetic that the compiler vectorizes, and find each row's absmax from the fp8 bytes. The library is compiled for this CPU (-march=native) into a cache keyed by source,
-compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
-Anything that fails here raises NativeUnavailable; kernels.py then falls back with the reason.
+arithmetic that the compiler vectorizes, and find each row's absmax from the fp8 bytes. The library
+is compiled for this CPU (-march=native) into a cache keyed by source, compiler, flags and CPU, so
+a shared home directory never serves one CPU's build to another. Anything that fails here raises
+NativeUnavailable; kernels.py then falls back with the reason.
 """
 
 from __future__ import annotations

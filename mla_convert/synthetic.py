@@ -2,13 +2,14 @@
 demo, and one with a few layers at the true R1 dimensions for benchmarks.
 
 The default is DeepSeek-V3/R1's layout: same tensor names, config, quantization_config, index and
-side files as DeepSeek's release; several shards; one weight's scale deliberately in another
-shard; a 576-row kv_a_proj_with_mqa (partial 128-blocks); dense first layers, routed and shared
-experts, and the MTP layer. The members keep their own structure at tiny sizes (from the
-project's reference notes, shared/reference/model-family.md): V3.1's power-of-two scales, V3.2's indexer (a 128-row `wk` with a one-row scale grid) and F32
-norms, Kimi-K2's per-layer `inv_freq` and shard names, GLM-5's dims, BF16 modules_to_not_convert
-and MTP layer without its own head, V2-Lite's and Moonlight's BF16 weights with a plain q_proj.
-Tensors are generated and written one at a time, so big checkpoints stream.
+side files as DeepSeek's release; several shards; one weight's scale deliberately in another shard;
+a 576-row kv_a_proj_with_mqa (partial 128-blocks); dense first layers, routed and shared experts,
+and the MTP layer. The members keep their own structure at tiny sizes (from the project's reference
+notes, shared/reference/model-family.md): V3.1's power-of-two scales, V3.2's indexer (a 128-row
+`wk` with a one-row scale grid) and F32 norms, Kimi-K2's per-layer `inv_freq` and shard names,
+GLM-5's dims, BF16 modules_to_not_convert and MTP layer without its own head, V2-Lite's and
+Moonlight's BF16 weights with a plain q_proj. Tensors are generated and written one at a time, so
+big checkpoints stream.
 """
 
 from __future__ import annotations
