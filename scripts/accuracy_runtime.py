@@ -41,6 +41,7 @@ from mla_convert.output_config import channel_fp8_quantization_config  # noqa: E
 from mla_runtime import plugin  # noqa: E402
 from mla_runtime.format import MlaDims  # noqa: E402
 from mla_runtime.layout import split_kv_b_proj  # noqa: E402
+from support.reference import dequant_block  # noqa: E402  (the tests' slow, obviously correct dequant)
 
 BLOCK = 128
 FP8_BLOCK_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}  # fmt: skip
@@ -67,16 +68,12 @@ def block_fp8_kv_b(gen: torch.Generator, rows: int, cols: int) -> tuple[torch.Te
     return codes.view(rows, cols), scale
 
 
-def exact_dequant(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    rows, cols = codes.shape
-    grid = scale.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
-    return codes.float() * grid[:rows, :cols]
-
-
-def checkpoints(source: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[dict | None, dict]]:
-    """{served checkpoint: (quantization_config, {layer: {tensor suffix: tensor}})}."""
+def checkpoints(
+    source: dict[int, tuple[torch.Tensor, torch.Tensor]], exact: dict[int, torch.Tensor]
+) -> dict[str, tuple[dict | None, dict]]:
+    """{served checkpoint: (quantization_config, {layer: {tensor suffix: tensor}})}, from the block-FP8
+    source and its exact fp32 dequant."""
     out = {"source": (FP8_BLOCK_CONFIG, {i: {"weight": q, "weight_scale_inv": s} for i, (q, s) in source.items()})}
-    exact = {i: exact_dequant(q, s) for i, (q, s) in source.items()}
     out["bf16"] = (None, {i: {"weight": e.to(torch.bfloat16)} for i, e in exact.items()})
     for target in ("gaudi3", "gaudi2"):
         qc = channel_fp8_quantization_config(["lm_head"])  # the same config for both targets
@@ -124,8 +121,9 @@ def main(argv=None) -> int:
     rows, cols = dims.kv_b_shape()
     gen = torch.Generator().manual_seed(args.seed)
     source = {i: block_fp8_kv_b(gen, rows, cols) for i in range(args.layers)}
-    exact = {i: split_kv_b_proj(exact_dequant(q, s), dims, torch.float32) for i, (q, s) in source.items()}
-    served = checkpoints(source)
+    exact_kv_b = {i: dequant_block(q, s) for i, (q, s) in source.items()}
+    exact = {i: split_kv_b_proj(x, dims, torch.float32) for i, x in exact_kv_b.items()}
+    served = checkpoints(source, exact_kv_b)
 
     from support.artifacts import write_artifacts
 
@@ -140,7 +138,7 @@ def main(argv=None) -> int:
         os.environ.pop(var, None)
     with tempfile.TemporaryDirectory(prefix="mla-accuracy-") as tmp:
         model_dir = Path(tmp) / "model"
-        write_artifacts(model_dir / "mla", {i: exact_dequant(q, s) for i, (q, s) in source.items()}, dims)
+        write_artifacts(model_dir / "mla", exact_kv_b, dims)
         config = {"num_hidden_layers": args.layers, "num_attention_heads": args.heads, "qk_nope_head_dim": 128,
                   "v_head_dim": 128, "kv_lora_rank": 512}  # fmt: skip
         (model_dir / "config.json").write_text(json.dumps(config))
