@@ -1,3 +1,3 @@
-from .cli import main
+from mla_convert.cli.app import main
 
 main()

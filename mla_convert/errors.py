@@ -30,3 +30,10 @@ def network_errors() -> tuple[type[BaseException], ...]:
         if isinstance(cls, type):
             found.append(cls)
     return tuple(found)
+
+
+def first_line(e: BaseException) -> str:
+    """'TypeName: the first line of its message' (at most 160 characters of it), for a reason that
+    has to fit in one line of a summary."""
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}"

@@ -1,18 +1,20 @@
-"""How a conversion runs, as one frozen object passed from the command line down to the shard jobs.
+"""What a conversion produces (`Options`) and how it runs (`RunSettings`): two frozen objects passed
+from the command line (or a library caller) down to the shard jobs.
 
-`Options` (plan.py) says what the output is and is recorded in its manifest; `RunSettings` says how
-to get there and changes no output byte. Each field mirrors a `deepseek-r1` flag; the defaults
-here are the only ones (the CLI takes its own from here, so this module stays free of torch).
+`Options` says what the output is and is recorded in its manifest (a `--resume` must match it);
+`RunSettings` says how to get there and changes no output byte. Each field mirrors a `convert`
+flag; the defaults here are the only ones (the CLI takes its own from here). No torch here: the
+CLI builds both while torch is still loading.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .disk_write import AUTO as WRITE_AUTO
-from .disk_write import MODES as WRITE_MODES
-from .errors import ConvertError
+from mla_convert.constants import CHANNEL_FP8, FORMATS, FP8_MAX, GAUDI3, KERNEL_MODES, TARGETS, WRITE_AUTO, WRITE_MODES
+from mla_convert.errors import ConvertError
 
 ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes processed
 ProgressFactory = Callable[[int], ProgressFn]  # factory(total_bytes) -> advance
@@ -20,11 +22,36 @@ MessageFn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
+class Options:
+    format: str = CHANNEL_FP8  # FORMATS
+    target: str = GAUDI3  # TARGETS: the FP8 range
+    ignore: tuple[str, ...] = ()  # regexes (re.match) on module names to leave unquantized (bf16)
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ConvertError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
+        if self.target not in TARGETS:
+            raise ConvertError(f"--target {self.target!r}: expected one of {', '.join(TARGETS)}")
+        for p in self.ignore:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ConvertError(f"--ignore {p!r}: not a valid regular expression ({e})") from e
+
+    @property
+    def fp8_max(self) -> float:
+        return FP8_MAX[self.target]
+
+    def as_dict(self) -> dict:
+        return {"format": self.format, "target": self.target, "ignore": list(self.ignore)}
+
+
+@dataclass(frozen=True)
 class RunSettings:
     workers: int = 1  # shard jobs at once; above 1 they run in spawned worker processes
     device: str = "cpu"  # torch device for the arithmetic
-    kernels: str = "auto"  # kernels.MODES; resolved per conversion (kernels.resolve_mode)
-    write_io: str = WRITE_AUTO  # disk_write.MODES; resolved for the output directory
+    kernels: str = "auto"  # KERNEL_MODES; resolved per conversion (kernels.select.resolve_mode)
+    write_io: str = WRITE_AUTO  # WRITE_MODES; resolved for the output directory
     revision: str | None = None  # Hub branch, tag or commit of the source
     stream: bool = False  # Hub source: download each shard just in time, delete it once converted
     dry_run: bool = False  # plan and report; write nothing
@@ -38,7 +65,5 @@ class RunSettings:
     def __post_init__(self):
         if self.write_io not in WRITE_MODES:
             raise ConvertError(f"--write-io: unknown mode {self.write_io!r}; expected one of {', '.join(WRITE_MODES)}")
-        from .kernels import MODES as KERNEL_MODES  # here: importing kernels imports torch
-
         if self.kernels not in KERNEL_MODES:
             raise ConvertError(f"--kernels: kernels mode {self.kernels!r}: expected {', '.join(KERNEL_MODES)}")

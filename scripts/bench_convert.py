@@ -65,7 +65,7 @@ def naive_convert(src: Path, out: Path, fmt: str) -> None:
 
 
 def build(src: Path, experts: int, vocab: int, shards: int) -> None:
-    from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+    from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
 
     marker = src / ".bench-spec.json"
     spec_key = {"experts": experts, "vocab": vocab, "shards": shards}
@@ -252,7 +252,7 @@ def _drop_page_cache() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as e:
         sys.exit(f"--cold: cannot drop the page cache ({e.strerror or e}); it needs root")
-    subprocess.run([sys.executable, "-c", "import torch, mla_convert.cli, mla_convert.verify.api"], check=True)
+    subprocess.run([sys.executable, "-c", "import torch, mla_convert.cli, mla_convert.verification.api"], check=True)
 
 
 def _tree_bytes(root: Path) -> int:
@@ -270,7 +270,7 @@ def _cpu_model() -> str:
 
 
 def _largest_tensor_bytes(src: Path) -> int:
-    from mla_convert.safetensors_io import read_header
+    from mla_convert.io.headers import read_header
 
     return max(t.nbytes for p in src.glob("*.safetensors") for t in read_header(p).tensors.values())
 

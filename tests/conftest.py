@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import support.reference
-from mla_convert.convert import convert
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.settings import Options
 from support import checkpoints, cli_runner
 from support.fake_hub import FakeHub
 
@@ -139,7 +139,7 @@ def _eager_kernels_by_default():
     mp.undo()
 
 
-# ---- the family members' tiny checkpoints (mla_convert.synthetic.FAMILY) ---------------------------
+# ---- the family members' tiny checkpoints (mla_convert.demo.synthetic.FAMILY) ---------------------------
 
 
 class FamilyCheckpoints:
@@ -164,7 +164,7 @@ class FamilyCheckpoints:
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory) -> FamilyCheckpoints:
     """family_checkpoints.source(member) / .converted(member, fmt): the tiny checkpoint of each
-    family member (mla_convert.family.MEMBERS) and its conversions (read-only: copy to change)."""
+    family member (mla_convert.source.family.MEMBERS) and its conversions (read-only: copy to change)."""
     return FamilyCheckpoints(tmp_path_factory.mktemp("family"))
 
 

@@ -4,11 +4,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mla_convert.convert import convert
+from mla_convert.constants import MANIFEST_NAME
+from mla_convert.conversion.pipeline import convert
 from mla_convert.errors import ConvertError
-from mla_convert.manifest import MANIFEST_NAME
-from mla_convert.plan import Options
-from mla_convert.settings import RunSettings
+from mla_convert.settings import Options, RunSettings
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 
 

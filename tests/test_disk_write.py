@@ -10,12 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mla_convert import disk_write
-from mla_convert.cli import app
-from mla_convert.convert import convert
+from mla_convert.cli.app import app
+from mla_convert.conversion.pipeline import convert
 from mla_convert.errors import OutputError
-from mla_convert.plan import Options
-from mla_convert.safetensors_io import ShardWriter
+from mla_convert.io import disk_write
+from mla_convert.io.shard_writer import ShardWriter
+from mla_convert.settings import Options
 
 STAGE = 4 * disk_write.ALIGN  # small stages, so a few KB cross many stage and block boundaries
 
@@ -191,7 +191,7 @@ def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, m
     import threading
     import time
 
-    from mla_convert import convert as convert_mod
+    from mla_convert.conversion import shard_job as convert_mod
 
     events, lock = [], threading.Lock()
 
@@ -240,7 +240,7 @@ def test_a_failed_background_commit_fails_the_conversion_cleanly(tiny_src, tmp_p
 def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it(tiny_src, tmp_path, monkeypatch):
     """A cold source is read ahead: each converted tensor's source bytes are requested
     (posix_fadvise WILLNEED) while the tensor before it converts."""
-    from mla_convert import convert as convert_mod
+    from mla_convert.conversion import shard_job as convert_mod
 
     events = []
     real_need, real_read = convert_mod.will_need, convert_mod.read_tensor

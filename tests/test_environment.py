@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mla_convert import out_dir as out_dir_mod
-from mla_convert.cli import app
+from mla_convert.cli.app import app
+from mla_convert.output import out_dir as out_dir_mod
 from support.checkpoints import SHARD1, SHARD2
 
 MANIFEST = "mla-convert-manifest.json"
@@ -306,7 +306,7 @@ def test_overwrite_refuses_an_earlier_output_holding_a_file_of_the_users(tiny_sr
 def test_overwrite_replaces_an_interrupted_output(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     """Killed after its first shard: that shard is not yet in the journal, and still the tool's."""
     out = tmp_path / "out"
-    r = run_cli("convert", tiny_src, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": f"shard-write:{SHARD2}"})
+    r = run_cli("convert", tiny_src, "--out", out, "--quiet", crash_at=f"shard-write:{SHARD2}")
     assert r.returncode == -9 and (out / SHARD1).exists()
     r = run_cli("convert", tiny_src, "--out", out, "--quiet", "--overwrite")
     assert r.returncode == 0, r.stderr

@@ -14,19 +14,19 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from mla_convert.cli import app
-from mla_convert.convert import convert
+from mla_convert.cli.app import app
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
 from mla_convert.errors import SourceError
-from mla_convert.family import MEMBERS, SUPPORTED_ARCHITECTURES
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
-from mla_convert.verify import verify
+from mla_convert.settings import Options
+from mla_convert.source.family import MEMBERS, SUPPORTED_ARCHITECTURES
+from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 
 FP8, BF16 = "channel-fp8", "bf16"
 INDEX = "model.safetensors.index.json"
 # What DeepSeek's FP8 releases quantize, by a module's last name: written out here, independently
-# of mla_convert.family, as the oracle for what a BF16 source's channel-FP8 conversion quantizes.
+# of mla_convert.source.family, as the oracle for what a BF16 source's channel-FP8 conversion quantizes.
 QUANTIZED_LINEARS = {
     "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b", "wk",
     "gate_proj", "up_proj", "down_proj",
@@ -525,7 +525,7 @@ def test_scales_in_a_source_without_quantization_config(src_copy, tmp_path):
 
 
 def test_source_errors_are_typed(src_copy):
-    from mla_convert.checkpoint import open_source
+    from mla_convert.source.checkpoint import open_source
 
     _edit_config(src_copy, qk_nope_head_dim=64)
     with pytest.raises(SourceError, match="qk_nope_head_dim"):
@@ -574,14 +574,14 @@ def test_indexer_layers_and_mlp_types_follow_the_config(family_checkpoints, load
     """An index_topk_pattern 'S' layer (or one index_topk_freq skips) shares another layer's top-k and
     holds no indexer, as vLLM and transformers build it; MTP layers always hold one. GLM's
     mlp_layer_types, where given, says which layers are MoE."""
-    from mla_convert.family import Layout, implied_tensors
+    from mla_convert.source.family import ModelLayout, implied_tensors
 
     cfg = load_json(family_checkpoints.source("glm-5") / "config.json")
-    assert Layout.of(cfg).indexer_layers == {0, 1, 2, 3}
-    assert Layout.of(cfg | {"index_topk_pattern": "FSF"}).indexer_layers == {0, 2, 3}
-    assert Layout.of(cfg | {"index_topk_freq": 2, "index_skip_topk_offset": 1}).indexer_layers == {0, 2, 3}
+    assert ModelLayout.of(cfg).indexer_layers == {0, 1, 2, 3}
+    assert ModelLayout.of(cfg | {"index_topk_pattern": "FSF"}).indexer_layers == {0, 2, 3}
+    assert ModelLayout.of(cfg | {"index_topk_freq": 2, "index_skip_topk_offset": 1}).indexer_layers == {0, 2, 3}
     names = implied_tensors(cfg | {"index_topk_pattern": "FSF", "mlp_layer_types": ["sparse", "dense", "dense"]})
     assert "model.layers.1.self_attn.indexer.wk.weight" not in names
     assert "model.layers.3.self_attn.indexer.wk.weight" in names
     assert "model.layers.0.mlp.experts.0.up_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
-    assert Layout.of(load_json(family_checkpoints.source("kimi-k2") / "config.json")).indexer_layers == set()
+    assert ModelLayout.of(load_json(family_checkpoints.source("kimi-k2") / "config.json")).indexer_layers == set()

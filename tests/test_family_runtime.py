@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mla_convert.family import MEMBERS
+from mla_convert.source.family import MEMBERS
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.artifacts import open_artifacts
 from mla_runtime.format import w_uk_t_name, w_uv_name

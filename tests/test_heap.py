@@ -5,7 +5,7 @@ import sys
 
 CHILD = """
 import resource, sys, torch
-from mla_convert.heap import keep_freed_pages
+from mla_convert.process.heap import keep_freed_pages
 if sys.argv[1] == "on":
     assert keep_freed_pages() and keep_freed_pages()  # idempotent
 def faults():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mla_convert.convert import convert
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
 from mla_convert.errors import SourceError
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.settings import Options
 from support.checkpoints import SHARD1, SHARD2
 
 REPO = "deepseek-ai/Tiny-R1"
@@ -120,9 +120,7 @@ def test_interrupted_stream_resumes_without_downloading_converted_shards(
     hub, converted, tmp_path, run_cli, tree_hashes
 ):
     out = tmp_path / "out"
-    r = run_cli(
-        "deepseek-r1", REPO, "--out", out, "--stream", "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD2}"}
-    )
+    r = run_cli("deepseek-r1", REPO, "--out", out, "--stream", "--quiet", crash_at=f"after-job:{SHARD2}")
     assert r.returncode == -9, r.stderr
     assert fetches(hub, SHARD1) == 1
     r = run_cli("deepseek-r1", REPO, "--out", out, "--stream", "--resume", "--json")
@@ -171,7 +169,7 @@ def test_stream_needs_a_hub_source(tiny_src, tmp_path, run_cli):
 def test_streamer_window_holds_when_jobs_finish_out_of_order(tmp_path, monkeypatch):
     """Deterministic: job k reads shards k and k+1 (a scale in the next shard); a later job
     finishing first must not move the download window or delete shards still needed."""
-    from mla_convert import hub as hub_mod
+    from mla_convert.source import hub as hub_mod
 
     fetched = []
 
@@ -203,7 +201,7 @@ def test_a_branch_that_moves_between_plan_and_download_is_refused(hub, tiny_src,
     """The plan (and its free-space and --resume checks) is made for the commit the branch named then;
     if `main` moves before the download resolves it again, the run stops instead of converting
     another commit than it checked."""
-    from mla_convert import hub as hub_mod
+    from mla_convert.source import hub as hub_mod
 
     other = write_checkpoint(tmp_path / "other", CheckpointSpec(seed=1))
     real = hub_mod.prepare_staging

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_convert import interrupts, native
+from mla_convert.kernels import native
+from mla_convert.process import interrupts
 
 MANIFEST = "mla-convert-manifest.json"
 INTERRUPTED = "error: interrupted; the output directory is incomplete (finish it with --resume)"

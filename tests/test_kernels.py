@@ -8,12 +8,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mla_convert import kernels as kernels_mod
-from mla_convert import native
-from mla_convert.convert import convert
-from mla_convert.kernels import eager_kernels, resolve_mode, same_values, select_kernels
-from mla_convert.plan import Options
-from mla_convert.synthetic import quantize_block_fp8
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import quantize_block_fp8
+from mla_convert.errors import ConvertError
+from mla_convert.kernels import native
+from mla_convert.kernels import select as kernels_mod
+from mla_convert.kernels.bits import same_values
+from mla_convert.kernels.select import eager_kernels, resolve_mode, select_kernels
+from mla_convert.settings import Options
+from mla_convert.verification import readers as readers_mod
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +32,22 @@ def fast():
 
 
 @pytest.fixture
+def fresh_readers():
+    """verify's readers probed afresh in this test, and again by whoever asks after it."""
+    readers_mod.reset()
+    yield readers_mod
+    readers_mod.reset()
+
+
+@pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
     """No built library in memory or in a private cache, and no cached kernel choice."""
     monkeypatch.setenv("MLA_CONVERT_CACHE", str(tmp_path / "native-cache"))
-    monkeypatch.setattr(native, "_LIB", None)
-    monkeypatch.setattr(kernels_mod, "_CACHE", {})
-    return tmp_path / "native-cache"
+    native.reset()
+    kernels_mod.CHOICES.clear()
+    yield tmp_path / "native-cache"
+    native.reset()  # the next test loads the library of the default cache again
+    kernels_mod.CHOICES.clear()
 
 
 @pytest.mark.slow
@@ -204,7 +217,7 @@ def test_auto_mode_policy(monkeypatch):
     with pytest.raises(ValueError):
         resolve_mode("fast", 1)
     monkeypatch.setenv("MLA_CONVERT_KERNELS", "fast")
-    with pytest.raises(ValueError, match="MLA_CONVERT_KERNELS"):
+    with pytest.raises(ConvertError, match="MLA_CONVERT_KERNELS='fast': expected one of auto, native, compile, eager"):
         resolve_mode("auto", 1)
 
 
@@ -317,7 +330,7 @@ def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
     """verify --source's one-pass C check against the same formulas in torch, per row: the maxima,
     counts and first bad column exactly (they do not depend on summation order), the sums closely.
     Shapes cover whole segments, a block wider than a segment, and tails that fill only some lanes."""
-    from mla_convert.numerics import dequantize_block_fp8
+    from mla_convert.kernels.numerics import dequantize_block_fp8
 
     torch.manual_seed(sum(shape) + block[1])
     w = (torch.randn(shape) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -345,11 +358,10 @@ def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
         torch.testing.assert_close(got[name], want.double().sum(1), rtol=1e-5, atol=0, equal_nan=True)
 
 
-def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkeypatch):
+def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkeypatch, fresh_readers):
     """verify --source counts out-of-bound elements in C only if, on a probe, the C check finds
     exactly the rows, counts and maxima torch's formulation finds."""
-    monkeypatch.setattr(kernels_mod, "_READERS", [])
-    readers = kernels_mod.fp8_readers()
+    readers = readers_mod.fp8_readers()
     assert readers.name == "native" and "bound check agree with torch" in readers.reason
     real = native.fp8_bound_rows
 
@@ -359,21 +371,20 @@ def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkey
         return out
 
     monkeypatch.setattr(native, "fp8_bound_rows", misses_one)
-    monkeypatch.setattr(kernels_mod, "_READERS", [])
-    readers = kernels_mod.fp8_readers()
+    fresh_readers.reset()
+    readers = readers_mod.fp8_readers()
     assert (readers.name, readers.reason) == ("torch", "native bound check disagreed with torch on the probe")
 
 
-def test_verify_readers_fall_back_to_torch_without_a_c_compiler(fresh_native, monkeypatch):
+def test_verify_readers_fall_back_to_torch_without_a_c_compiler(fresh_native, monkeypatch, fresh_readers):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(kernels_mod, "_READERS", [])
-    readers = kernels_mod.fp8_readers()
-    assert readers.name == "torch" and readers.decode is kernels_mod.TORCH_READERS.decode
+    readers = readers_mod.fp8_readers()
+    assert readers.name == "torch" and readers.decode is readers_mod.TORCH_READERS.decode
     assert readers.reason.startswith("native library unavailable (") and "/nonexistent/cc" in readers.reason
 
 
 @pytest.mark.parametrize("how", ["disagrees", "raises"])
-def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeypatch, how):
+def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeypatch, fresh_readers, how):
     real = native.row_max_codes
 
     def broken(t):
@@ -382,8 +393,7 @@ def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeyp
         return real(t) ^ 1
 
     monkeypatch.setattr(native, "row_max_codes", broken)
-    monkeypatch.setattr(kernels_mod, "_READERS", [])
-    readers = kernels_mod.fp8_readers()
+    readers = readers_mod.fp8_readers()
     assert readers.name == "torch" and readers.row_max_codes is not broken
     why = {
         "disagrees": "disagreed with torch on the probe",
@@ -410,10 +420,9 @@ def test_native_code_count_equals_torch_across_threads_and_stretches():
         torch.set_num_threads(before)
 
 
-def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeypatch):
+def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeypatch, fresh_readers):
     real = native.count_code
     monkeypatch.setattr(native, "count_code", lambda t, code: max(0, real(t, code) - 1))
-    monkeypatch.setattr(kernels_mod, "_READERS", [])
-    readers = kernels_mod.fp8_readers()
+    readers = readers_mod.fp8_readers()
     assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
-    assert readers.count_code is kernels_mod.TORCH_READERS.count_code
+    assert readers.count_code is readers_mod.TORCH_READERS.count_code

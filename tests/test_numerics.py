@@ -1,18 +1,17 @@
-"""mla_convert.numerics against the slow reference in tests/support/reference.py."""
+"""mla_convert.kernels.numerics against the slow reference in tests/support/reference.py."""
 
 import pytest
 import torch
 
-from mla_convert.numerics import (
-    FP8_MAX,
-    SIGNED_ZERO,
+from mla_convert.constants import FP8_MAX, SIGNED_ZERO
+from mla_convert.demo.synthetic import quantize_block_fp8
+from mla_convert.kernels.numerics import (
     block_to_channel_fp8,
     dequantize_block_fp8,
     float_to_channel_fp8,
     quantize_channel_fp8,
     to_bf16,
 )
-from mla_convert.synthetic import quantize_block_fp8
 
 # Full blocks, partial edge blocks in either dimension (576 rows = 4.5 blocks, like kv_a_proj_with_mqa).
 SHAPES = [(128, 128), (576, 384), (300, 200), (129, 257), (1, 1), (5, 130)]
@@ -116,7 +115,7 @@ def test_inputs_are_not_mutated(reference):
 
 def test_e8m0_decode_every_code(reference):
     """Every float8_e8m0fnu code: 2^(v - 127) (v = 0 a float32 subnormal), 255 NaN; torch agrees."""
-    from mla_convert.numerics import decode_e8m0
+    from mla_convert.kernels.numerics import decode_e8m0
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e8m0fnu)
     got, want = decode_e8m0(codes), reference.decode_e8m0(codes)

@@ -5,10 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mla_convert import read_ahead
-from mla_convert.manifest import MANIFEST_NAME
-from mla_convert.read_ahead import plan_startup_reads, read_ahead_in_background
-from mla_convert.verify.order import FILE_THREADS, first_files, largest_first
+from mla_convert.constants import MANIFEST_NAME
+from mla_convert.io import read_ahead
+from mla_convert.io.read_ahead import plan_startup_reads, read_ahead_in_background
+from mla_convert.verification.order import FILE_THREADS, first_files, largest_first
 
 
 def test_startup_reads_take_turns_between_the_files_read_at_once():
@@ -50,7 +50,7 @@ def test_first_files_are_the_ones_verify_starts_with(converted):
 def test_the_read_ahead_runs_before_torch_is_imported():
     """The CLI starts it before `import torch`; if these modules pulled torch in, the read-ahead
     would start only after the ~2.5 s it is meant to overlap."""
-    code = "import sys, mla_convert.read_ahead, mla_convert.verify, mla_convert.verify.order; print('torch' in sys.modules)"
+    code = "import sys, mla_convert.io.read_ahead, mla_convert.verification, mla_convert.verification.order; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
     )

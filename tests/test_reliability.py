@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from mla_convert.checkpoint import open_source
-from mla_convert.cli import app
+from mla_convert.cli.app import app
 from mla_convert.errors import SourceError
-from mla_convert.safetensors_io import read_header
+from mla_convert.io.headers import read_header
+from mla_convert.source.checkpoint import open_source
 from support.checkpoints import SHARD1, SHARD2, load_json
 
 MANIFEST = "mla-convert-manifest.json"
@@ -38,7 +38,7 @@ def assert_not_complete(out: Path, killed: bool = False) -> None:
 )
 def test_sigkill_then_resume_is_byte_identical(tiny_src, converted, tmp_path, point, run_cli, tree_hashes):
     out = tmp_path / "out"
-    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": point})
+    r = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet", crash_at=point)
     assert r.returncode == -9, r.stderr
     assert_not_complete(out, killed=True)
     again = run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet")
@@ -64,7 +64,7 @@ def test_resume_redoes_a_damaged_finished_shard(tiny_src, converted, tmp_path, r
 
 def test_resume_refuses_other_options_or_source(src_copy, tmp_path, run_cli):
     out = tmp_path / "out"
-    r = run_cli("deepseek-r1", src_copy, "--out", out, "--quiet", env={"MLA_CONVERT_CRASH_AT": f"after-job:{SHARD1}"})
+    r = run_cli("deepseek-r1", src_copy, "--out", out, "--quiet", crash_at=f"after-job:{SHARD1}")
     assert r.returncode == -9
     r = run_cli("deepseek-r1", src_copy, "--out", out, "--resume", "--format", "bf16", "--quiet")
     assert r.returncode != 0 and "format recorded 'channel-fp8', requested 'bf16'" in r.stderr

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mla_convert.convert import convert
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.settings import Options
 from mla_runtime import ArtifactError, open_artifacts
 from mla_runtime.artifacts import head_range
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name

@@ -28,8 +28,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mla_convert.convert import convert
-from mla_convert.plan import Options
+from mla_convert.conversion.pipeline import convert
+from mla_convert.settings import Options
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.format import MlaDims
 from support.artifacts import read_artifacts, write_artifacts

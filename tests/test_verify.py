@@ -13,15 +13,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from mla_convert.cli import app
-from mla_convert.convert import convert
+from mla_convert.cli.app import app
+from mla_convert.constants import MANIFEST_NAME
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
 from mla_convert.errors import VerificationError
-from mla_convert.manifest import MANIFEST_NAME
-from mla_convert.numerics import quantize_channel_fp8
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
-from mla_convert.verify import verify
-from mla_convert.verify.bounds import fp8_allowed_error, functional_error
+from mla_convert.kernels.numerics import quantize_channel_fp8
+from mla_convert.settings import Options
+from mla_convert.verification import verify
+from mla_convert.verification.bounds import fp8_allowed_error, functional_error
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 
 FP8, BF16 = "channel-fp8", "bf16"
@@ -56,6 +56,16 @@ def other(tmp_path_factory) -> dict:
 def out(request, converted, tmp_path) -> Path:
     """A private copy of a clean conversion, in both formats."""
     return Path(shutil.copytree(converted[request.param], tmp_path / "out"))
+
+
+@pytest.fixture
+def torch_readers():
+    """verify's readers module; a test may switch to torch's own readers (use(TORCH_READERS)), and
+    the next test probes afresh."""
+    from mla_convert.verification import readers
+
+    yield readers
+    readers.reset()
 
 
 @pytest.fixture
@@ -202,11 +212,9 @@ def test_gaudi2_output_has_no_negative_zero_code(converted, tiny_src, tmp_path, 
 
 
 @pytest.mark.parametrize("readers", ["native", "torch"])
-def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, monkeypatch, readers):
+def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, torch_readers, readers):
     """One +0 code turned into -0: the same value (the source comparison cannot see it), one
     values failure naming the file, the tensor and the count, with either fp8 reader."""
-    from mla_convert import kernels
-
     out = tmp_path / "g2"
     convert(tiny_src, out, Options(target="gaudi2"))
     name = "model.layers.1.self_attn.q_b_proj.weight"
@@ -215,7 +223,7 @@ def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, monkeypatc
     patch_bytes(out / rel, begin + (out / rel).read_bytes()[begin:end].index(b"\x00"), b"\x80")
     fix_hash(out, rel)
     if readers == "torch":
-        monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
+        torch_readers.use(torch_readers.TORCH_READERS)
     _, report = run(out, tiny_src)
     assert report["readers"] == readers
     assert [f["message"] for f in failures(report)] == [
@@ -501,7 +509,7 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
 def test_artifact_damage_is_located_across_head_chunks(out, tiny_src, monkeypatch, with_source):
     """The artifact comparisons run a few heads at a time; a damaged element in a later chunk is
     counted once and reported at its place in the whole tensor."""
-    from mla_convert.verify import stream as verify_stream
+    from mla_convert.verification import stream as verify_stream
 
     monkeypatch.setattr(verify_stream, "HEADS_PER_CHUNK", 1)
 
@@ -656,11 +664,10 @@ def test_report_lists_tolerances_and_counts(converted):
 
 
 @pytest.mark.parametrize("what", ["byte", "nan", "scale"])
-def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, what):
+def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, torch_readers, what):
     """verify --source runs its fp8 checks in C when the native library matches torch; on a
     broken output both passes report the same failures, counts and first locations."""
-    from mla_convert import kernels
-
+    kernels = torch_readers
     name = "model.layers.1.self_attn.q_b_proj.weight"
     rel = shard_of(fp8_out, name)
     begin, end = data_offset(fp8_out / rel, name)
@@ -673,7 +680,7 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, wh
     fix_hash(fp8_out, rel)
     assert kernels.fp8_readers().name == "native"
     _, native_report = run(fp8_out, tiny_src)
-    monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
+    kernels.use(kernels.TORCH_READERS)
     _, torch_report = run(fp8_out, tiny_src)
     assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
@@ -682,11 +689,10 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, monkeypatch, wh
 
 
 @pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC1])  # +Inf, -Inf, a NaN
-def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, monkeypatch, pattern):
+def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, torch_readers, pattern):
     """The NaN/Inf check of bf16 tensors counts exponent bits in C when the library matches
     torch; torch's isfinite locates them. Both report the same failure."""
-    from mla_convert import kernels
-
+    kernels = torch_readers
     out = Path(shutil.copytree(converted[BF16], tmp_path / "out"))
     name = "model.layers.0.mlp.down_proj.weight"
     rel = shard_of(out, name)
@@ -695,7 +701,7 @@ def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, monk
     fix_hash(out, rel)
     assert kernels.fp8_readers().name == "native"
     _, native_report = run(out)
-    monkeypatch.setattr(kernels, "_READERS", [kernels.TORCH_READERS])
+    kernels.use(kernels.TORCH_READERS)
     _, torch_report = run(out)
     assert_fails(native_report, "values", "nan-inf", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
@@ -707,7 +713,7 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     import threading
     import time
 
-    from mla_convert.verify import api as verify_mod
+    from mla_convert.verification import api as verify_mod
 
     rewrite(out / mla_rel(1), lambda t: t[w_uv_name(1)].mul_(2))
     fix_hash(out, mla_rel(1))
@@ -740,7 +746,7 @@ def test_read_buffers_are_reused_in_turn_unless_leased(monkeypatch):
     weight, an MLA artifact) is never written again, and is reused once the lease is released."""
     import io
 
-    from mla_convert.verify.stream import _ReadBuffers
+    from mla_convert.verification.stream import _ReadBuffers
 
     f = io.BytesIO(bytes(range(256)) * 8)
     bufs = _ReadBuffers()
@@ -781,7 +787,7 @@ def test_a_weight_waiting_for_its_scale_keeps_its_buffer(fp8_out, tiny_src):
 def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
     import threading
 
-    from mla_convert.verify.stream import _thread_buffers
+    from mla_convert.verification.stream import _thread_buffers
 
     mine = _thread_buffers()
     other = []
@@ -796,7 +802,7 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
     file system, a signal) is continued, so the rows are still exact."""
     import os
 
-    from mla_convert.verify.stream import Ref, _Reader
+    from mla_convert.verification.stream import Ref, _Reader
 
     t = torch.randn(37, 11)
     path = tmp_path / "source.bin"
@@ -819,7 +825,7 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
 
 
 def test_a_truncated_source_file_names_the_file_and_tensor(tmp_path):
-    from mla_convert.verify.stream import Ref, _Reader, _ReadError
+    from mla_convert.verification.stream import Ref, _Reader, _ReadError
 
     path = tmp_path / "source.bin"
     path.write_bytes(b"\0" * 100)

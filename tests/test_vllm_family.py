@@ -26,9 +26,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mla_convert.convert import convert
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.settings import Options
 from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 

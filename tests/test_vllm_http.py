@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from mla_convert.convert import convert
-from mla_convert.plan import Options
-from mla_convert.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.settings import Options
 from support.vllm_engine_run import engine_env
 
 pytestmark = pytest.mark.vllm

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-# Two of the four shards of the tiny checkpoint (mla_convert.synthetic.CheckpointSpec's defaults).
+# Two of the four shards of the tiny checkpoint (mla_convert.demo.synthetic.CheckpointSpec's defaults).
 SHARD1, SHARD2 = "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors"
 
 

@@ -1,5 +1,6 @@
-"""Device kernel sets for tests, where there is no device: factories for kernels.DEVICE_KERNELS_ENV
-("support.fake_device:NAME"), so that worker processes get them too.
+"""Device kernel sets for tests, where there is no device: factories for the documented hook
+kernels.select.DEVICE_KERNEL_FACTORIES (a test registers one for the device type "meta"; a
+conversion hands it to its worker processes, which import it from here).
 
 Each runs the real eager `numerics` on CPU tensors that divide as a device might:
 
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from mla_convert import kernels, numerics
+from mla_convert.kernels import numerics
+from mla_convert.kernels import select as kernels
 
 _DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide}
 
@@ -61,22 +63,22 @@ def _run_as(cls, funcs: dict) -> dict:
 
 def reciprocal_division(device, block, fp8_max, signed_zero) -> dict:
     _log("factory", _where())
-    return _run_as(_ReciprocalDivision, kernels._funcs(block, fp8_max, signed_zero))
+    return _run_as(_ReciprocalDivision, kernels.eager_funcs(block, fp8_max, signed_zero))
 
 
 def cuda_scalar_division(device, block, fp8_max, signed_zero) -> dict:
     _log("factory", _where())
-    return _run_as(_ScalarReciprocalDivision, kernels._funcs(block, fp8_max, signed_zero))
+    return _run_as(_ScalarReciprocalDivision, kernels.eager_funcs(block, fp8_max, signed_zero))
 
 
 def unsigned_zero_ignored(device, block, fp8_max, signed_zero) -> dict:
     _log("factory", _where())
-    return {op: _logged(op, fn) for op, fn in kernels._funcs(block, fp8_max).items()}
+    return {op: _logged(op, fn) for op, fn in kernels.eager_funcs(block, fp8_max).items()}
 
 
 def subnormals_flushed(device, block, fp8_max, signed_zero) -> dict:
     _log("factory", _where())
-    funcs = kernels._funcs(block, fp8_max, signed_zero)
+    funcs = kernels.eager_funcs(block, fp8_max, signed_zero)
 
     def dequant(w, s):
         x = numerics.dequantize_block_fp8(w, s, block)
@@ -124,7 +126,7 @@ def _log(event: str, detail: str) -> None:
 
 def bf16_truncated(device, block, fp8_max, signed_zero) -> dict:
     _log("factory", _where())
-    funcs = kernels._funcs(block, fp8_max, signed_zero)
+    funcs = kernels.eager_funcs(block, fp8_max, signed_zero)
 
     def to_bf16(w, s):
         bits = numerics.dequantize_block_fp8(w, s, block).view(torch.int32) >> 16

@@ -1,0 +1,127 @@
+"""`mla-convert convert SOURCE --out DIR`, and its preset `deepseek-r1` (DeepSeek-R1 as the default
+SOURCE)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from pathlib import Path
+
+import typer
+
+from mla_convert.cli import console
+from mla_convert.cli.errors import INTERRUPTED, errors_to_exit
+from mla_convert.cli.options import (
+    DeviceOpt,
+    DryRunOpt,
+    FormatOpt,
+    IgnoreFreeSpaceOpt,
+    IgnoreOpt,
+    JsonOpt,
+    KernelsOpt,
+    OutOpt,
+    OverwriteOpt,
+    QuietOpt,
+    ResumeOpt,
+    RevisionOpt,
+    SourceArg,
+    StreamOpt,
+    TargetOpt,
+    WorkersOpt,
+    WriteIoOpt,
+)
+from mla_convert.cli.startup import start_heavy_process
+from mla_convert.constants import COMPLETE, MANIFEST_NAME
+from mla_convert.output.manifest import readable_manifest
+from mla_convert.settings import Options, RunSettings
+from mla_convert.source.family import architectures_help
+
+DEFAULT_R1 = "deepseek-ai/DeepSeek-R1"
+EPILOG = "Supported architectures (detected from config.json):\n\n" + architectures_help()
+R1_HELP = (
+    "The convert command with DeepSeek-R1 (deepseek-ai/DeepSeek-R1) as the default SOURCE; any supported "
+    "checkpoint may be given instead. A Hub source is planned from its file list and shard headers first: the "
+    "sizes and the disk space needed against what is free are printed, and a disk too small is refused, before "
+    "anything is downloaded."
+)
+
+
+# The defaults are read from RunSettings' class attributes (where a dataclass keeps each field's
+# default), not from an instance; and Options' from its fields: the one home of each default.
+def convert(
+    source: SourceArg,
+    out: OutOpt = ...,
+    format: FormatOpt = Options.format,
+    target: TargetOpt = Options.target,
+    ignore: IgnoreOpt = None,
+    revision: RevisionOpt = RunSettings.revision,
+    stream: StreamOpt = RunSettings.stream,
+    workers: WorkersOpt = RunSettings.workers,
+    dry_run: DryRunOpt = RunSettings.dry_run,
+    overwrite: OverwriteOpt = RunSettings.overwrite,
+    resume: ResumeOpt = RunSettings.resume,
+    ignore_free_space: IgnoreFreeSpaceOpt = RunSettings.ignore_free_space,
+    device: DeviceOpt = RunSettings.device,
+    kernels: KernelsOpt = RunSettings.kernels,
+    write_io: WriteIoOpt = RunSettings.write_io,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert a checkpoint of the MLA family (block-FP8 or BF16) and precompute its MLA weights."""
+    with errors_to_exit(functools.partial(_interrupted, out)), console.reporter(quiet, "converting") as report:
+        report.status("starting (loading torch)")
+        start_heavy_process()
+        from mla_convert.conversion.pipeline import convert as run_conversion
+
+        options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        settings = RunSettings(
+            workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
+            stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,
+            ignore_free_space=ignore_free_space, progress_factory=None if dry_run else report.progress_factory,
+            status=report.status, notice=report.notice,
+        )  # fmt: skip
+        if quiet or json_out:
+            from huggingface_hub.utils import disable_progress_bars, logging
+
+            disable_progress_bars()
+            if quiet:  # its retry warnings too: errors only
+                logging.set_verbosity_error()
+        summary = run_conversion(source, out, options, settings)
+    report_summary(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
+
+
+def _interrupted(out: Path) -> str:
+    """What an interrupted conversion left in --out, for the one line that says so."""
+    if not (out / MANIFEST_NAME).is_file():
+        return f"interrupted before the conversion wrote to {out}"
+    if (readable_manifest(out) or {}).get("status") == COMPLETE:
+        return f"interrupted; {out} holds a finished conversion"
+    return INTERRUPTED
+
+
+def with_default_source(command, default: str):
+    """`command` with SOURCE optional, defaulting to `default`: a preset of the same options,
+    declared once (Typer reads the options from the signature)."""
+
+    @functools.wraps(command)
+    def preset(**kwargs):
+        return command(**kwargs)
+
+    sig = inspect.signature(command, eval_str=True)
+    preset.__signature__ = sig.replace(
+        parameters=[p.replace(default=default) if p.name == "source" else p for p in sig.parameters.values()]
+    )
+    return preset
+
+
+deepseek_r1 = with_default_source(convert, DEFAULT_R1)
+
+
+def report_summary(summary: dict, json_out: bool, quiet: bool, title: str, source_arg: str | None = None) -> None:
+    if summary.get("device_check") in ("differed", "failed") and not quiet:  # the user asked for that device
+        typer.echo(f"warning: --device {summary['device']}: {summary['device_reason']}", err=True)
+    if json_out:
+        typer.echo(json.dumps(summary, indent=2))
+    elif not quiet:
+        console.print_summary(summary, title, source_arg)

@@ -1,0 +1,48 @@
+"""`mla-convert demo`: a tiny checkpoint written, converted and verified, offline."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mla_convert.cli import console
+from mla_convert.cli.convert_cmd import report_summary
+from mla_convert.cli.errors import errors_to_exit
+from mla_convert.cli.options import FamilyOpt, FormatOpt, JsonOpt, QuietOpt, TargetOpt
+from mla_convert.settings import Options
+from mla_convert.source.family import MEMBERS
+from mla_convert.units import gb
+
+
+def demo(
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Where to put the demo (default: a new temporary directory).")
+    ] = None,
+    format: FormatOpt = Options.format,
+    target: TargetOpt = Options.target,
+    member: FamilyOpt = MEMBERS[0],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier demo in --out (and nothing else).")
+    ] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write a tiny checkpoint of a family member (DeepSeek-R1's by default), convert, verify, report. Offline."""
+    with errors_to_exit("demo interrupted; run it again with --overwrite, or remove its directory"):
+        from mla_convert.demo.run import run_demo
+
+        summary, report = run_demo(out, Options(format=format, target=target), overwrite, member)
+    report_summary(summary, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
+    if not (json_out or quiet):
+        where = shlex.quote(summary["demo_dir"])
+        console.print_lines(
+            console.rich_console(),
+            [("demo files", f"{where} ({gb(summary['demo_bytes'])}: the tiny source and its conversion)"),
+             ("remove them", f"rm -r {where}")],
+        )  # fmt: skip
+    if not report["ok"]:
+        console.print_verify_report(report, quiet=True)  # the failures, one per line
+        raise typer.Exit(1)

@@ -1,0 +1,130 @@
+"""The options the commands share, declared once (Typer reads each command's options from its
+signature). Their choices and defaults come from mla_convert.constants and mla_convert.settings,
+which import no torch: --help stays instant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mla_convert.constants import FORMATS, KERNEL_MODES, TARGETS, WRITE_MODES
+from mla_convert.source.family import MEMBERS, SUPPORTED_ARCHITECTURES
+
+
+def choices(values: tuple[str, ...]) -> str:
+    return f"[{'|'.join(values)}]"
+
+
+OutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", "-o", help="Output directory: created, or empty, or (--overwrite) an earlier mla-convert output."
+    ),
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        "-f",
+        metavar=choices(FORMATS),
+        help="channel-fp8 (compressed-tensors, loads as is in vLLM/vllm-gaudi) or bf16.",
+    ),
+]
+TargetOpt = Annotated[
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        metavar=choices(TARGETS),
+        help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240).",
+    ),
+]
+WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards converted in parallel (processes).")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout (progress stays on stderr).")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, status lines or tables; errors only.")]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Replace an earlier mla-convert output in --out (recognised by its manifest, journal or --stream "
+        "staging). Refused if --out holds any file mla-convert did not write.",
+    ),
+]
+SourceArg = Annotated[
+    str,
+    typer.Argument(
+        help=f"Checkpoint directory or Hub repo id; its config.json names one of {', '.join(SUPPORTED_ARCHITECTURES)}."
+    ),
+]
+IgnoreOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore",
+        help="Regex (matched at the start of module names) of linears to leave unquantized (block-FP8 ones "
+        "dequantized to bf16, 16-bit ones copied), recorded as 're:' entries in the config's ignore list; "
+        "repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+    ),
+]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+StreamOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stream",
+        help="Hub source: download each shard just before it is converted and delete it after, so the disk "
+        "holds the output plus a few source shards (not the whole source).",
+    ),
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the plan, and the disk space needed against what is free; write nothing."),
+]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Finish an interrupted conversion in --out: verified files are kept, the rest redone. "
+        "Refused if the source or options differ.",
+    ),
+]
+IgnoreFreeSpaceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-free-space",
+        help="Convert even when a filesystem reports less free space than the plan needs. For filesystems that "
+        "misreport it (some network and FUSE filesystems, quotas the report does not show); where the space "
+        "really runs out, the run stops with an error and can be finished with --resume.",
+    ),
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Used only where it gives the CPU's bytes: "
+        "every process first checks it bit-identical to the CPU on a probe set, else the CPU converts and the "
+        "summary says why.",
+    ),
+]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        "--kernels",
+        metavar=choices(KERNEL_MODES),
+        help="auto: native C kernels built for this CPU, else torch.compile (large checkpoints), else eager; "
+        "or native / compile / eager. Whatever runs is first checked bit-identical to eager.",
+    ),
+]
+WriteIoOpt = Annotated[
+    str,
+    typer.Option(
+        "--write-io",
+        metavar=choices(WRITE_MODES),
+        help="auto: write shards with O_DIRECT on a local disk filesystem (ext4, xfs, btrfs, ...) that accepts "
+        "it (no page-cache copy, far less CPU), else through the page cache (NFS, FUSE, tmpfs); or direct / "
+        "buffered. The bytes written are the same.",
+    ),
+]
+FamilyOpt = Annotated[str, typer.Option("--family", metavar=choices(MEMBERS), help="Which member's tiny checkpoint.")]

@@ -1,0 +1,47 @@
+"""What a converting or verifying command does before its work, and how it ends when interrupted."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from mla_convert.process import interrupts
+from mla_convert.process.heap import keep_freed_pages
+
+
+def start_heavy_process() -> None:
+    """What a converting or verifying command does first (its workers: process.workers.worker_init).
+
+    Import torch with the cyclic GC paused, then keep its objects out of later collections: its
+    import creates a great many long-lived objects, and the GC would walk them again and again on
+    the way, a large part of every command's start-up. Then keep freed heap pages (process.heap).
+    """
+    import gc
+
+    # A Ctrl-C raised inside torch's import can be swallowed by its C code (torch._C imports numpy
+    # and goes on without it when that fails), leaving a command that runs on: it is held back
+    # until the import is done, and raised then.
+    gc.disable()
+    try:
+        with interrupts.deferred():
+            import torch  # noqa: F401
+    finally:
+        gc.enable()
+    gc.freeze()
+    keep_freed_pages()
+
+
+# Threads that an interrupted command leaves to finish on their own (by name prefix, in the
+# module that starts them): verify's file readers (each on its tensor: seconds, on R1's largest)
+# and a --stream download (minutes). Their memory is their own and nothing they do is left to
+# finalize, so the process ends as soon as it has said why, without waiting for them.
+_LEFT_RUNNING = {
+    "mla_convert.verification.api": "FILE_THREADS_NAME",
+    "mla_convert.source.hub": "DOWNLOAD_THREAD_NAME",
+}
+
+
+def still_working() -> bool:
+    """Whether threads of _LEFT_RUNNING are still at it (the CLI then ends with os._exit)."""
+    names = [getattr(sys.modules[m], attr) for m, attr in _LEFT_RUNNING.items() if m in sys.modules]
+    return any(t.is_alive() and t.name.startswith(tuple(names)) for t in threading.enumerate()) if names else False

@@ -1,0 +1,45 @@
+"""`mla-convert verify DIR [--source SOURCE]`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mla_convert.cli import console
+from mla_convert.cli.errors import errors_to_exit
+from mla_convert.cli.options import QuietOpt
+from mla_convert.cli.startup import start_heavy_process
+from mla_convert.io.read_ahead import read_ahead_in_background
+from mla_convert.verification.order import files_at_once, first_files
+
+
+def verify(
+    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")],
+    source: Annotated[
+        str | None,
+        typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Files checked in parallel (processes).")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON on stdout.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
+
+    Exit code 0: every check passed; 1: a check failed; 2: verification could not run; 130: interrupted
+    (verify only reads: nothing was changed)."""
+    read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
+    with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
+        progress.status("starting (loading torch)")
+        start_heavy_process()
+        from mla_convert.verification.api import verify as run_verify
+
+        progress.status(f"reading the headers in {dir}")
+        report = run_verify(dir, source, workers=workers, progress_factory=progress.progress_factory)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        console.print_verify_report(report, quiet)
+    raise typer.Exit(report["exit_code"])

@@ -1,0 +1,66 @@
+"""Every choice list, dtype name and file name of mla-convert, in one module without torch.
+
+The command line reads its choices from here for `--help` (torch is not imported yet), and every
+module that checks or writes one of these values takes it from here. What the runtime reads as
+well (the MLA directory, the conversion manifest's name, config.json) is owned by
+`mla_runtime.format` and named here too.
+"""
+
+from __future__ import annotations
+
+from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MLA_DIR_NAME
+from mla_runtime.format import MANIFEST_NAME as MLA_MANIFEST_NAME
+
+TOOL_NAME = "mla-convert"  # the producer named in both manifests
+
+# --- what the output is (Options) ---------------------------------------------------------------
+
+CHANNEL_FP8, BF16 = "channel-fp8", "bf16"
+FORMATS = (CHANNEL_FP8, BF16)
+GAUDI3, GAUDI2 = "gaudi3", "gaudi2"
+FP8_MAX = {GAUDI3: 448.0, GAUDI2: 240.0}  # the largest e4m3 magnitude each target's FP8 range holds
+TARGETS = tuple(FP8_MAX)
+# Whether a target's FP8 weights may hold e4m3fn's -0 (code 0x80). Gaudi2's nominal format is
+# float8_e4m3fnuz, in which 0x80 is NaN: its outputs write every zero as +0.
+SIGNED_ZERO = {GAUDI3: True, GAUDI2: False}
+
+# --- how a conversion runs (RunSettings) --------------------------------------------------------
+
+KERNELS_AUTO = "auto"
+KERNEL_MODES = (KERNELS_AUTO, "native", "compile", "eager")
+WRITE_AUTO, WRITE_DIRECT, WRITE_BUFFERED = "auto", "direct", "buffered"
+WRITE_MODES = (WRITE_AUTO, WRITE_DIRECT, WRITE_BUFFERED)
+
+# --- safetensors dtype names --------------------------------------------------------------------
+
+FP8_E4M3 = "F8_E4M3"
+FLOAT_WEIGHT_DTYPES = ("BF16", "F16", "F32")  # 16- and 32-bit float tensors: copied as they are, or quantized
+BLOCK_SCALE_DTYPES = ("F32", "F8_E8M0")  # float32, or float8_e8m0fnu: 2^(v - 127), 0xFF is NaN
+FLOAT_DTYPES = (FP8_E4M3, "F8_E5M2", "BF16", "F16", "F32", "F64")  # tensors whose values verify checks
+
+# --- the source checkpoint ----------------------------------------------------------------------
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_FILE_NAME = "model.safetensors"
+BLOCK_SCALE_SUFFIX = ".weight_scale_inv"
+CHANNEL_SCALE_SUFFIX = ".weight_scale"
+
+# --- files under --out --------------------------------------------------------------------------
+
+MANIFEST_NAME = CONVERT_MANIFEST_NAME  # the conversion manifest: options, fingerprint, every file's sha256
+JOURNAL_NAME = ".mla-convert-journal.jsonl"  # finished shard jobs of a run in progress (--resume)
+PARTIAL_SUFFIX = ".partial"  # an output file is written as .NAME.partial and renamed when complete
+STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
+PROBE_NAME = ".mla-convert-write-probe"  # --write-io's test file, removed at once
+DEMO_MARKER_NAME = ".mla-convert-demo.json"  # the demo's record of the files it wrote
+
+# The conversion manifest's status: 'incomplete' from before the first output file until the last.
+COMPLETE, INCOMPLETE = "complete", "incomplete"
+
+__all__ = [
+    "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
+    "CONFIG_NAME", "DEMO_MARKER_NAME", "FLOAT_DTYPES", "FLOAT_WEIGHT_DTYPES", "FORMATS", "FP8_E4M3", "FP8_MAX",
+    "GAUDI2", "GAUDI3", "INCOMPLETE", "INDEX_NAME", "JOURNAL_NAME", "KERNELS_AUTO", "KERNEL_MODES", "MANIFEST_NAME",
+    "MLA_DIR_NAME", "MLA_MANIFEST_NAME", "PARTIAL_SUFFIX", "PROBE_NAME", "SIGNED_ZERO", "SINGLE_FILE_NAME",
+    "STAGING_DIR_NAME", "TARGETS", "TOOL_NAME", "WRITE_AUTO", "WRITE_BUFFERED", "WRITE_DIRECT", "WRITE_MODES",
+]  # fmt: skip

@@ -1,0 +1,53 @@
+"""The last stage of a conversion: side files, config.json, the index and the MLA manifest, each
+written atomically and hashed; then the conversion manifest marks the output complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mla_convert.constants import COMPLETE, CONFIG_NAME, INDEX_NAME, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
+from mla_convert.conversion.crash_points import crash_point
+from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
+from mla_convert.output.manifest import write_manifest
+from mla_convert.plan.planner import Plan, mla_file_rel
+from mla_convert.source.checkpoint import checked_member
+from mla_convert.version import __version__
+from mla_runtime.format import LayerEntry, MlaManifest
+
+
+def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
+    """Side files, config, index, MLA manifest, then the manifest 'complete' with every file of
+    `files` (the shard jobs' files; the ones written here are added)."""
+    src = plan.source
+
+    def record(rel: str, w: WrittenFile) -> None:
+        files[rel] = {"size": w.size, "sha256": w.sha256}
+
+    for rel in src.side_files:
+        record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
+    record(CONFIG_NAME, write_bytes_atomic(out_dir / CONFIG_NAME, _json_bytes(plan.config)))
+    weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
+    total = sum(job.out_bytes for job in plan.shards)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    crash_point("index")
+    record(INDEX_NAME, write_bytes_atomic(out_dir / INDEX_NAME, _json_bytes(index)))
+    layers = tuple(
+        LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
+        for i in plan.mla_layers
+    )
+    manifest = MlaManifest(
+        dims=src.dims,
+        layers=layers,
+        source_fingerprint=src.fingerprint(),
+        producer={"tool": TOOL_NAME, "version": __version__, "format": plan.options.format},
+    )
+    rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
+    crash_point("mla-manifest")
+    record(rel, write_bytes_atomic(out_dir / rel, manifest.to_json().encode()))
+    crash_point("final-manifest")
+    write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files)
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()

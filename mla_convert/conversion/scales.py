@@ -1,0 +1,39 @@
+"""The source's block scales, checked before they are used: NaN or Inf (for E8M0, the NaN code 0xFF)
+is refused, naming the file and tensor. A local source's scales are all read before the first
+output byte (about 0.02 % of its bytes); a Hub source's as its shards arrive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mla_convert.errors import SourceError
+from mla_convert.io.tensors import read_tensor
+from mla_convert.kernels.numerics import E8M0_NAN, block_scale_f32
+from mla_convert.source.checkpoint import SourceCheckpoint
+from mla_runtime.safetensors_file import TensorInfo
+
+
+def check_scale_values(src: SourceCheckpoint) -> None:
+    """Read every block scale of `src` and refuse NaN/Inf (E8M0: the NaN code 0xFF)."""
+    by_file: dict[str, list[TensorInfo]] = {}
+    for pair in src.fp8.values():
+        by_file.setdefault(pair.scale_file, []).append(pair.scale)
+    for rel, infos in sorted(by_file.items()):
+        path = src.root / rel
+        start = src.headers[rel].data_start
+        with open(path, "rb") as f:
+            for info in sorted(infos, key=lambda i: i.begin):
+                scale = read_tensor(f, start + info.begin, info.dtype, info.shape, path, info.name)
+                check_scale(scale, path, info.name)
+
+
+def check_scale(scale: torch.Tensor, path: Path | str, name: str) -> torch.Tensor:
+    """A block scale as float32, or SourceError if it holds NaN/Inf (E8M0: the NaN code 0xFF)."""
+    if scale.dtype == torch.float8_e8m0fnu:
+        if bool((scale.view(torch.uint8) == E8M0_NAN).any()):
+            raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
+    elif not torch.isfinite(scale).all():
+        raise SourceError(f"{path}: scale {name!r} contains NaN or Inf")
+    return block_scale_f32(scale)

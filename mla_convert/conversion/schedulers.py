@@ -1,0 +1,143 @@
+"""Run the shard jobs of a conversion: one at a time in this process (each job's commits overlapping
+the next job), or up to N at once in worker processes; with --stream, each job's source shards
+downloaded just before it and deleted once it is recorded."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+from collections.abc import Callable
+from pathlib import Path
+
+from mla_convert.conversion.crash_points import crash_point
+from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, run_shard_job, start_shard_job
+from mla_convert.io.shard_writer import BackgroundCommits
+from mla_convert.output.journal import Journal, remove_partials
+from mla_convert.plan.planner import Plan
+from mla_convert.process.workers import process_pool
+from mla_convert.process.workers import stop as workers_stop
+from mla_convert.settings import ProgressFn
+from mla_convert.source import hub
+
+JobDone = Callable[[str, list], None]  # (job file, [(relative path, size, sha256)])
+InputsReady = Callable[[JobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
+RecordFn = Callable[[JobSpec, list], None]  # the step after each finished job (execute's record)
+
+
+def execute(
+    specs: list[JobSpec],
+    workers: int,
+    *,
+    progress: ProgressFn | None = None,
+    on_job_done: JobDone | None = None,
+    inputs_ready: InputsReady | None = None,
+) -> dict[str, dict]:
+    """Write every shard and MLA layer of `specs`, in order; returns {relative path: {size, sha256}}.
+
+    `inputs_ready(spec, timeout)` says whether a job's source files are there (--stream), waiting
+    up to `timeout` (None: until they are); at most `workers` jobs run at once.
+    `on_job_done(job_file, files)` runs here once a job's files are all in place.
+    """
+    files: dict[str, dict] = {}
+
+    def record(spec: JobSpec, results: list[tuple[str, int, str]]) -> None:
+        """The one step after a job, in either scheduler: note its files, tell the caller, crash point."""
+        for rel, size, sha in results:
+            files[rel] = {"size": size, "sha256": sha}
+        if on_job_done:
+            on_job_done(spec.job.file, results)
+        crash_point(f"after-job:{spec.job.file}")
+
+    if workers <= 1:
+        run_in_process(specs, record, progress, inputs_ready)
+    else:
+        run_in_pool(specs, workers, record, progress, inputs_ready)
+    return files
+
+
+def run_in_process(
+    specs: list[JobSpec], record: RecordFn, progress: ProgressFn | None, inputs_ready: InputsReady | None
+) -> None:
+    """One job at a time in this process; its files' commits overlap the next job, and finished
+    jobs are recorded in order."""
+    with BackgroundCommits() as commits:
+        waiting: collections.deque[tuple[JobSpec, PendingFiles]] = collections.deque()
+
+        def settle(wait: bool) -> None:  # record finished jobs, in order
+            while waiting and (wait or all(fut.done() for _, fut in waiting[0][1])):
+                spec, pending = waiting.popleft()
+                record(spec, committed(pending))
+
+        for spec in specs:
+            # A job is recorded (and, streaming, its shards released) only once committed;
+            # keep settling while the next job's inputs may be waiting on that.
+            while inputs_ready and not inputs_ready(spec, 0.05 if waiting else None):
+                settle(wait=False)
+            waiting.append((spec, start_shard_job(spec, commits, progress)))
+            settle(wait=False)
+        settle(wait=True)
+
+
+def run_in_pool(
+    specs: list[JobSpec],
+    workers: int,
+    record: RecordFn,
+    progress: ProgressFn | None,
+    inputs_ready: InputsReady | None,
+) -> None:
+    """Up to `workers` jobs at once in worker processes, each recorded as it finishes."""
+    with process_pool(workers) as pool:
+        running: dict[cf.Future, JobSpec] = {}
+
+        def collect(timeout: float | None = None) -> None:
+            finished, _ = cf.wait(running, timeout, return_when=cf.FIRST_COMPLETED)
+            for fut in finished:
+                spec = running.pop(fut)
+                record(spec, fut.result())
+                if progress:
+                    progress(sum(t.nbytes for t in spec.sources.values()))
+
+        try:
+            for spec in specs:
+                while len(running) >= workers:
+                    collect()
+                # Keep collecting while waiting for inputs: a finished job frees the shards (and the
+                # download window) that the next job's inputs may be waiting for.
+                while inputs_ready and not inputs_ready(spec, 0.05 if running else None):
+                    if running:
+                        collect(0.05)
+                running[pool.submit(run_shard_job, spec)] = spec
+            while running:
+                collect()
+        except BaseException:
+            # Ctrl-C or a failed job: stop the other jobs now rather than let them finish, and
+            # remove the files they were writing (a killed job cannot remove its own).
+            workers_stop(pool)
+            if specs:
+                remove_partials(Path(specs[0].out_dir))
+            raise
+
+
+def execute_streaming(
+    plan: Plan,
+    specs: list[JobSpec],
+    repo: hub.HubRepo,
+    workers: int,
+    journal: Journal,
+    progress: ProgressFn | None,
+) -> tuple[dict[str, dict], int]:
+    """execute(), each job's source shards downloaded just before it and deleted once it is
+    recorded; also returns the peak bytes of source shards on disk."""
+    todo = [(s.job.file, sorted(set(plan.inputs_of(s.job).values()))) for s in specs]
+    with hub.ShardStreamer(repo, plan.source.root, todo, ahead=workers) as streamer:
+        needs = dict(todo)
+
+        def job_done(job_file, results):
+            journal.record(job_file, results)
+            streamer.release(job_file, needs[job_file])
+
+        def inputs_ready(spec, timeout):
+            return streamer.wait_for(spec.job.file, timeout)
+
+        files = execute(specs, workers, progress=progress, on_job_done=job_done, inputs_ready=inputs_ready)
+    return files, streamer.peak_on_disk

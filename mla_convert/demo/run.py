@@ -1,0 +1,95 @@
+"""The offline demo: a tiny checkpoint of a family member, written, converted and verified."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from mla_convert.constants import DEMO_MARKER_NAME as MARKER
+from mla_convert.conversion.pipeline import convert
+from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.errors import ConvertError, OutputError
+from mla_convert.io.files import files_under
+from mla_convert.output import out_dir as out
+from mla_convert.settings import Options
+from mla_convert.source.family import MEMBERS
+from mla_convert.verification.api import verify
+
+# MARKER is written once the demo's source checkpoint is complete: the files it holds, which a later
+# `demo --overwrite` may delete (the converted-* directories are recognised by their manifests).
+SOURCE_DIR = "source"
+
+
+def run_demo(
+    out_dir: str | Path | None, options: Options, overwrite: bool = False, member: str = MEMBERS[0]
+) -> tuple[dict, dict]:
+    """Write the tiny checkpoint of `member` (family.MEMBERS) to `out_dir`/source (default: a new
+    temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source.
+
+    Returns (the conversion summary with 'verify', 'demo_dir' and 'demo_bytes' entries, the verify report).
+    """
+    if member not in MEMBERS:
+        raise ConvertError(f"--family {member!r}: expected one of {', '.join(MEMBERS)}")
+    root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
+    _prepare(root, overwrite)
+    src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))
+    written = [f"{SOURCE_DIR}/{rel}" for rel in files_under(src)]
+    (root / MARKER).write_text(json.dumps({"source_files": written}, indent=1) + "\n")
+    summary = convert(src, root / f"converted-{options.format}", options)
+    report = verify(summary["out"], src)
+    summary["verify"] = {
+        "ok": report["ok"],
+        "checks": sum(g["checked"] for g in report["groups"].values()),
+        "failed": sum(g["failed"] for g in report["groups"].values()),
+        "seconds": report["seconds"],
+    }
+    summary["demo_dir"] = str(root)
+    summary["demo_bytes"] = sum(os.lstat(root / rel).st_size for rel in files_under(root))
+    return summary, report
+
+
+def _prepare(root: Path, overwrite: bool) -> None:
+    """`root` created or empty; with `overwrite`, an earlier demo in it is deleted, and only that."""
+    out.check_writable(root)
+    if not out.is_empty(root):
+        if not overwrite:
+            raise OutputError(f"{root}: directory is not empty; delete it, pick another --out, or pass --overwrite")
+        _earlier_demo(root)()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{root}: cannot create the demo directory ({e.strerror or e})") from e
+
+
+def _earlier_demo(root: Path):
+    """A function that deletes the earlier demo in `root`; refuses if `root` holds anything else."""
+    try:
+        listed = set(json.loads((root / MARKER).read_text())["source_files"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OutputError(
+            f"{root}: --overwrite replaces only an earlier demo (one with {MARKER}), and this directory is not "
+            f"one; pick another --out, or empty it yourself"
+        ) from e
+    outputs = [p for p in root.glob("converted-*") if p.is_dir() and not p.is_symlink()]
+    earlier = [out.earlier_output(p, ()) for p in outputs]
+    claimed = {MARKER} | listed | {f"{p.name}/{rel}" for p in outputs for rel in files_under(p)}
+    foreign = [rel for rel in files_under(root) if rel not in claimed]
+    if foreign:
+        raise OutputError(
+            f"{root}: --overwrite would delete {out.some(foreign)}, which the demo did not write; "
+            "move it out of --out first"
+        )
+
+    def delete() -> None:
+        for e in earlier:
+            e.delete()
+        out.Earlier(root, tuple(sorted(listed | {MARKER})), 0).delete()
+        for p in outputs:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+    return delete

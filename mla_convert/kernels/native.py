@@ -1,0 +1,321 @@
+"""The C conversion kernels (fp8_kernels.c): built with the host's C compiler on first use, cached.
+
+torch's CPU fp8 casts are scalar on hosts without AVX-512 (AVX2 machines such as this project's),
+and inductor's generated code inherits that. The C kernels decode and encode e4m3fn with integer
+arithmetic that the compiler vectorizes, and find each row's absmax from the fp8 bytes. The library
+is compiled for this CPU (-march=native) into a cache keyed by source, compiler, flags and CPU, so
+a shared home directory never serves one CPU's build to another. Anything that fails here raises
+NativeUnavailable; kernels.select then falls back with the reason.
+
+The built library and the thread pool the kernels run on are kept for the process:
+`release_threads()` ends the pool (a conversion does at its end), `reset()` forgets both.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mla_convert import envs
+from mla_convert.process import interrupts
+
+SOURCE = Path(__file__).with_name("fp8_kernels.c")
+# -ffp-contract=off: no fused multiply-add, so every operation rounds as torch's does.
+# -fno-trapping-math: lets the compiler vectorize the selects (it changes no result, only FP flags).
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC"]
+
+
+class NativeUnavailable(RuntimeError):
+    pass
+
+
+def _cpu_id() -> str:
+    """What -march=native depends on: the machine and its CPU model and feature flags."""
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    seen: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in wanted and key.strip() not in seen:
+                seen[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return platform.machine() + repr(sorted(seen.items()))
+
+
+def _compiler() -> str:
+    cc = envs.c_compiler() or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeUnavailable("no C compiler found (set CC, or install gcc)")
+    return cc
+
+
+def build() -> Path:
+    """The compiled library for this host, building it if the cache lacks it."""
+    cc = _compiler()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from None
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:24]
+    cache = envs.native_cache_dir()
+    lib = cache / f"fp8_kernels-{key}.so"
+    if lib.exists():
+        return lib
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".fp8_kernels-", suffix=".so", dir=cache)
+        os.close(fd)
+    except OSError:  # a read-only home: build in a private temporary directory instead
+        cache = Path(tempfile.mkdtemp(prefix="mla-convert-native-"))
+        lib, tmp = cache / lib.name, str(cache / f".{lib.name}")
+    try:
+        proc = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300, check=False
+        )
+        if proc.returncode != 0:
+            detail = (proc.stderr.strip().splitlines() or ["no output"])[0][:200]
+            raise NativeUnavailable(f"{Path(cc).name} failed to build the kernels: {detail}")
+        os.replace(tmp, lib)  # atomic: concurrent builders each rename a complete file
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"building the kernels failed ({e})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return lib
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except OSError as e:
+            raise NativeUnavailable(f"cannot load the built kernels ({e})") from None
+        i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
+        lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
+        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, u32, ptr, i64, i64]
+        lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+        lib.mla_bf16_row_scales.argtypes = [ptr, i64, f32, ptr, i64, i64]
+        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, u32, ptr, i64, i64]
+        lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+        lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
+        lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
+        lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
+        for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
+            f = getattr(lib, f"mla_count_matching{bits}")
+            f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
+        for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
+                  lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
+                  lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
+            f.restype = None
+        _LIB = lib
+    return _LIB
+
+
+_POOL: cf.ThreadPoolExecutor | None = None
+MIN_ROWS_PER_THREAD = 64
+
+
+def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
+    """Run fn(r0, r1) over row ranges on torch's thread count (each call releases the GIL).
+
+    Returns or raises only once every range is done: the callers' fn hold raw pointers into
+    tensors that the caller frees as soon as this returns or unwinds. A range that fails does not
+    stop the wait for the others, and a Ctrl-C is held back until they are all done
+    (interrupts.deferred), then raised.
+    """
+    global _POOL
+    threads = max(1, min(torch.get_num_threads(), n // min_per_thread))
+    if threads == 1:
+        fn(0, n)
+        return
+    if _POOL is None or _POOL._max_workers < threads:
+        _POOL = cf.ThreadPoolExecutor(threads, thread_name_prefix="mla-kernel")
+    bounds = [n * i // threads for i in range(threads + 1)]
+    with interrupts.deferred():
+        futures = [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
+        cf.wait(futures)
+    for f in futures:
+        f.result()
+
+
+def release_threads() -> None:
+    """Shut the kernels' thread pool down (the next kernel call starts another)."""
+    global _POOL
+    pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+def reset() -> None:
+    """release_threads(), and forget the loaded library (the next call loads it again from the
+    build cache)."""
+    global _LIB
+    release_threads()
+    _LIB = None
+
+
+def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(
+            f"native kernels take a 2-D float8_e4m3fn CPU weight, got {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    grid = (-(-n // block[0]), -(-k // block[1]))
+    if tuple(scale_inv.shape) != grid or scale_inv.dtype != torch.float32:
+        raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not fit weight {(n, k)} with block {block}")
+    return n, k
+
+
+def to_channel_fp8(
+    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    scale = torch.empty(n, 1, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    bn, bk = block
+    wp, sp, scp, qp = w.data_ptr(), s.data_ptr(), scale.data_ptr(), q.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, zs, qp, a, b), n)
+    return q, scale
+
+
+def bf16_to_channel_fp8(
+    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
+    lib = library()
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(
+            f"bf16_to_channel_fp8 takes a 2-D bfloat16 CPU weight, got {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    w = weight.contiguous()
+    scale = torch.empty(n, 1, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    wp, scp, qp = w.data_ptr(), scale.data_ptr(), q.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_bf16_row_scales(wp, k, fp8_max, scp, a, b), n)
+        zs = _zero_sign(signed_zero)
+        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, zs, qp, a, b), n)
+    return q, scale
+
+
+def _zero_sign(signed_zero: bool) -> int:
+    """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
+    return 0x80 if signed_zero else 0
+
+
+def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
+    """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
+    return _per_element(weight, scale_inv, block, torch.bfloat16, "mla_bf16_rows")
+
+
+def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
+    """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
+    return _per_element(weight, scale_inv, block, torch.float32, "mla_dequant_rows")
+
+
+def _per_element(weight, scale_inv, block: tuple[int, int], dtype: torch.dtype, kernel: str) -> torch.Tensor:
+    fn = getattr(library(), kernel)
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = torch.empty(n, k, dtype=dtype)
+    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
+    if n and k:
+        _rows_parallel(lambda a, b: fn(wp, sp, k, block[0], block[1], op, a, b), n)
+    return out
+
+
+def decode(t: torch.Tensor) -> torch.Tensor:
+    """t.float() for a float8_e4m3fn CPU tensor of any shape."""
+    lib = library()
+    if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
+        raise ValueError(f"decode takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    src = t.contiguous()
+    out = torch.empty(src.shape, dtype=torch.float32)
+    sp, op, n = src.data_ptr(), out.data_ptr(), src.numel()
+    if n:
+        _rows_parallel(lambda a, b: lib.mla_decode_e4m3fn(sp, op, a, b), n, 1 << 16)
+    return out
+
+
+def row_max_codes(t: torch.Tensor) -> torch.Tensor:
+    """(t.view(uint8) & 0x7F).amax(dim=1) for a 2-D float8_e4m3fn CPU tensor: uint8 [N]."""
+    lib = library()
+    if t.dtype != torch.float8_e4m3fn or t.dim() != 2 or t.device.type != "cpu" or not t.shape[1]:
+        raise ValueError(
+            f"row_max_codes takes a non-empty 2-D float8_e4m3fn CPU tensor, got {t.dtype} {tuple(t.shape)}"
+        )
+    src = t.contiguous()
+    out = torch.empty(t.shape[0], dtype=torch.uint8)
+    sp, op, k = src.data_ptr(), out.data_ptr(), t.shape[1]
+    _rows_parallel(lambda a, b: lib.mla_row_max_code(sp, k, op, a, b), t.shape[0])
+    return out
+
+
+# Exponent-field masks: an element with all of these bits set is Inf or NaN.
+NONFINITE_MASKS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
+
+
+def count_nonfinite(t: torch.Tensor) -> int:
+    """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
+    if t.dtype not in NONFINITE_MASKS or t.device.type != "cpu":
+        raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
+    return _count_matching(t, NONFINITE_MASKS[t.dtype], NONFINITE_MASKS[t.dtype])
+
+
+def count_code(t: torch.Tensor, code: int) -> int:
+    """int((t.view(torch.uint8) == code).sum()) for a float8_e4m3fn CPU tensor of any shape."""
+    if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
+        raise ValueError(f"count_code takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
+    return _count_matching(t, 0xFF, code)
+
+
+def _count_matching(t: torch.Tensor, mask: int, value: int) -> int:
+    """How many elements of `t` (1, 2 or 4 bytes each) have (bits & mask) == value, over the threads."""
+    size = t.element_size()
+    fn = getattr(library(), f"mla_count_matching{8 * size}")
+    src = t.contiguous()
+    p, counts = src.data_ptr(), []
+    if src.numel():
+        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask, value)), src.numel(), 1 << 16)
+    return sum(counts)
+
+
+def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: float, half_step: float) -> dict:
+    """verify's channel-FP8 check in one pass (see mla_fp8_bound_rows): per-row tensors dd, xx, yy
+    (float64), max_abs, max_ratio, amax_x (float32), n_bad, first_bad (int64)."""
+    lib = library()
+    n, k = _check(weight, scale_inv, block)
+    if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (n, k) or scale.numel() != n:
+        raise ValueError(f"fp8_bound_rows: q {tuple(q.shape)} / scale {tuple(scale.shape)} do not match {(n, k)}")
+    q, sc = q.contiguous(), scale.reshape(n).to(torch.float32).contiguous()
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = {name: torch.empty(n, dtype=torch.float64) for name in ("dd", "xx", "yy")}
+    out |= {name: torch.empty(n, dtype=torch.float32) for name in ("max_abs", "max_ratio", "amax_x")}
+    out |= {name: torch.empty(n, dtype=torch.int64) for name in ("n_bad", "first_bad")}
+    order = ("dd", "xx", "yy", "max_abs", "max_ratio", "n_bad", "first_bad", "amax_x")
+    ptrs = [out[name].data_ptr() for name in order]
+    args = (q.data_ptr(), sc.data_ptr(), w.data_ptr(), s.data_ptr(), k, block[0], block[1], rel, half_step)
+    if n and k:
+        _rows_parallel(lambda a, b: lib.mla_fp8_bound_rows(*args, *ptrs, a, b), n)
+    return out

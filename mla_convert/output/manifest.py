@@ -1,0 +1,50 @@
+"""The conversion manifest: what was converted, how, and every output file's size and sha256.
+
+Written with status 'incomplete' before the first output file and rewritten as 'complete' last,
+so an interrupted conversion is recognisable as such.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mla_convert.constants import MANIFEST_NAME, TOOL_NAME
+from mla_convert.io.files import write_bytes_atomic
+from mla_convert.version import __version__
+
+
+def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: dict[str, dict]) -> bytes:
+    doc = {
+        "tool": TOOL_NAME,
+        "version": __version__,
+        "status": status,
+        "options": options,
+        "source_fingerprint": source_fingerprint,
+        "files": {k: files[k] for k in sorted(files)},
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict]) -> None:
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files))
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    """The manifest in `out_dir`, None when there is none; OSError or ValueError when it cannot be
+    read or is not JSON."""
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def readable_manifest(out_dir: Path) -> dict | None:
+    """The manifest, or None when it is missing, unreadable or not a JSON object: for the callers
+    that only ask what --out holds (an earlier output? finished?), where a damaged manifest is
+    just not one."""
+    try:
+        manifest = json.loads((Path(out_dir) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None

@@ -1,0 +1,315 @@
+"""Hub sources through huggingface_hub: resolve a repo id to one commit, list its files with size
+and sha256, read shard headers by range request, download shards and check their sha256, and
+stream shards for --stream (fetch in plan order, delete each once nothing pending needs it).
+
+Token, cache, endpoint and offline mode are huggingface_hub's own (HF_TOKEN, HF_HOME,
+HF_ENDPOINT, HF_HUB_OFFLINE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from mla_convert.constants import CONFIG_NAME, INDEX_NAME, SINGLE_FILE_NAME
+from mla_convert.errors import SourceError, network_errors
+from mla_convert.io.headers import header_length, parse_header
+from mla_runtime.safetensors_file import ShardHeader, file_sha256
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int | None
+    sha256: str | None  # the Hub records it for LFS (large) files
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    repo_id: str
+    commit: str
+    files: dict[str, RemoteFile]
+
+    def label(self, filename: str) -> str:
+        return f"{self.repo_id}@{self.commit[:12]}/{filename}"
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None):
+    """huggingface_hub's exceptions -> one-line SourceErrors that say what to do."""
+    from huggingface_hub import errors
+
+    try:
+        yield
+    except errors.GatedRepoError:
+        raise SourceError(
+            f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)"
+        ) from None
+    except errors.RepositoryNotFoundError:
+        raise SourceError(
+            f"{repo_id}: repository not found on the Hub (or no access: log in with hf auth login)"
+        ) from None
+    except errors.RevisionNotFoundError:
+        raise SourceError(f"{repo_id}: revision {revision!r} not found") from None
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+        raise SourceError(
+            f"{repo_id}: not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline or HF_HUB_OFFLINE=1); download it first or pass a local directory"
+        ) from None
+    except errors.HfHubHTTPError as e:
+        raise SourceError(f"{repo_id}: Hub request failed: {str(e).splitlines()[0]}") from None
+    except (OSError, *network_errors()) as e:  # connection refused, DNS, a dropped connection, ...
+        from huggingface_hub import constants
+
+        raise SourceError(
+            f"{repo_id}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); check the "
+            "network, or HF_ENDPOINT and the proxy settings"
+        ) from None
+
+
+def offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def list_repo(repo_id: str, revision: str | None) -> HubRepo:
+    """One commit of the repo and its files with sizes and sha256 (one API call)."""
+    from huggingface_hub import HfApi
+
+    with hub_errors(repo_id, revision):
+        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    files = {
+        s.rfilename: RemoteFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None) for s in (info.siblings or [])
+    }
+    return HubRepo(repo_id, info.sha, files)
+
+
+def snapshot(repo: HubRepo, ignore_patterns=None, local_dir: Path | None = None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo.repo_id, repo.commit):
+        return Path(
+            snapshot_download(
+                repo.repo_id,
+                revision=repo.commit,
+                ignore_patterns=ignore_patterns,
+                local_dir=local_dir,
+            )
+        )
+
+
+def snapshot_ref(repo_id: str, revision: str | None) -> Path:
+    """Download (or reuse) the snapshot of a branch, tag or commit; its folder name is the commit."""
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo_id, revision):
+        return Path(snapshot_download(repo_id, revision=revision))
+
+
+def cached_snapshot(repo_id: str, revision: str | None) -> Path:
+    """Offline: the cached snapshot as is (nothing to check it against)."""
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(repo_id, revision):
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+
+
+def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader:
+    """A shard's header by two range requests; errors name `local_path`, where it will live."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    size = repo.files[filename].size if filename in repo.files else None
+    if size is None:
+        raise SourceError(f"{repo.label(filename)}: not in the repository's file list")
+    url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
+    headers = build_hf_headers()
+
+    def get_range(start: int, end: int) -> bytes:
+        with hub_errors(repo.repo_id, repo.commit):
+            r = get_session().get(url, headers={**headers, "range": f"bytes={start}-{end}"}, follow_redirects=True)
+            hf_raise_for_status(r)
+        return r.content[: end - start + 1]
+
+    n = header_length(local_path, get_range(0, 7), size)
+    return parse_header(local_path, get_range(8, 8 + n - 1), size)
+
+
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def bytes_to_download(repo: HubRepo) -> int:
+    """What a snapshot download of `repo` still has to fetch: its files not yet in the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return sum(
+        f.size or 0
+        for f in repo.files.values()
+        if not isinstance(try_to_load_from_cache(repo.repo_id, f.path, revision=repo.commit), str)
+    )
+
+
+def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
+    """None if `path` has the size and sha256 the Hub lists for `filename`, else what differs."""
+    expected = repo.files.get(filename)
+    if expected is None:
+        return "not in the repository's file list"
+    size = path.stat().st_size
+    if expected.size is not None and size != expected.size:
+        return f"size {size}, the Hub lists {expected.size}"
+    if expected.sha256 and (got := file_sha256(path)[1]) != expected.sha256:
+        return f"sha256 {got[:16]}..., the Hub lists {expected.sha256[:16]}..."
+    return None
+
+
+def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -> Path:
+    """Download (or take from the cache) and check size + sha256; a bad copy is fetched once more,
+    a second bad copy is refused, never converted."""
+    from huggingface_hub import hf_hub_download
+
+    for attempt in range(2):
+        with hub_errors(repo.repo_id, repo.commit):
+            path = Path(
+                hf_hub_download(
+                    repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                )
+            )
+        problem = check_file(repo, filename, path)
+        if problem is None:
+            return path
+        _discard(path)
+    raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+def _discard(path: Path) -> None:
+    """Remove a bad download, and its cache blob when `path` is a cache symlink."""
+    real = path.resolve()
+    path.unlink(missing_ok=True)
+    if real != path:
+        real.unlink(missing_ok=True)
+
+
+def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
+    """Before converting from a downloaded snapshot: every shard's size and sha256 against the
+    Hub's list; a corrupted one is re-fetched (once) rather than converted."""
+    for rel in files:
+        if check_file(repo, rel, root / rel) is not None:
+            fetch_checked(repo, rel)
+
+
+DOWNLOAD_THREAD_NAME = "mla-convert download"
+
+
+class ShardStreamer:
+    """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
+    needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
+    one, so what is on disk is at most the inputs of those jobs, even when jobs finish out of order.
+    """
+
+    def __init__(self, repo: HubRepo, staging: Path, jobs: list[tuple[str, list[str]]], ahead: int = 1):
+        self.repo, self.staging, self.jobs, self.ahead = repo, staging, jobs, ahead
+        self.users: dict[str, int] = {}
+        for _, files in jobs:
+            for f in files:
+                self.users[f] = self.users.get(f, 0) + 1
+        self.ready: dict[str, threading.Event] = {job: threading.Event() for job, _ in jobs}
+        self.cond = threading.Condition()
+        self.finished: set[str] = set()
+        self.oldest_unfinished = 0  # index into jobs
+        self.fetched: set[str] = set()
+        self.on_disk = 0
+        self.peak_on_disk = 0
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name=DOWNLOAD_THREAD_NAME, daemon=True)
+
+    def __enter__(self) -> ShardStreamer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        # After an error or Ctrl-C the download under way is not waited for (a 4 GB shard can take
+        # minutes, and a stalled connection longer): it stops with the process, into the staging
+        # directory, which a --resume checks again.
+        self.thread.join(timeout=60 if exc_type is None else 0.5)
+
+    def _run(self) -> None:
+        try:
+            for k, (job, files) in enumerate(self.jobs):
+                with self.cond:
+                    self.cond.wait_for(lambda k=k: self.stopping or k <= self.oldest_unfinished + self.ahead)
+                    if self.stopping:
+                        return
+                for f in files:
+                    if f not in self.fetched:
+                        fetch_checked(self.repo, f, local_dir=self.staging)
+                        with self.cond:
+                            self.fetched.add(f)
+                            self.on_disk += (self.staging / f).stat().st_size
+                            self.peak_on_disk = max(self.peak_on_disk, self.on_disk)
+                self.ready[job].set()
+        except BaseException as e:  # handed to the converting thread in wait_for
+            self.error = e
+            for ev in self.ready.values():
+                ev.set()
+
+    def wait_for(self, job: str, timeout: float | None = None) -> bool:
+        """True once `job`'s shards are on disk (False on timeout); a download error is raised here."""
+        ready = self.ready[job].wait(timeout)
+        if self.error is not None:
+            raise self.error
+        return ready
+
+    def release(self, job: str, files: list[str]) -> None:
+        """`job` is durably written: delete the shards nothing pending needs, move the window."""
+        with self.cond:
+            for f in files:
+                self.users[f] -= 1
+                if self.users[f] == 0 and f in self.fetched:
+                    path = self.staging / f
+                    self.on_disk -= path.stat().st_size
+                    path.unlink()
+            self.finished.add(job)
+            while self.oldest_unfinished < len(self.jobs) and self.jobs[self.oldest_unfinished][0] in self.finished:
+                self.oldest_unfinished += 1
+            self.cond.notify_all()
+
+
+def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
+    """Small files (config, index, tokenizer, code, ...) into `staging`; shard headers by range
+    request. Returns file -> header for every shard the index names."""
+    import json
+
+    staging.mkdir(parents=True, exist_ok=True)
+    snapshot(repo, ignore_patterns=["*.safetensors"], local_dir=staging)
+    if not (staging / CONFIG_NAME).exists():
+        raise SourceError(f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME}")
+    index_path = staging / INDEX_NAME
+    if index_path.exists():
+        try:
+            shards = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from None
+    else:
+        shards = [SINGLE_FILE_NAME]
+    headers = {}
+    for rel in shards:
+        if not isinstance(rel, str) or os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise SourceError(f"{repo.label(INDEX_NAME)}: shard {rel!r} must be a relative path inside the repository")
+        headers[rel] = remote_header(repo, rel, staging / rel)
+    return headers
+
+
+def remove_staging(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)

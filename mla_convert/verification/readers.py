@@ -1,0 +1,166 @@
+"""Exact reads of FP8 (and 16/32-bit float) tensors for verify: the native C readers where they
+agree with torch on the probes below, torch's own ops otherwise.
+
+Probed once per process (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it): a disagreement, a missing
+compiler or a failed build means torch's ops are used, and the report names the reader that
+failed (`readers`, `readers_reason`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mla_convert.errors import first_line
+from mla_convert.kernels import native, numerics
+from mla_convert.kernels.bits import same_values
+from mla_convert.verification.bounds import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
+
+
+class _Unusable(Exception):
+    """The native readers cannot be used here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Fp8Readers:
+    """Exact reads of e4m3fn tensors for verify: native when it agrees with torch on the probes."""
+
+    name: str  # "native" or "torch"
+    reason: str  # why this one was chosen
+    decode: Callable[[torch.Tensor], torch.Tensor]  # t.float()
+    row_max_codes: Callable[[torch.Tensor], torch.Tensor]  # (t.view(uint8) & 0x7F).amax(dim=1), 2-D
+    # int((~torch.isfinite(t)).sum()) for bf16 / f16 / f32 (natively from the exponent bits, as
+    # torch's isfinite is slow on CPU)
+    count_nonfinite: Callable[[torch.Tensor], int]
+    count_code: Callable[[torch.Tensor, int], int]  # int((t.view(uint8) == code).sum()), any shape
+
+
+def _torch_count_nonfinite(t: torch.Tensor) -> int:
+    return int((~torch.isfinite(t)).sum())
+
+
+def _torch_count_code(t: torch.Tensor, code: int) -> int:
+    return int((t.view(torch.uint8) == code).sum())
+
+
+def _code_count_agrees(native) -> bool:
+    """Every byte value counted in every byte, and 0x80 placed across the 64K stretches and the
+    threads' shares of a longer tensor, from an odd start too."""
+    every = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
+    long = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
+    long[[0, 65535, 65536, 2 * 65536 + 1, long.numel() - 1]] = numerics.NEGATIVE_ZERO_CODE
+    pairs = [(every, c) for c in range(256)] + [(long, numerics.NEGATIVE_ZERO_CODE), (long[1:], 0)]
+    return all(
+        native.count_code(t.view(torch.float8_e4m3fn), c) == _torch_count_code(t.view(torch.float8_e4m3fn), c)
+        for t, c in pairs
+    )
+
+
+def _every_pattern() -> list[torch.Tensor]:
+    """Every bf16 and f16 bit pattern, and f32 specials among random bits."""
+    all16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    f32 = torch.randint(-(2**31), 2**31 - 1, (4096,), dtype=torch.int32).view(torch.float32)
+    specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, 1e-45, -0.0])
+    return [all16.view(torch.bfloat16), all16.view(torch.float16), torch.cat([f32, specials])]
+
+
+def _torch_row_max_codes(t: torch.Tensor) -> torch.Tensor:
+    return (t.view(torch.uint8) & 0x7F).amax(dim=1)
+
+
+def _torch_decode(t: torch.Tensor) -> torch.Tensor:
+    return t.float()
+
+
+TORCH_READERS = Fp8Readers(
+    "torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite, _torch_count_code
+)
+_CHOSEN: list[Fp8Readers] = []  # this process's choice (fp8_readers), forgotten by reset()
+
+
+def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step: float) -> dict[str, torch.Tensor]:
+    """The per-row results of native.fp8_bound_rows that do not depend on summation order, from
+    the same fp32 formulas in torch: the FP8 bound of verify.bounds with x the exact source dequant."""
+    x = numerics.dequantize_block_fp8(w, s, block)
+    d = (q.float() * sc - x).abs()
+    ratio = d / (x.abs() * rel + sc * half_step)
+    bad = ~(ratio <= 1)
+    first = torch.where(bad.any(1), bad.float().argmax(1), torch.full((q.shape[0],), -1))
+    return {"n_bad": bad.sum(1), "first_bad": first, "max_abs": d.amax(1), "max_ratio": ratio.amax(1),
+            "amax_x": x.abs().amax(1)}  # fmt: skip
+
+
+def _bound_rows_agree(native) -> bool:
+    """verify --source's one-pass C check against torch_bound_rows on a probe with an element out
+    of bound, a NaN, a zero row and partial blocks."""
+    g = torch.Generator().manual_seed(0)
+    block = (4, 96)
+    w = (torch.randn(10, 300, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(3, 4, generator=g) * 0.01 + 1e-3
+    q, sc = numerics.block_to_channel_fp8(w, s, block, 448.0)
+    codes = q.view(torch.uint8).clone()
+    codes[1, 150] ^= 0x21
+    codes[-1, -1] = 0x7F
+    codes[2, :] = 0
+    q = codes.view(torch.float8_e4m3fn)
+    args = (q, sc, w, s, block, FP8_REL + FP32_SLACK, FP8_SUBNORMAL_HALF_STEP)
+    got, want = native.fp8_bound_rows(*args), torch_bound_rows(*args)
+    return all(same_values(got[k], want[k].to(got[k].dtype)) for k in want)
+
+
+def fp8_readers() -> Fp8Readers:
+    """Built and probed once per process; torch's own ops, with the reason, when the native library
+    is unusable or any of its readers (the bound check verify --source uses with them included)
+    disagrees with torch on the probes."""
+    if not _CHOSEN:
+        try:
+            _CHOSEN.append(_native_readers())
+        except _Unusable as e:  # torch's ops are always right
+            _CHOSEN.append(dataclasses.replace(TORCH_READERS, reason=str(e)))
+    return _CHOSEN[0]
+
+
+def use(readers: Fp8Readers) -> None:
+    """Use `readers` in this process from now on, instead of probing (TORCH_READERS: torch's own
+    ops, as where the native library is unusable; the tests compare the two)."""
+    _CHOSEN[:] = [readers]
+
+
+def reset() -> None:
+    """Forget the readers chosen in this process: the next fp8_readers() probes again."""
+    _CHOSEN.clear()
+
+
+def _native_readers() -> Fp8Readers:
+    """The native readers, each probed against torch; raises _Unusable naming the first that is not
+    usable."""
+    try:
+        native.library()
+    except Exception as e:  # no compiler, a failed build or load
+        detail = str(e) if isinstance(e, native.NativeUnavailable) else first_line(e)
+        raise _Unusable(f"native library unavailable ({detail})") from None
+    every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
+    rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
+    checks = {
+        "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
+        "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
+        "non-finite count": lambda: all(
+            native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern()
+        ),
+        "code count": lambda: _code_count_agrees(native),
+        "bound check": lambda: _bound_rows_agree(native),
+    }
+    for what, agrees in checks.items():
+        try:
+            ok = agrees()
+        except Exception as e:
+            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from None
+        if not ok:
+            raise _Unusable(f"native {what} disagreed with torch on the probe")
+    return Fp8Readers(
+        "native", f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes", native.decode,
+        native.row_max_codes, native.count_nonfinite, native.count_code,
+    )  # fmt: skip

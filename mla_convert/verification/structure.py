@@ -1,0 +1,489 @@
+"""verify, header pass: what a converted directory must contain, checked without reading tensor data.
+
+The expected tensor set comes from the plan of `--source` when one is given (exact: names, dtypes,
+shapes, files), else from what the family member's config implies for the recorded format
+(family.implied_tensors), plus the known extra buffers of real checkpoints that are present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mla_convert.constants import (
+    BF16,
+    CHANNEL_FP8,
+    CHANNEL_SCALE_SUFFIX,
+    CONFIG_NAME,
+    FLOAT_WEIGHT_DTYPES,
+    FP8_E4M3,
+    INDEX_NAME,
+    MLA_DIR_NAME,
+    MLA_MANIFEST_NAME,
+)
+from mla_convert.errors import SourceError
+from mla_convert.io.headers import read_header
+from mla_convert.plan.ops import COPY, FP8_SCALE, TO_BF16, TO_FP8
+from mla_convert.plan.planner import Plan
+from mla_convert.source.checkpoint import module_of
+from mla_convert.source.family import (
+    FP8_LINEAR,
+    LINEAR,
+    OTHER,
+    SUPPORTED_ARCHITECTURES,
+    FamilyError,
+    ModelLayout,
+    extra_buffer_layer,
+    implied_tensors,
+)
+from mla_convert.verification.report import MLA, STRUCTURE, Tally
+from mla_runtime.format import (
+    ARTIFACT_ST_DTYPE,
+    ArtifactError,
+    MlaDims,
+    MlaManifest,
+    layer_file_name,
+    w_uk_t_name,
+    w_uv_name,
+)
+from mla_runtime.format import (
+    read_manifest as read_mla_manifest,
+)
+from mla_runtime.safetensors_file import ShardHeader
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One tensor the converted model must hold."""
+
+    name: str
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight) or FP8_SCALE
+    dtype: str | None  # safetensors dtype; None: any of FLOAT_WEIGHT_DTYPES
+    shape: tuple[int, ...]
+    kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
+    source: str | None = None  # with --source: the source tensor it derives from
+    file: str | None = None  # with --source: the output shard the plan puts it in
+
+
+@dataclass
+class Structure:
+    """What the header pass learned; the streaming pass works from it."""
+
+    config: dict | None = None
+    dims: MlaDims | None = None
+    weight_map: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, ShardHeader] = field(default_factory=dict)  # model shards that parsed
+    expects: dict[str, Expect] = field(default_factory=dict)
+    mla_layers: list[int] = field(default_factory=list)  # layers that must have artifacts
+    mla_manifest: MlaManifest | None = None
+    mla_headers: dict[int, ShardHeader] = field(default_factory=dict)
+
+
+# --- what a family member's config implies --------------------------------------------------------
+
+
+def ct_ignored(module: str, ignore: list[str]) -> bool:
+    """compressed-tensors semantics: 're:PATTERN' entries match with re.match, others by exact name."""
+    for entry in ignore:
+        if entry.startswith("re:"):
+            try:
+                if re.match(entry[3:], module):
+                    return True
+            except re.error:
+                continue
+        elif entry == module:
+            return True
+    return False
+
+
+def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Expect]:
+    out: dict[str, Expect] = {}
+    for name, (shape, kind) in implied_tensors(cfg).items():
+        module = module_of(name)
+        if kind != FP8_LINEAR:
+            out[name] = Expect(name, COPY, None, shape, kind)
+        elif fmt == BF16 or ct_ignored(module, ignore):
+            out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
+        else:
+            out[name] = Expect(name, TO_FP8, FP8_E4M3, shape, kind)
+            scale = module + CHANNEL_SCALE_SUFFIX
+            out[scale] = Expect(scale, FP8_SCALE, "F32", (shape[0], 1), kind)
+    return out
+
+
+def _add_extra_buffers(lay: Structure) -> None:
+    """Known extra buffers of real checkpoints (a layer's rotary inv_freq), where present: copied
+    1-D tensors of any length, for the layers the config has."""
+    layers = ModelLayout.of(lay.config).all_layers
+    for hd in lay.headers.values():
+        for name, info in hd.tensors.items():
+            layer = extra_buffer_layer(name)
+            if layer is not None and layer < layers and len(info.shape) == 1 and name not in lay.expects:
+                lay.expects[name] = Expect(name, COPY, None, info.shape)
+
+
+def expects_from_plan(plan: Plan) -> dict[str, Expect]:
+    kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
+    return {
+        t.name: Expect(
+            t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file
+        )
+        for job in plan.shards
+        for t in job.tensors
+    }
+
+
+# --- the header pass ------------------------------------------------------------------------------
+
+
+def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Structure:
+    """Run every header-only check, recording results in `tally`; return what the data pass needs."""
+    lay = Structure()
+    lay.config = _check_config(root, fmt, tally)
+    _check_index(root, lay, tally)
+    if lay.config is None:
+        return lay
+    lay.dims = MlaDims.from_model_config(lay.config)
+    try:
+        if plan is not None:
+            lay.expects = expects_from_plan(plan)
+        else:
+            ignore = (lay.config.get("quantization_config") or {}).get("ignore") or []
+            lay.expects = expects_from_config(lay.config, fmt, [str(x) for x in ignore])
+            _add_extra_buffers(lay)
+    except (KeyError, TypeError, FamilyError) as e:
+        tally.fail(
+            STRUCTURE, "config", CONFIG_NAME, expected="every dimension of its architecture", found=f"missing {e}"
+        )
+        return lay
+    _check_tensor_set(lay, tally)
+    if fmt == CHANNEL_FP8:
+        _check_quantized_modules(lay, tally)
+    lay.mla_layers = sorted(int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight"))
+    _check_mla_manifest(root, lay, fmt, fingerprint, tally)
+    return lay
+
+
+_UNREADABLE = object()
+
+
+def _load_json(root: Path, rel: str, check: str, what: str, tally: Tally) -> object:
+    """The JSON document `rel`, or _UNREADABLE with a failure of `check` when it is missing or is
+    not JSON (a document that is JSON `null` is returned as None, for the caller to refuse)."""
+    try:
+        return json.loads((root / rel).read_bytes())
+    except FileNotFoundError:
+        tally.fail(STRUCTURE, check, rel, expected=what, found="missing")
+    except (OSError, ValueError) as e:
+        tally.fail(STRUCTURE, check, rel, expected="valid JSON", found=str(e))
+    return _UNREADABLE
+
+
+def _check_config(root: Path, fmt: str, tally: Tally) -> dict | None:
+    cfg = _load_json(root, CONFIG_NAME, "config", "config.json", tally)
+    if cfg is _UNREADABLE:
+        return None
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if not tally.expect(
+        isinstance(archs, list) and any(a in SUPPORTED_ARCHITECTURES for a in archs),
+        STRUCTURE,
+        "config",
+        CONFIG_NAME,
+        expected=f"architectures containing one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+        found=repr(archs),
+    ):
+        return None
+    try:
+        ModelLayout.of(cfg)
+        problem = None if isinstance(cfg.get("vocab_size"), int) else "config lacks integer vocab_size"
+    except FamilyError as e:
+        problem = str(e)
+    if not tally.expect(
+        problem is None, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=problem
+    ):
+        return None
+    qc = cfg.get("quantization_config")
+    if fmt == BF16:
+        tally.expect(
+            qc is None,
+            STRUCTURE,
+            "quantization_config",
+            CONFIG_NAME,
+            expected="none (bf16 output)",
+            found=repr(qc)[:200],
+        )
+        return cfg
+    problems = _channel_fp8_config_problems(qc)
+    tally.expect(
+        not problems,
+        STRUCTURE,
+        "quantization_config",
+        CONFIG_NAME,
+        expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations",
+        found="; ".join(problems),
+    )
+    return cfg
+
+
+def _channel_fp8_config_problems(qc) -> list[str]:
+    if not isinstance(qc, dict):
+        return [f"quantization_config is {qc!r}"]
+    out = []
+    if qc.get("quant_method") != "compressed-tensors":
+        out.append(f"quant_method {qc.get('quant_method')!r}")
+    if qc.get("format") != "float-quantized":
+        out.append(f"format {qc.get('format')!r}")
+    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    if not groups:
+        out.append("no config_groups")
+    for g in groups:
+        w, a = g.get("weights") or {}, g.get("input_activations") or {}
+        want_w = {"type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False, "symmetric": True}
+        want_a = {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True}
+        out += [f"weights.{k} {w.get(k)!r}" for k, val in want_w.items() if w.get(k) != val]
+        out += [f"input_activations.{k} {a.get(k)!r}" for k, val in want_a.items() if a.get(k) != val]
+        if "Linear" not in (g.get("targets") or []):
+            out.append(f"targets {g.get('targets')!r} lack 'Linear'")
+    if not isinstance(qc.get("ignore", []), list):
+        out.append("ignore is not a list")
+    if "fp8_dtype_flavor" in qc:  # the weights are float8_e4m3fn for every target; only the range differs
+        out.append(f"fp8_dtype_flavor {qc['fp8_dtype_flavor']!r} claims another encoding than float8_e4m3fn")
+    return out
+
+
+def _check_index(root: Path, lay: Structure, tally: Tally) -> None:
+    """The index and the shard headers agree exactly; headers are sane; total_size is right."""
+    index = _read_index(root, tally)
+    if index is None:
+        return
+    lay.weight_map = index["weight_map"]
+    _read_shard_headers(root, lay, tally)
+    _check_index_vs_headers(root, lay, tally)
+    metadata = index.get("metadata")
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
+    if len(lay.headers) == len(set(lay.weight_map.values())):
+        tally.expect(total == actual, STRUCTURE, "total_size", INDEX_NAME, expected=actual, found=total)
+
+
+def _read_index(root: Path, tally: Tally) -> dict | None:
+    """The safetensors index, if it parses and has a weight_map of tensor -> file name."""
+    index = _load_json(root, INDEX_NAME, "index", "the safetensors index", tally)
+    if index is _UNREADABLE:
+        return None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        tally.fail(
+            STRUCTURE, "index", INDEX_NAME, expected="a weight_map of tensor -> file name", found=repr(weight_map)[:200]
+        )
+        return None
+    return index
+
+
+def _read_shard_headers(root: Path, lay: Structure, tally: Tally) -> None:
+    """The header of every shard the index names, into lay.headers (those that parse)."""
+    for rel in sorted(set(lay.weight_map.values())):
+        if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
+            tally.fail(
+                STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel)
+            )
+            continue
+        try:
+            lay.headers[rel] = read_header(root / rel)
+            tally.ok(STRUCTURE)
+        except SourceError as e:
+            found = "missing" if not (root / rel).exists() else str(e).replace(str(root / rel) + ": ", "")
+            tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=found)
+
+
+def _check_index_vs_headers(root: Path, lay: Structure, tally: Tally) -> None:
+    """Every tensor the index lists is in its shard, every tensor of a shard is listed there, and
+    every shard in the directory is listed."""
+    weight_map = lay.weight_map
+    for name, rel in sorted(weight_map.items()):
+        if rel in lay.headers:
+            tally.expect(
+                name in lay.headers[rel].tensors,
+                STRUCTURE,
+                "index-vs-header",
+                rel,
+                name,
+                expected="listed in the index and present in this shard",
+                found="not in the shard",
+            )
+    for rel, hd in sorted(lay.headers.items()):
+        for name in hd.tensors:
+            tally.expect(
+                weight_map.get(name) == rel,
+                STRUCTURE,
+                "index-vs-header",
+                rel,
+                name,
+                expected="every tensor of the shard listed in the index",
+                found="not in the index" if name not in weight_map else f"index says {weight_map[name]}",
+            )
+    listed = set(weight_map.values())
+    for path in sorted(root.glob("*.safetensors")):
+        tally.expect(
+            path.name in listed,
+            STRUCTURE,
+            "index-vs-header",
+            path.name,
+            expected="every shard listed in the index",
+            found="shard not in the index",
+        )
+
+
+def _check_tensor_set(lay: Structure, tally: Tally) -> None:
+    """Every implied tensor present with its dtype and shape; nothing else (no *_scale_inv)."""
+    for name, exp in lay.expects.items():
+        rel = lay.weight_map.get(name)
+        if rel is None:
+            tally.fail(STRUCTURE, "missing-tensor", None, name, expected=_describe(exp), found="not in the index")
+            continue
+        if exp.file is not None:
+            tally.expect(
+                rel == exp.file, STRUCTURE, "tensor-file", rel, name, expected=f"in {exp.file}", found=f"in {rel}"
+            )
+        info = lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+        if info is None:
+            continue  # reported by the index/header checks
+        dtype_ok = info.dtype in FLOAT_WEIGHT_DTYPES if exp.dtype is None else info.dtype == exp.dtype
+        tally.expect(
+            dtype_ok and info.shape == exp.shape,
+            STRUCTURE,
+            "dtype-shape",
+            rel,
+            name,
+            expected=_describe(exp),
+            found=f"{info.dtype}{list(info.shape)}",
+        )
+    for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
+        if name not in lay.expects:
+            why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else "not implied by config.json"
+            tally.fail(
+                STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why
+            )
+
+
+def _describe(exp: Expect) -> str:
+    return f"{exp.dtype or '/'.join(FLOAT_WEIGHT_DTYPES)}{list(exp.shape)}"
+
+
+def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
+    """quantization_config agrees with the tensors: a linear it quantizes holds an FP8 weight and a
+    channel scale; a linear it ignores holds neither."""
+    ignore = [str(x) for x in ((lay.config.get("quantization_config") or {}).get("ignore") or [])]
+    modules = {module_of(n) for n, e in lay.expects.items() if e.kind in (FP8_LINEAR, LINEAR) and n.endswith(".weight")}
+    for module in sorted(modules):
+        w = _info(lay, f"{module}.weight")
+        if w is None:
+            continue  # missing: reported by the tensor set check
+        actual = w.dtype == FP8_E4M3 and _info(lay, module + CHANNEL_SCALE_SUFFIX) is not None
+        claimed = not ct_ignored(module, ignore)
+        tally.expect(
+            claimed == actual,
+            STRUCTURE,
+            "quantization_config",
+            CONFIG_NAME,
+            module,
+            expected=f"{'quantized' if actual else 'in the ignore list'} (weight is {w.dtype})",
+            found="quantized per quantization_config" if claimed else "in the ignore list",
+        )
+    for entry in ignore:
+        if not entry.startswith("re:"):
+            tally.expect(
+                entry in modules,
+                STRUCTURE,
+                "quantization_config",
+                CONFIG_NAME,
+                entry,
+                expected="ignore entries that name linear modules",
+                found="no such module",
+            )
+
+
+def _info(lay: Structure, name: str):
+    rel = lay.weight_map.get(name)
+    return lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+
+
+def _check_mla_manifest(root: Path, lay: Structure, fmt: str, fingerprint: str, tally: Tally) -> None:
+    mla_root = root / MLA_DIR_NAME
+    try:
+        man = read_mla_manifest(mla_root)
+    except ArtifactError as e:
+        tally.fail(
+            STRUCTURE,
+            "mla-manifest",
+            f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
+            expected="a valid MLA manifest",
+            found=str(e),
+        )
+        return
+    lay.mla_manifest = man
+    rel_manifest = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
+    tally.expect(man.dims == lay.dims, STRUCTURE, "mla-manifest", rel_manifest, expected=lay.dims, found=man.dims)
+    tally.expect(
+        man.layer_ids() == lay.mla_layers,
+        STRUCTURE,
+        "mla-manifest",
+        rel_manifest,
+        expected=f"layers {lay.mla_layers}",
+        found=f"layers {man.layer_ids()}",
+    )
+    tally.expect(
+        man.source_fingerprint == fingerprint,
+        MLA,
+        "fingerprint",
+        rel_manifest,
+        expected=f"source fingerprint {fingerprint} (the conversion manifest's)",
+        found=man.source_fingerprint,
+    )
+    producer_fmt = man.producer.get("format")
+    if producer_fmt is not None:
+        tally.expect(
+            producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt
+        )
+    for entry in man.layers:
+        if tally.expect(
+            entry.file == layer_file_name(entry.layer),
+            STRUCTURE,
+            "mla-manifest",
+            rel_manifest,
+            expected=layer_file_name(entry.layer),
+            found=entry.file,
+        ):
+            _check_mla_layer_file(root, lay, entry.layer, man.dims, tally)
+
+
+def _check_mla_layer_file(root: Path, lay: Structure, layer: int, dims: MlaDims, tally: Tally) -> None:
+    """One layer's artifact file holds W_UK_T and W_UV, bf16 in their shapes, and nothing else; its
+    header goes into lay.mla_headers."""
+    rel = f"{MLA_DIR_NAME}/{layer_file_name(layer)}"
+    try:
+        hd = read_header(root / rel)
+    except SourceError as e:
+        tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=str(e).split(": ", 1)[-1])
+        return
+    lay.mla_headers[layer] = hd
+    want = {
+        w_uk_t_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uk_t_shape()),
+        w_uv_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uv_shape()),
+    }
+    for name, (dtype, shape) in want.items():
+        t = hd.tensors.get(name)
+        tally.expect(
+            t is not None and (t.dtype, t.shape) == (dtype, shape),
+            STRUCTURE,
+            "mla-artifact",
+            rel,
+            name,
+            expected=f"{dtype}{list(shape)}",
+            found="missing" if t is None else f"{t.dtype}{list(t.shape)}",
+        )
+    for name in sorted(set(hd.tensors) - set(want)):
+        tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")
