@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import envs
 from .format import (
     ARTIFACT_ST_DTYPE,
     CONFIG_NAME,
@@ -48,8 +49,6 @@ from .format import (
     w_uv_name,
 )
 from .safetensors_file import DTYPE_SIZES, HeaderError, ShardHeader, TensorInfo, file_sha256, pread_exact, read_header
-
-VERIFY_MODES = ("size", "sha256")
 
 
 def head_range(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -157,12 +156,12 @@ class MlaArtifacts:
     def _entry(self, layer: int) -> LayerEntry:
         try:
             return self.manifest.entry(layer)
-        except ArtifactError:
+        except ArtifactError as e:
             raise ArtifactError(
                 f"layer {layer}: no MLA artifacts for this layer in {self.artifacts_dir / MANIFEST_NAME} "
                 f"(expected file {self.artifacts_dir / layer_file_name(layer)}; the manifest lists layers "
                 f"{_ranges(self.layers)}); re-run mla-convert on the served checkpoint"
-            ) from None
+            ) from e
 
     def check_size(self, layer: int) -> Path:
         """The layer's file exists with the size the manifest records; returns its path."""
@@ -170,8 +169,8 @@ class MlaArtifacts:
         path = self.artifacts_dir / entry.file
         try:
             size = path.stat().st_size
-        except FileNotFoundError:
-            raise ArtifactError(f"layer {layer} ({path}): file is missing; re-run mla-convert") from None
+        except FileNotFoundError as e:
+            raise ArtifactError(f"layer {layer} ({path}): file is missing; re-run mla-convert") from e
         if size != entry.size:
             raise ArtifactError(
                 f"layer {layer} ({path}): file has {size} bytes, the manifest says {entry.size}; the "
@@ -189,11 +188,9 @@ class MlaArtifacts:
         try:
             header = _read_header(path)
         except HeaderError as e:
-            raise ArtifactError(
-                f"{where}: not a readable safetensors file ({str(e).removeprefix(f'{path}: ')})"
-            ) from None
+            raise ArtifactError(f"{where}: not a readable safetensors file ({str(e).removeprefix(f'{path}: ')})") from e
         except OSError as e:
-            raise ArtifactError(f"{where}: not a readable safetensors file ({e.strerror or e})") from None
+            raise ArtifactError(f"{where}: not a readable safetensors file ({e.strerror or e})") from e
         want = {
             w_uk_t_name(layer): self.dims.w_uk_t_shape(),
             w_uv_name(layer): self.dims.w_uv_shape(),
@@ -238,7 +235,7 @@ class MlaArtifacts:
         try:
             start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
         except ArtifactError as e:
-            raise ArtifactError(f"layer {layer} ({path}): {e}") from None
+            raise ArtifactError(f"layer {layer} ({path}): {e}") from e
         # On the CPU in bf16 the mapped rows are the result; otherwise .to() copies them once, from
         # the page cache into the final tensor.
         final = torch.device(device).type == "cpu" and dtype == torch.bfloat16
@@ -251,7 +248,7 @@ class MlaArtifacts:
                 except (OSError, ValueError):  # a file system that cannot map files
                     part = _read_rows(path, info, header.data_start, start, end)
             except (OSError, EOFError) as e:
-                raise ArtifactError(f"layer {layer} ({path}): cannot read {name!r} ({e})") from None
+                raise ArtifactError(f"layer {layer} ({path}): cannot read {name!r} ({e})") from e
             out.append(part.to(device=device, dtype=dtype).contiguous())
         return out[0], out[1]
 
@@ -271,7 +268,7 @@ class MlaArtifacts:
         try:
             start, end = head_range(d.num_heads, 0, tp_size)
         except ArtifactError as e:
-            raise ArtifactError(f"{where}: {e}") from None
+            raise ArtifactError(f"{where}: {e}") from e
         if end - start != num_heads:
             raise ArtifactError(
                 f"{where}: the artifacts have {d.num_heads} heads, i.e. {end - start} per rank at "
@@ -300,15 +297,15 @@ def _model_config(model_dir: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{path}: cannot read the served model's config ({e})") from None
+        raise ArtifactError(f"{path}: cannot read the served model's config ({e})") from e
 
 
 def expected_layers(model_config: dict) -> list[int]:
     """Decoder layers a DeepseekV3-style config serves (the MTP layers are loaded only as a drafter)."""
     try:
         return list(range(int(model_config["num_hidden_layers"])))
-    except (KeyError, TypeError, ValueError):
-        raise ArtifactError("model config lacks num_hidden_layers") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError("model config lacks num_hidden_layers") from e
 
 
 def open_artifacts(
@@ -328,9 +325,9 @@ def open_artifacts(
     or "sha256" (also hash each layer file when it is loaded); default from $MLA_RUNTIME_VERIFY.
     """
     artifacts_dir = Path(artifacts_dir)
-    verify = verify or os.environ.get("MLA_RUNTIME_VERIFY", "size") or "size"
-    if verify not in VERIFY_MODES:
-        raise ArtifactError(f"verify mode {verify!r}: expected one of {', '.join(VERIFY_MODES)}")
+    verify = verify or envs.verify_mode()
+    if verify not in envs.VERIFY_MODES:
+        raise ArtifactError(f"verify mode {verify!r}: expected one of {', '.join(envs.VERIFY_MODES)}")
     if not artifacts_dir.is_dir():
         raise ArtifactError(f"{artifacts_dir}: no such directory of MLA artifacts")
     manifest = read_manifest(artifacts_dir)
@@ -365,7 +362,7 @@ def open_artifacts(
             try:
                 fp = json.loads(conv.read_text()).get("source_fingerprint")
             except (OSError, json.JSONDecodeError, AttributeError) as e:
-                raise ArtifactError(f"{conv}: cannot read ({e})") from None
+                raise ArtifactError(f"{conv}: cannot read ({e})") from e
             if fp is not None:
                 fingerprints.append((str(fp), str(conv)))
     for fp, origin in fingerprints:

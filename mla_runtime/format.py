@@ -85,7 +85,7 @@ class MlaDims:
                 kv_lora_rank=int(config["kv_lora_rank"]),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"model config lacks MLA dimension {e}") from None
+            raise ArtifactError(f"model config lacks MLA dimension {e}") from e
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class MlaManifest:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ArtifactError(f"{origin}: not valid JSON ({e})") from None
+            raise ArtifactError(f"{origin}: not valid JSON ({e})") from e
         if not isinstance(d, dict):
             raise ArtifactError(f"{origin}: expected a JSON object")
         if d.get("format") != FORMAT_NAME:
@@ -144,7 +144,7 @@ class MlaManifest:
             )
             fp = str(d["source_fingerprint"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ArtifactError(f"{origin}: malformed manifest ({type(e).__name__}: {e})") from None
+            raise ArtifactError(f"{origin}: malformed manifest ({type(e).__name__}: {e})") from e
         ids = [e.layer for e in layers]
         if ids != sorted(set(ids)):
             raise ArtifactError(f"{origin}: layer list must be sorted and unique, got {ids}")
@@ -158,6 +158,6 @@ def read_manifest(artifacts_dir: str | Path) -> MlaManifest:
     path = Path(artifacts_dir) / MANIFEST_NAME
     try:
         text = path.read_text()
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: no MLA manifest (was this directory written by mla-convert?)") from None
+    except FileNotFoundError as e:
+        raise ArtifactError(f"{path}: no MLA manifest (was this directory written by mla-convert?)") from e
     return MlaManifest.from_json(text, origin=str(path))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,16 +38,14 @@ from pathlib import Path
 
 import torch
 
+from . import envs
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
 
 # A child of vLLM's logger, so the line goes wherever vLLM's own log lines go.
 logger = logging.getLogger("vllm.mla_runtime")
 
-ENV_DIR = "MLA_RUNTIME_DIR"
-ENV_DISABLE = "MLA_RUNTIME_DISABLE"
-ENV_FALLBACK = "MLA_RUNTIME_FALLBACK"
-ENV_CHECK = "MLA_RUNTIME_CHECK"
+ENV_DIR, ENV_FALLBACK = envs.DIR, envs.FALLBACK  # named in messages
 
 UPSTREAM_MODULE = "vllm.model_executor.layers.attention.mla_attention"
 GAUDI_MODULE = "vllm_gaudi.attention.oot_mla"
@@ -63,14 +60,6 @@ SPOT_CHECK_TOLERANCE = 0.25
 SPOT_CHECK_COLUMNS = 64
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _env_off(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("0", "false", "no", "off")
-
-
 # --------------------------------------------------------------------------- registration
 
 
@@ -80,7 +69,7 @@ def register() -> None:
     The two attention modules are wrapped as soon as they are imported (or now, if they already
     are), so a process that never builds an MLA model pays nothing.
     """
-    if _env_on(ENV_DISABLE):
+    if envs.disabled():
         return
     when_imported(UPSTREAM_MODULE, lambda mod: wrap_upstream(mod.MLAAttention, mod))
     when_imported(GAUDI_MODULE, lambda mod: wrap_gaudi(mod.HPUMLAAttention))
@@ -339,16 +328,16 @@ def _served_model_dir(layer) -> Path | None:
 
 def _source_for(layer) -> _Source | None:
     """The artifacts for the model `layer` belongs to, opened and validated once per process."""
-    if _env_on(ENV_DISABLE):
+    if envs.disabled():
         return None
     model_dir = _served_model_dir(layer)
-    env_dir = os.environ.get(ENV_DIR) or None
+    env_dir = envs.artifacts_dir()
     key = f"{env_dir}|{model_dir}"
     if key in _sources:
         return _sources[key]
-    fallback = _env_on(ENV_FALLBACK)
+    fallback = envs.fallback()
     if env_dir:
-        artifacts_dir = Path(env_dir)
+        artifacts_dir = env_dir
     elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir():
         artifacts_dir = model_dir / MLA_DIR_NAME
     else:
@@ -360,7 +349,7 @@ def _source_for(layer) -> _Source | None:
         )
         _sources[key] = None
         return None
-    source = _Source(None, str(artifacts_dir), fallback=fallback, check=not _env_off(ENV_CHECK))
+    source = _Source(None, str(artifacts_dir), fallback=fallback, check=envs.spot_check())
     try:
         config = None
         if model_dir is None:  # served from a hub id: validate against vLLM's view of the config

@@ -91,7 +91,7 @@ def read_header(path: str | Path, *, fd: int | None = None) -> ShardHeader:
                 os.close(fd)
         return _read_header_at(path, fd)
     except OSError as e:
-        raise HeaderError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise HeaderError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def _read_header_at(path: Path, fd: int) -> ShardHeader:
@@ -101,8 +101,8 @@ def _read_header_at(path: Path, fd: int) -> ShardHeader:
         pread_exact(fd, first8, 0)
         raw = bytearray(header_length(path, bytes(first8), file_size))
         pread_exact(fd, raw, 8)
-    except EOFError:  # shorter than fstat said: cut while being read
-        raise HeaderError(f"{path}: truncated safetensors file (it shrank while its header was read)") from None
+    except EOFError as e:  # shorter than fstat said: cut while being read
+        raise HeaderError(f"{path}: truncated safetensors file (it shrank while its header was read)") from e
     return parse_header(path, bytes(raw), file_size)
 
 
@@ -124,7 +124,7 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HeaderError(f"{path}: corrupt safetensors header (not JSON: {e})") from None
+        raise HeaderError(f"{path}: corrupt safetensors header (not JSON: {e})") from e
     if not isinstance(header, dict):
         raise HeaderError(f"{path}: corrupt safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}

@@ -1,6 +1,7 @@
 """Hub sources through the real huggingface_hub client against a local fake Hub (tests/support/fake_hub.py)."""
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -215,3 +216,18 @@ def test_a_branch_that_moves_between_plan_and_download_is_refused(hub, tiny_src,
     with pytest.raises(SourceError, match=r"moved on the Hub while it was planned"):
         convert(REPO, tmp_path / "out", Options())
     assert not (tmp_path / "out" / "model.safetensors.index.json").exists()
+
+
+def test_a_hub_http_error_is_one_line_with_the_server_message_and_request_id(hub, tmp_path):
+    """A Hub error that is no known case (a 500 on the file list) names the status, what the
+    server said and the request id its support asks for, in one line; the HTTP error is kept as
+    the cause."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    hub.fail(REPO, status=500, times=1, method="GET")
+    with pytest.raises(SourceError) as err:
+        convert(REPO, tmp_path / "out", Options(), dry_run=True)
+    message = str(err.value)
+    assert "\n" not in message and "500" in message and "Injected failure 500" in message
+    assert re.search(r"[Rr]equest [Ii][Dd]:? fake-\d+", message), message
+    assert isinstance(err.value.__cause__, HfHubHTTPError)

@@ -282,7 +282,7 @@ def resolve_mode(directory: Path, mode: str = WRITE_AUTO) -> tuple[str, str]:
         f.finish()
     except OSError as e:
         if mode == WRITE_DIRECT:
-            raise OSError(f"{directory}: cannot write with O_DIRECT ({e.strerror or e})") from None
+            raise OSError(f"{directory}: cannot write with O_DIRECT ({e.strerror or e})") from e
         return WRITE_BUFFERED, f"O_DIRECT refused here ({e.strerror or e})"
     finally:
         if f is not None:

@@ -66,7 +66,7 @@ def build() -> Path:
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from None
+        raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from e
     key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:24]
     cache = envs.native_cache_dir()
     lib = cache / f"fp8_kernels-{key}.so"
@@ -88,7 +88,7 @@ def build() -> Path:
             raise NativeUnavailable(f"{Path(cc).name} failed to build the kernels: {detail}")
         os.replace(tmp, lib)  # atomic: concurrent builders each rename a complete file
     except (OSError, subprocess.SubprocessError) as e:
-        raise NativeUnavailable(f"building the kernels failed ({e})") from None
+        raise NativeUnavailable(f"building the kernels failed ({e})") from e
     finally:
         Path(tmp).unlink(missing_ok=True)
     return lib
@@ -103,7 +103,7 @@ def library() -> ctypes.CDLL:
         try:
             lib = ctypes.CDLL(str(build()))
         except OSError as e:
-            raise NativeUnavailable(f"cannot load the built kernels ({e})") from None
+            raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
         i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
         lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
         lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, u32, ptr, i64, i64]

@@ -207,7 +207,7 @@ def _on_device(device, block, fp8_max, signed_zero, ops, factory) -> Kernels:
     except _Unusable:
         raise
     except Exception as e:  # the device's own errors: an op it lacks, a failed transfer, ...
-        raise _Unusable(f"{device} failed on the probe ({first_line(e)})") from None
+        raise _Unusable(f"{device} failed on the probe ({first_line(e)})") from e
     why = f"{device}: {', '.join(checked)} bit-identical to eager on the CPU, on the probe set ({n} elements)"
     return _kernels("eager", f"eager numerics on {device}", funcs, device=device, device_check=PASSED,
                     device_reason=why)  # fmt: skip
@@ -276,7 +276,7 @@ def _native(block, fp8_max, signed_zero, ops) -> Kernels:
     try:
         native.library()
     except native.NativeUnavailable as e:
-        raise _Unusable(f"native kernels unavailable ({e})") from None
+        raise _Unusable(f"native kernels unavailable ({e})") from e
     _check_against_eager("native", funcs, block, fp8_max, signed_zero, (*ops, "dequant"))
     return _kernels("native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs)
 
@@ -297,7 +297,7 @@ def _compiled(block, fp8_max, signed_zero, ops) -> Kernels:
     except _Unusable:
         raise
     except Exception as e:  # no compiler, no inductor, ...: eager is always correct
-        raise _Unusable(f"torch.compile unavailable ({first_line(e)})") from None
+        raise _Unusable(f"torch.compile unavailable ({first_line(e)})") from e
     return _kernels("torch.compile", f"compiled {', '.join(ops)}; checked bit-identical to eager", chosen)
 
 

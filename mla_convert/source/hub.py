@@ -45,30 +45,42 @@ def hub_errors(repo_id: str, revision: str | None):
 
     try:
         yield
-    except errors.GatedRepoError:
-        raise SourceError(
-            f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)"
-        ) from None
-    except errors.RepositoryNotFoundError:
+    except errors.GatedRepoError as e:
+        raise SourceError(f"{repo_id}: gated repository; accept its terms on the Hub and log in (hf auth login)") from e
+    except errors.RepositoryNotFoundError as e:
         raise SourceError(
             f"{repo_id}: repository not found on the Hub (or no access: log in with hf auth login)"
-        ) from None
-    except errors.RevisionNotFoundError:
-        raise SourceError(f"{repo_id}: revision {revision!r} not found") from None
-    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+        ) from e
+    except errors.RevisionNotFoundError as e:
+        raise SourceError(f"{repo_id}: revision {revision!r} not found") from e
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as e:
         raise SourceError(
             f"{repo_id}: not in the local Hugging Face cache and the Hub cannot be reached "
             "(offline or HF_HUB_OFFLINE=1); download it first or pass a local directory"
-        ) from None
+        ) from e
     except errors.HfHubHTTPError as e:
-        raise SourceError(f"{repo_id}: Hub request failed: {str(e).splitlines()[0]}") from None
+        raise SourceError(f"{repo_id}: Hub request failed: {http_error_line(e)}") from e
     except (OSError, *network_errors()) as e:  # connection refused, DNS, a dropped connection, ...
         from huggingface_hub import constants
 
         raise SourceError(
             f"{repo_id}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); check the "
             "network, or HF_ENDPOINT and the proxy settings"
-        ) from None
+        ) from e
+
+
+def http_error_line(e) -> str:
+    """A huggingface_hub HTTP error in one line: its first line (status and URL), the server's
+    own message, and the request id the Hub's support asks for, whichever lines carried them."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    line = lines[0] if lines else type(e).__name__
+    server = getattr(e, "server_message", None)
+    if server and server.strip() not in line:
+        line += f": {' '.join(server.split())}"
+    request_id = getattr(e, "request_id", None)
+    if request_id and request_id not in line:
+        line += f" (request id {request_id})"
+    return line
 
 
 def offline() -> bool:
@@ -299,8 +311,8 @@ def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
     if index_path.exists():
         try:
             shards = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from e
     else:
         shards = [SINGLE_FILE_NAME]
     headers = {}

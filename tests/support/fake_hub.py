@@ -13,7 +13,7 @@ Files matching `lfs_patterns` (default `*.safetensors`) are LFS files: the listi
 `lfs: {oid: <sha256>, size, pointerSize}` (model_info's siblings: `lfs: {sha256, size, pointerSize}`) and
 resolve answers `ETag`/`X-Linked-Etag: "<sha256>"` and `X-Linked-Size`. Other files are plain git blobs whose
 `oid`/`ETag` is the git blob sha1 (so `HfApi.verify_repo_checksums` works against this server too).
-Errors carry the `X-Error-Code` the client maps to its exceptions: `RepoNotFound` (-> RepositoryNotFoundError,
+Errors carry an `X-Request-Id` (as the real Hub's do) and the `X-Error-Code` the client maps to its exceptions: `RepoNotFound` (-> RepositoryNotFoundError,
 also for a private repo asked without its token: 401), `RevisionNotFound`, `EntryNotFound`.
 Xet is never offered (no `X-Xet-*` headers, no `xetHash`), so the client always uses plain HTTP.
 
@@ -593,7 +593,7 @@ class FakeHub:
                 return self._resolve(h, rec, method, raw_segs)
             raise _HubError(404, None, "Not Found")
         except _HubError as e:
-            headers = {"X-Error-Message": e.message}
+            headers = {"X-Error-Message": e.message, "X-Request-Id": f"fake-{len(self.requests)}"}
             if e.code:
                 headers["X-Error-Code"] = e.code
             if e.commit:
