@@ -65,7 +65,8 @@ def naive_convert(src: Path, out: Path, fmt: str) -> None:
 
 
 def build(src: Path, experts: int, vocab: int, shards: int) -> None:
-    from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+    from mla_convert.demo.specs import CheckpointSpec
+    from mla_convert.demo.synthetic import write_checkpoint
 
     marker = src / ".bench-spec.json"
     spec_key = {"experts": experts, "vocab": vocab, "shards": shards}

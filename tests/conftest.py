@@ -8,7 +8,8 @@ import pytest
 
 import support.reference
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from support import checkpoints, cli_runner
 from support.fake_hub import FakeHub
@@ -139,7 +140,7 @@ def _eager_kernels_by_default():
     mp.undo()
 
 
-# ---- the family members' tiny checkpoints (mla_convert.demo.synthetic.FAMILY) ---------------------------
+# ---- the family members' tiny checkpoints (mla_convert.demo.specs.FAMILY) ---------------------------
 
 
 class FamilyCheckpoints:

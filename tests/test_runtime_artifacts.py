@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from mla_runtime import ArtifactError, open_artifacts
 from mla_runtime.artifacts import head_range

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import VerificationError
 from mla_convert.kernels.numerics import quantize_channel_fp8
 from mla_convert.settings import Options

@@ -29,7 +29,8 @@ import torch
 from safetensors.torch import load_file
 
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process

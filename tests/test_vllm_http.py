@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from support.vllm_engine_run import engine_env
 

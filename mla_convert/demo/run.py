@@ -9,7 +9,8 @@ from pathlib import Path
 
 from mla_convert.constants import DEMO_MARKER_NAME as MARKER
 from mla_convert.conversion.pipeline import convert
-from mla_convert.demo.synthetic import CheckpointSpec, write_checkpoint
+from mla_convert.demo.specs import CheckpointSpec
+from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import ConvertError, OutputError
 from mla_convert.io.files import files_under
 from mla_convert.output import out_dir as out

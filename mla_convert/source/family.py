@@ -51,7 +51,7 @@ INDEXER_ARCHITECTURES = (DEEPSEEK_V32, GLM_MOE_DSA)
 # MTP layers that reuse the main model's embed_tokens and lm_head instead of storing their own.
 SHARED_MTP_HEAD_ARCHITECTURES = (GLM_MOE_DSA,)
 
-# The tiny synthetic checkpoints (synthetic.FAMILY) and `demo --family`, by member name.
+# The tiny synthetic checkpoints (demo.specs.FAMILY) and `demo --family`, by member name.
 MEMBERS = ("deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight")
 
 MLA_KEYS = (
@@ -161,65 +161,25 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def implied_tensors(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+Implied = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, kind)
+
+
+def implied_tensors(cfg: dict) -> Implied:
     """Every tensor a member's checkpoint holds: name -> (shape, kind), MTP layers included.
 
     Raises FamilyError for a config ModelLayout.of refuses, KeyError/TypeError for a missing MoE or
     vocabulary dimension."""
     lay = ModelLayout.of(cfg)
-    h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
-    p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    q_lora = lay.q_lora_rank
-    out: dict[str, tuple[tuple[int, ...], str]] = {
-        "model.embed_tokens.weight": ((vocab, h), OTHER),
-        "model.norm.weight": ((h,), OTHER),
-    }
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    out: Implied = {"model.embed_tokens.weight": ((vocab, h), OTHER), "model.norm.weight": ((h,), OTHER)}
     if not cfg.get("tie_word_embeddings"):
         out["lm_head.weight"] = ((vocab, h), LINEAR)
-
-    def mlp(prefix: str, inter: int) -> None:
-        out[prefix + "gate_proj.weight"] = ((inter, h), FP8_LINEAR)
-        out[prefix + "up_proj.weight"] = ((inter, h), FP8_LINEAR)
-        out[prefix + "down_proj.weight"] = ((h, inter), FP8_LINEAR)
-
-    experts = cfg.get("n_routed_experts") or 0
     for i in range(lay.all_layers):
         pre = f"model.layers.{i}."
         out[pre + "input_layernorm.weight"] = ((h,), OTHER)
         out[pre + "post_attention_layernorm.weight"] = ((h,), OTHER)
-        a = pre + "self_attn."
-        if q_lora:
-            out[a + "q_a_proj.weight"] = ((q_lora, h), FP8_LINEAR)
-            out[a + "q_a_layernorm.weight"] = ((q_lora,), OTHER)
-            out[a + "q_b_proj.weight"] = ((n * (p + r), q_lora), FP8_LINEAR)
-        else:
-            out[a + "q_proj.weight"] = ((n * (p + r), h), FP8_LINEAR)
-        out[a + "kv_a_proj_with_mqa.weight"] = ((l + r, h), FP8_LINEAR)
-        out[a + "kv_a_layernorm.weight"] = ((l,), OTHER)
-        out[a + "kv_b_proj.weight"] = ((n * (p + v), l), FP8_LINEAR)
-        out[a + "o_proj.weight"] = ((h, n * v), FP8_LINEAR)
-        if i in lay.indexer_layers:
-            heads, dim = lay.indexer
-            x = a + "indexer."
-            out[x + "wq_b.weight"] = ((heads * dim, q_lora or h), FP8_LINEAR)
-            out[x + "wk.weight"] = ((dim, h), FP8_LINEAR)
-            out[x + "weights_proj.weight"] = ((heads, h), LINEAR)
-            out[x + "k_norm.weight"] = ((dim,), OTHER)
-            out[x + "k_norm.bias"] = ((dim,), OTHER)
-        moe = experts and i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
-        types = cfg.get("mlp_layer_types")  # GLM's explicit per-layer list, where present
-        if isinstance(types, list) and i < len(types):
-            moe = experts and types[i] == "sparse"
-        if moe:
-            out[pre + "mlp.gate.weight"] = ((experts, h), LINEAR)
-            if cfg.get("topk_method") == "noaux_tc":
-                out[pre + "mlp.gate.e_score_correction_bias"] = ((experts,), OTHER)
-            for e in range(experts):
-                mlp(f"{pre}mlp.experts.{e}.", cfg["moe_intermediate_size"])
-            if cfg.get("n_shared_experts"):
-                mlp(pre + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
-        else:
-            mlp(pre + "mlp.", cfg["intermediate_size"])
+        _attention_tensors(out, cfg, lay, i)
+        _ffn_tensors(out, cfg, i)
         if i >= lay.layers:  # the MTP layer's own modules
             out[pre + "enorm.weight"] = ((h,), OTHER)
             out[pre + "hnorm.weight"] = ((h,), OTHER)
@@ -229,6 +189,56 @@ def implied_tensors(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
                 out[pre + "embed_tokens.weight"] = ((vocab, h), OTHER)
                 out[pre + "shared_head.head.weight"] = ((vocab, h), LINEAR)
     return out
+
+
+def _attention_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> None:
+    """Layer i's MLA projections and norms, and its indexer where it has one."""
+    h, n, q_lora = cfg["hidden_size"], cfg["num_attention_heads"], lay.q_lora_rank
+    p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    a = f"model.layers.{i}.self_attn."
+    if q_lora:
+        out[a + "q_a_proj.weight"] = ((q_lora, h), FP8_LINEAR)
+        out[a + "q_a_layernorm.weight"] = ((q_lora,), OTHER)
+        out[a + "q_b_proj.weight"] = ((n * (p + r), q_lora), FP8_LINEAR)
+    else:
+        out[a + "q_proj.weight"] = ((n * (p + r), h), FP8_LINEAR)
+    out[a + "kv_a_proj_with_mqa.weight"] = ((l + r, h), FP8_LINEAR)
+    out[a + "kv_a_layernorm.weight"] = ((l,), OTHER)
+    out[a + "kv_b_proj.weight"] = ((n * (p + v), l), FP8_LINEAR)
+    out[a + "o_proj.weight"] = ((h, n * v), FP8_LINEAR)
+    if i in lay.indexer_layers:
+        heads, dim = lay.indexer
+        x = a + "indexer."
+        out[x + "wq_b.weight"] = ((heads * dim, q_lora or h), FP8_LINEAR)
+        out[x + "wk.weight"] = ((dim, h), FP8_LINEAR)
+        out[x + "weights_proj.weight"] = ((heads, h), LINEAR)
+        out[x + "k_norm.weight"] = ((dim,), OTHER)
+        out[x + "k_norm.bias"] = ((dim,), OTHER)
+
+
+def _ffn_tensors(out: Implied, cfg: dict, i: int) -> None:
+    """Layer i's dense MLP, or its router with the routed and shared experts."""
+    h, experts, pre = cfg["hidden_size"], cfg.get("n_routed_experts") or 0, f"model.layers.{i}."
+
+    def mlp(prefix: str, inter: int) -> None:
+        out[prefix + "gate_proj.weight"] = ((inter, h), FP8_LINEAR)
+        out[prefix + "up_proj.weight"] = ((inter, h), FP8_LINEAR)
+        out[prefix + "down_proj.weight"] = ((h, inter), FP8_LINEAR)
+
+    moe = experts and i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
+    types = cfg.get("mlp_layer_types")  # GLM's explicit per-layer list, where present
+    if isinstance(types, list) and i < len(types):
+        moe = experts and types[i] == "sparse"
+    if not moe:
+        mlp(pre + "mlp.", cfg["intermediate_size"])
+        return
+    out[pre + "mlp.gate.weight"] = ((experts, h), LINEAR)
+    if cfg.get("topk_method") == "noaux_tc":
+        out[pre + "mlp.gate.e_score_correction_bias"] = ((experts,), OTHER)
+    for e in range(experts):
+        mlp(f"{pre}mlp.experts.{e}.", cfg["moe_intermediate_size"])
+    if cfg.get("n_shared_experts"):
+        mlp(pre + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
 
 
 def extra_buffer_layer(name: str) -> int | None:
