@@ -153,9 +153,9 @@ def test_conversion_on_a_device_that_differs_writes_the_cpu_bytes(
 ):
     device_kernels("reciprocal_division")
     summary = convert(tiny_src, tmp_path / "o", Options(), device="meta")
-    assert (summary["device"], summary["compute_device"], summary["device_check"]) == ("meta", "cpu", "differed")
-    assert set(_differed(summary["device_reason"])) == {"fp8"}
-    assert summary["kernels_reason"] == "meta did not pass its check (device_reason), the CPU converts: requested"
+    assert (summary.device, summary.compute_device, summary.device_check) == ("meta", "cpu", "differed")
+    assert set(_differed(summary.device_reason)) == {"fp8"}
+    assert summary.kernels_reason == "meta did not pass its check (device_reason), the CPU converts: requested"
     assert tree_hashes(tmp_path / "o") == tree_hashes(converted[FP8])
 
 
@@ -163,8 +163,8 @@ def test_only_the_ops_a_run_uses_decide(tiny_src, converted, tmp_path, device_ke
     """A bf16 conversion divides nothing: the same device passes and converts, to the same bytes."""
     device_kernels("reciprocal_division")
     summary = convert(tiny_src, tmp_path / "o", Options(format=BF16), device="meta")
-    assert (summary["compute_device"], summary["device_check"]) == ("meta", "passed"), summary["device_reason"]
-    assert summary["device_reason"].startswith("meta: bf16, dequant, mla bit-identical to eager on the CPU")
+    assert (summary.compute_device, summary.device_check) == ("meta", "passed"), summary.device_reason
+    assert summary.device_reason.startswith("meta: bf16, dequant, mla bit-identical to eager on the CPU")
     assert tree_hashes(tmp_path / "o") == tree_hashes(converted[BF16])
 
 
@@ -174,8 +174,8 @@ def test_conversion_on_a_device_that_passes_writes_the_cpu_bytes(
     monkeypatch.delenv("MLA_CONVERT_KERNELS")  # --kernels auto: its CPU policy is not the reason
     device_kernels("cuda_scalar_division")
     summary = convert(tiny_src, tmp_path / "o", Options(), device="meta")
-    assert (summary["compute_device"], summary["device_check"], summary["kernels"]) == ("meta", "passed", "eager")
-    assert summary["kernels_reason"] == "eager numerics on meta"
+    assert (summary.compute_device, summary.device_check, summary.kernels) == ("meta", "passed", "eager")
+    assert summary.kernels_reason == "eager numerics on meta"
     assert tree_hashes(tmp_path / "o") == tree_hashes(converted[FP8])
 
 
@@ -190,7 +190,7 @@ def test_each_process_checks_the_device_once_before_it_writes(
     monkeypatch.setenv("MLA_TEST_DEVICE_OUT", str(out))
     device_kernels("cuda_scalar_division")
     summary = convert(tiny_src, out, Options(), device="meta", workers=2)
-    assert summary["device_check"] == "passed"
+    assert summary.device_check == "passed"
     assert tree_hashes(out) == tree_hashes(converted[FP8])
     events: dict[int, list[tuple[str, str]]] = {}
     for line in log.read_text().splitlines():
@@ -219,7 +219,7 @@ def test_what_verify_holds_a_device_to(
     device_kernels(fake)
     monkeypatch.setattr(kernels, "_check_against_eager", lambda *a: 0)
     out = tmp_path / "o"
-    assert convert(tiny_src, out, Options(format=fmt), device="meta")["compute_device"] == "meta"
+    assert convert(tiny_src, out, Options(format=fmt), device="meta").compute_device == "meta"
     cpu = tree_hashes(converted[fmt])
     differing = [rel for rel, h in tree_hashes(out).items() if h != cpu[rel]]
     assert any(rel.endswith(".safetensors") and not rel.startswith("mla/") for rel in differing)

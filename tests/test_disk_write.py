@@ -124,7 +124,7 @@ def test_conversion_bytes_do_not_depend_on_the_write_mode(tiny_src, converted, t
     out = {}
     for mode in ("direct", "buffered"):
         summary = convert(tiny_src, tmp_path / mode, Options(), write_io=mode)
-        assert summary["write_io"] == mode and summary["write_io_reason"] == "requested"
+        assert summary.write_io == mode and summary.write_io_reason == "requested"
         out[mode] = tree_hashes(tmp_path / mode)
     assert out["direct"] == out["buffered"] == tree_hashes(converted["channel-fp8"])
 
@@ -137,7 +137,7 @@ def test_conversion_on_a_filesystem_without_o_direct_reports_buffered(tiny_src, 
         convert(tiny_src, tmp_path / "out", Options(), write_io="direct")
     assert not list((tmp_path / "out").iterdir()), "a refused direct mode must write nothing"
     summary = convert(tiny_src, tmp_path / "out", Options())
-    assert summary["write_io"] == "buffered" and "O_DIRECT refused" in summary["write_io_reason"]
+    assert summary.write_io == "buffered" and "O_DIRECT refused" in summary.write_io_reason
 
 
 def test_cli_rejects_an_unknown_write_mode_in_one_line(tiny_src, tmp_path):

@@ -38,7 +38,7 @@ def fetches(hub, filename: str) -> int:
 
 def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path, tree_hashes):
     summary = convert(REPO, tmp_path / "out", Options())
-    assert summary["status"] == "complete"
+    assert summary.status == "complete"
     assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
     assert all(fetches(hub, s) == 1 for s in shards(converted["channel-fp8"]))
 
@@ -81,7 +81,7 @@ def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_sh
     assert not (out / ".mla-convert-source").exists()
     sizes = sorted(((tiny_src / s).stat().st_size for s in shards(tiny_src)), reverse=True)
     bound = sum(sizes[: workers + 2])  # the jobs in flight, one prefetched, and a partner scale's shard
-    assert 0 < summary["peak_source_bytes_on_disk"] <= bound < sum(sizes)
+    assert 0 < summary.peak_source_bytes_on_disk <= bound < sum(sizes)
     assert peak["bytes"] <= bound
     assert all(fetches(hub, s) == 1 for s in shards(tiny_src))
 
@@ -91,9 +91,9 @@ def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp
     assert not (tmp_path / "out").exists()
     assert all(fetches(hub, s) == 0 for s in shards(tiny_src))
     source_bytes = sum((tiny_src / s).stat().st_size for s in shards(tiny_src))
-    assert summary["disk_needed_download_then_convert"] >= summary["disk_needed"] + source_bytes
-    assert summary["disk_needed"] < summary["disk_needed_stream"] < summary["disk_needed_download_then_convert"]
-    assert summary["fp8_weights_converted"] == 104 and summary["source"].startswith(REPO + "@")
+    assert summary.disk_needed_download_then_convert >= summary.disk_needed + source_bytes
+    assert summary.disk_needed < summary.disk_needed_stream < summary.disk_needed_download_then_convert
+    assert summary.fp8_weights_converted == 104 and summary.source.startswith(REPO + "@")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -160,7 +160,7 @@ def test_unknown_repo_and_private_repo_token(hub, tiny_src, tmp_path, monkeypatc
     with pytest.raises(SourceError, match="repository not found"):
         convert("org/private", tmp_path / "b", Options(), dry_run=True)
     monkeypatch.setenv("HF_TOKEN", "hf_secret")  # the usual huggingface_hub token lookup
-    assert convert("org/private", tmp_path / "c", Options(), dry_run=True)["fp8_weights_converted"] == 104
+    assert convert("org/private", tmp_path / "c", Options(), dry_run=True).fp8_weights_converted == 104
 
 
 def test_stream_needs_a_hub_source(tiny_src, tmp_path, run_cli):

@@ -188,8 +188,8 @@ def test_bf16_source_conversion_with_fast_kernels_is_byte_identical(
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
     src = family_checkpoints.source("deepseek-v2-lite")
     summary = convert(src, tmp_path / "c", Options(), kernels=mode)
-    assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode], summary["kernels_reason"]
-    assert "quant" in summary["kernels_reason"]
+    assert summary.kernels == {"native": "native", "compile": "torch.compile"}[mode], summary.kernels_reason
+    assert "quant" in summary.kernels_reason
     assert tree_hashes(tmp_path / "c") == tree_hashes(family_checkpoints.converted("deepseek-v2-lite", "channel-fp8"))
 
 
@@ -201,7 +201,7 @@ def test_conversion_with_fast_kernels_is_byte_identical(
 ):
     monkeypatch.delenv("MLA_CONVERT_KERNELS")
     summary = convert(tiny_src, tmp_path / "c", Options(format=fmt), kernels=mode)
-    assert summary["kernels"] == {"native": "native", "compile": "torch.compile"}[mode]
+    assert summary.kernels == {"native": "native", "compile": "torch.compile"}[mode]
     assert tree_hashes(tmp_path / "c") == tree_hashes(converted[fmt])
 
 
@@ -264,7 +264,7 @@ def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
 
 def test_summary_reports_kernels(tiny_src, tmp_path, load_json):
     summary = convert(tiny_src, tmp_path / "o", Options())
-    assert summary["kernels"] == "eager" and summary["kernels_reason"]
+    assert summary.kernels == "eager" and summary.kernels_reason
     assert load_json(tmp_path / "o" / "mla-convert-manifest.json")["status"] == "complete"
 
 

@@ -87,7 +87,7 @@ def convert(
             disable_progress_bars()
             if quiet:  # its retry warnings too: errors only
                 logging.set_verbosity_error()
-        summary = run_conversion(source, out, options, settings)
+        summary = run_conversion(source, out, options, settings).to_json()
     report_summary(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
 
 

@@ -35,6 +35,7 @@ from mla_convert.output.journal import Journal
 from mla_convert.output.manifest import write_manifest
 from mla_convert.output.out_dir import check_location
 from mla_convert.plan.planner import Plan, make_plan
+from mla_convert.results import ConversionResult
 from mla_convert.settings import Options, RunSettings
 from mla_convert.source import hub
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
@@ -48,8 +49,9 @@ def convert(
     options: Options = Options(),  # noqa: B008 (frozen: one shared default is safe)
     settings: RunSettings = RunSettings(),  # noqa: B008 (frozen, as options)
     **changes,
-) -> dict:
-    """Convert `source` into `out_dir`. Returns a summary dict (the CLI's --json output).
+) -> ConversionResult:
+    """Convert `source` into `out_dir`. Returns what was planned and done (`to_json()`: the CLI's
+    --json output).
 
     `options` says what to produce, `settings` how (RunSettings); keyword arguments replace fields
     of `settings`: `convert(src, out, options, workers=2)`. With `settings.stream`, shards are
@@ -61,14 +63,14 @@ def convert(
         run.open_source(cleanup)
         run.make_plan()
         if run.settings.dry_run:  # the numbers, not the checks: a plan is also for a disk not ready yet
-            return run.dry_run_summary()
+            return ConversionResult(**run.dry_run_summary())
         run.preflight()
         run.download()
         run.choose_kernels()
         run.prepare_output()
         run.convert_shards()
         run.finalize()
-    return run.summary
+    return ConversionResult(**run.summary)
 
 
 def _release_buffers() -> None:

@@ -38,7 +38,7 @@ def run_demo(
     src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))
     written = [f"{SOURCE_DIR}/{rel}" for rel in files_under(src)]
     (root / MARKER).write_text(json.dumps({"source_files": written}, indent=1) + "\n")
-    summary = convert(src, root / f"converted-{options.format}", options)
+    summary = convert(src, root / f"converted-{options.format}", options).to_json()
     report = verify(summary["out"], src)
     summary["verify"] = {
         "ok": report["ok"],

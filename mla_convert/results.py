@@ -1,0 +1,156 @@
+"""What the library's entry points return: typed results, each with `to_json()` giving the dict the
+CLI prints for `--json`. Standard library only.
+
+- `ConversionResult`: what `mla_convert.convert()` planned and did (a dry run: the plan and the
+  free-space numbers only).
+- `VerifyReport`: what `mla_convert.verify()` checked, with every failure (`Failure`) and the
+  tensors furthest from their source (`TensorStats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+
+
+def _present(obj) -> dict:
+    """The fields of `obj` in declaration order, those left None (not part of this run) omitted."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if getattr(obj, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    # The plan (plan.planner.Plan.summary).
+    source: str  # the source directory, or REPO@COMMIT for a Hub source
+    format: str
+    target: str
+    fp8_max: float
+    shards: int
+    tensors_in: int
+    tensors_out: int
+    fp8_weights_converted: int  # block-FP8 weights of the source
+    bf16_linears_quantized: int  # 16-bit linears quantized to channel FP8
+    mla_layers: int  # layers with W_UK_T / W_UV artifacts
+    bytes_in: int
+    bytes_out_model: int
+    bytes_out_mla: int
+    disk_needed: int  # output shards, artifacts and side files
+    ignored_modules: int  # entries of the output config's ignore list
+    out: str
+    dry_run: bool
+    workers: int
+    device: str
+    # A Hub source.
+    hub_commit: str | None = None
+    download_bytes: int | None = None
+    disk_needed_download_then_convert: int | None = None
+    disk_needed_stream: int | None = None
+    # Free space (output.preflight.space).
+    disk_required: int | None = None
+    disk_free: int | None = None
+    disk_freed_by_overwrite: int | None = None
+    cache_dir: str | None = None
+    cache_required: int | None = None
+    cache_free: int | None = None
+    # How it ran (not in a dry run).
+    kernels: str | None = None
+    kernels_reason: str | None = None
+    compute_device: str | None = None
+    device_check: str | None = None  # kernels.select: not needed, passed, differed, failed
+    device_reason: str | None = None
+    write_io: str | None = None
+    write_io_reason: str | None = None
+    peak_source_bytes_on_disk: int | None = None  # --stream
+    status: str | None = None  # "complete"
+    resumed_jobs: int | None = None  # shard jobs a --resume kept
+    files: int | None = None
+    seconds: float | None = None
+    gb_per_s: float | None = None
+    source_fingerprint: str | None = None
+
+    def to_json(self) -> dict:
+        return _present(self)
+
+
+@dataclass(frozen=True)
+class Failure:
+    group: str
+    check: str  # short id of the check, e.g. "sha256", "nan", "fp8-bound"
+    file: str | None = None  # relative to the verified directory (or to --source)
+    tensor: str | None = None
+    expected: str = ""
+    found: str = ""
+
+    def line(self) -> str:
+        where = " ".join(x for x in (self.file, repr(self.tensor) if self.tensor else None) if x)
+        return f"[{self.group}/{self.check}] {where or '-'}: expected {self.expected}; found {self.found}"
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """How far one converted tensor is from the exact fp32 dequant of its source tensor."""
+
+    file: str
+    tensor: str
+    op: str  # "fp8" | "bf16"
+    max_abs_err: float
+    rel_err: float  # ||converted - exact||_2 / ||exact||_2
+    cosine: float
+    bound_use: float  # max over elements of |err| / allowed error (<= 1 passes)
+
+
+@dataclass(frozen=True)
+class CheckGroup:
+    title: str
+    checked: int
+    failed: int
+    skipped: str | None  # why the group did not run (no --source), else None
+    failures: tuple[Failure, ...]  # the first MAX_LISTED of them
+    failures_not_listed: int
+
+    def to_json(self) -> dict:
+        return {
+            "title": self.title,
+            "checked": self.checked,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "failures": [asdict(f) | {"message": f.line()} for f in self.failures],
+            "failures_not_listed": self.failures_not_listed,
+        }
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    dir: str
+    source: str | None
+    format: str
+    target: str
+    fp8_max: float
+    files: int
+    tensors: int
+    mla_layers: int
+    workers: int
+    readers: str  # verification.readers: native or torch
+    readers_reason: str
+    tolerances: dict[str, str]
+    ok: bool
+    exit_code: int  # 0: every check passed; 1: a check failed
+    groups: dict[str, CheckGroup]
+    worst_tensors: tuple[TensorStats, ...]
+    bytes_read: int
+    seconds: float = 0.0
+
+    def failures(self) -> list[Failure]:
+        return [f for g in self.groups.values() for f in g.failures]
+
+    def to_json(self) -> dict:
+        return {
+            **{k: getattr(self, k) for k in ("dir", "source", "format", "target", "fp8_max", "files", "tensors")},
+            **{k: getattr(self, k) for k in ("mla_layers", "workers", "readers", "readers_reason", "tolerances")},
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "groups": {name: g.to_json() for name, g in self.groups.items()},
+            "worst_tensors": [asdict(s) for s in self.worst_tensors],
+            "bytes_read": self.bytes_read,
+            "seconds": self.seconds,
+        }
