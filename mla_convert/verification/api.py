@@ -118,7 +118,7 @@ def _read_conversion_manifest(root: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from None
+        raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from e
     if (
         not isinstance(manifest, dict)
         or manifest.get("tool") != TOOL_NAME
@@ -136,14 +136,14 @@ def _recorded_options(root: Path, manifest: dict) -> Options:
             ignore=tuple(manifest["options"].get("ignore") or ()),
         )
     except (ConvertError, KeyError, TypeError) as e:
-        raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from None
+        raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from e
 
 
 def _open_source(source: str | Path) -> SourceCheckpoint:
     try:
         return open_source(resolve_source(str(source)))
     except ConvertError as e:
-        raise VerificationError(f"--source: {e}") from None
+        raise VerificationError(f"--source: {e}") from e
 
 
 def _check_source_identity(

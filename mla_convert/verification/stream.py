@@ -141,14 +141,14 @@ class _Reader:
             try:
                 self.files[ref.path] = os.open(ref.path, os.O_RDONLY)
             except OSError as e:
-                raise _ReadError(f"{ref.path}: cannot open ({e.strerror or e})") from None
+                raise _ReadError(f"{ref.path}: cannot open ({e.strerror or e})") from e
         if first == 0 and count < shape[0]:  # the first of several chunks: read ahead the rest
             will_need(self.files[ref.path], ref.offset, shape[0] * per_row)
         buf = bytearray(nbytes)
         try:
             pread_exact(self.files[ref.path], buf, ref.offset + first * per_row)
         except EOFError as e:
-            raise _ReadError(f"{ref.path}: tensor {ref.name!r}: {e}; the file is truncated") from None
+            raise _ReadError(f"{ref.path}: tensor {ref.name!r}: {e}; the file is truncated") from e
         return _decode(buf, dtype, (count, *shape[1:]))
 
     def close(self) -> None:
