@@ -44,8 +44,10 @@ from mla_convert.verification.bounds import TOLERANCES
 from mla_convert.verification.order import FILE_THREADS, largest_first
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, Tally, as_report
-from mla_convert.verification.stream import FileResult, FileTask, MlaJob, Ref, TensorJob, run_file_task
+from mla_convert.verification.rows import Ref
+from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.structure import Structure, check_structure
+from mla_convert.verification.tasks import FileResult, FileTask, MlaJob, TensorJob
 from mla_runtime.format import MlaManifest, kv_b_name, layer_file_name
 
 
