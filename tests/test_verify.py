@@ -713,7 +713,7 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     import threading
     import time
 
-    from mla_convert.verification import api as verify_mod
+    from mla_convert.verification import runners as verify_mod
 
     rewrite(out / mla_rel(1), lambda t: t[w_uv_name(1)].mul_(2))
     fix_hash(out, mla_rel(1))
