@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import CHANNEL_SCALE_SUFFIX, FLOAT_WEIGHT_DTYPES, MLA_DIR_NAME, SIGNED_ZERO
+from mla_convert.constants import CHANNEL_SCALE_SUFFIX, MLA_DIR_NAME, SIGNED_ZERO
 from mla_convert.plan.ops import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint
@@ -96,9 +96,7 @@ def file_tasks(
 def _matches(lay: Structure, name: str, info) -> bool:
     """The header agrees with the expectation (else the structure check failed already)."""
     exp = lay.expects.get(name)
-    if exp is None or info is None or info.shape != exp.shape:
-        return False
-    return info.dtype == exp.dtype or (exp.dtype is None and info.dtype in FLOAT_WEIGHT_DTYPES)
+    return exp is not None and info is not None and exp.admits(info)
 
 
 def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None) -> TensorJob | None:
