@@ -36,7 +36,7 @@ def start_heavy_process() -> None:
 # and a --stream download (minutes). Their memory is their own and nothing they do is left to
 # finalize, so the process ends as soon as it has said why, without waiting for them.
 _LEFT_RUNNING = {
-    "mla_convert.verification.api": "FILE_THREADS_NAME",
+    "mla_convert.verification.runners": "FILE_THREADS_NAME",
     "mla_convert.source.hub": "DOWNLOAD_THREAD_NAME",
 }
 

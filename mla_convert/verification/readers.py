@@ -141,7 +141,7 @@ def _native_readers() -> Fp8Readers:
         native.library()
     except Exception as e:  # no compiler, a failed build or load
         detail = str(e) if isinstance(e, native.NativeUnavailable) else first_line(e)
-        raise _Unusable(f"native library unavailable ({detail})") from None
+        raise _Unusable(f"native library unavailable ({detail})") from e
     every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
     rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
     checks = {
@@ -157,7 +157,7 @@ def _native_readers() -> Fp8Readers:
         try:
             ok = agrees()
         except Exception as e:
-            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from None
+            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from e
         if not ok:
             raise _Unusable(f"native {what} disagreed with torch on the probe")
     return Fp8Readers(

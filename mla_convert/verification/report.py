@@ -1,8 +1,8 @@
 """The verification report: check groups, failures that name file and tensor, and worst-tensor stats.
 
 A `Tally` is filled by every part of `verify` (the header pass in the main process, each file's
-streaming pass in a worker) and merged; `as_report` turns the merged tally into the dict that the
-CLI prints as a table or as JSON.
+streaming pass in a worker, through a `FileTally` that names the file) and merged; `as_report`
+turns the merged tally into the dict that the CLI prints as a table or as JSON.
 """
 
 from __future__ import annotations
@@ -82,6 +82,29 @@ class Tally:
         self.bytes_read += other.bytes_read
         for s in other.worst:
             self.add_stats(s)
+
+
+@dataclass
+class FileTally:
+    """One file's checks, recorded in `tally` under the file's name."""
+
+    tally: Tally
+    rel: str  # the file, relative to the verified directory
+
+    def expect(self, cond: bool, group: str, check: str, tensor=None, *, expected="", found="") -> bool:
+        return self.tally.expect(cond, group, check, self.rel, tensor, expected=expected, found=found)
+
+    def fail(self, group: str, check: str, tensor=None, *, expected="", found="") -> None:
+        self.tally.fail(group, check, self.rel, tensor, expected=expected, found=found)
+
+    def verdict(self, bad, group: str, check: str, tensor, expected: str, total: int, what: str = "") -> None:
+        """Record one check over a tensor: it passed when `bad` (a bounds.Mismatches, over `total`
+        elements) counted none."""
+        self.expect(not bad.count, group, check, tensor, expected=expected, found=what + bad.text(total))
+
+    def stats(self, tensor: str, op: str, st) -> None:
+        """How far a converted tensor is from its source (`st`: a bounds.ErrorStats over it)."""
+        self.tally.add_stats(TensorStats(self.rel, tensor, op, st.max_abs, st.rel_err, st.cosine, st.bound_use))
 
 
 def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> dict:
