@@ -5,6 +5,7 @@ CLI prints for `--json`. Standard library only.
   free-space numbers only).
 - `VerifyReport`: what `mla_convert.verify()` checked, with every failure (`Failure`) and the
   tensors furthest from their source (`TensorStats`).
+- `DemoResult`: the demo's conversion and its verification, and where it left its files.
 """
 
 from __future__ import annotations
@@ -154,3 +155,22 @@ class VerifyReport:
             "bytes_read": self.bytes_read,
             "seconds": self.seconds,
         }
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    conversion: ConversionResult
+    report: VerifyReport  # the conversion verified against its tiny source
+    demo_dir: str
+    demo_bytes: int  # what the demo left on disk: the source and its conversion
+
+    def to_json(self) -> dict:
+        """The conversion's --json, with the verdict and the demo's directory."""
+        groups = self.report.groups.values()
+        verdict = {
+            "ok": self.report.ok,
+            "checks": sum(g.checked for g in groups),
+            "failed": sum(g.failed for g in groups),
+            "seconds": self.report.seconds,
+        }
+        return self.conversion.to_json() | {"verify": verdict, "demo_dir": self.demo_dir, "demo_bytes": self.demo_bytes}

@@ -28,6 +28,9 @@ class Options:
     ignore: tuple[str, ...] = ()  # regexes (re.match) on module names to leave unquantized (bf16)
 
     def __post_init__(self):
+        if isinstance(self.ignore, str) or not all(isinstance(p, str) for p in self.ignore):
+            raise ConvertError(f"ignore {self.ignore!r}: expected a sequence of regular expressions")
+        object.__setattr__(self, "ignore", tuple(self.ignore))  # a list given is kept as a tuple
         if self.format not in FORMATS:
             raise ConvertError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
         if self.target not in TARGETS:

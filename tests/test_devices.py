@@ -224,5 +224,5 @@ def test_what_verify_holds_a_device_to(
     differing = [rel for rel, h in tree_hashes(out).items() if h != cpu[rel]]
     assert any(rel.endswith(".safetensors") and not rel.startswith("mla/") for rel in differing)
     report = verify(out, source=tiny_src)
-    found = {(f["group"], f["check"]) for g in report["groups"].values() for f in g["failures"]}
+    found = {(f.group, f.check) for f in report.failures()}
     assert found == ({("source", "bf16-exact")} if fmt == BF16 else set())

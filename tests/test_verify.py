@@ -651,7 +651,7 @@ def test_demo_verifies_its_output(tmp_path):
     res = runner.invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--json"])
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)
-    assert summary.verify["ok"] and summary.verify["failed"] == 0 and summary.verify["checks"] > 1000
+    assert summary["verify"]["ok"] and summary["verify"]["failed"] == 0 and summary["verify"]["checks"] > 1000
 
 
 def test_report_lists_tolerances_and_counts(converted):

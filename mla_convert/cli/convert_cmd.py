@@ -72,7 +72,7 @@ def convert(
     with errors_to_exit(functools.partial(_interrupted, out)), console.reporter(quiet, "converting") as report:
         report.status("starting (loading torch)")
         start_heavy_process()
-        from mla_convert.conversion.pipeline import convert as run_conversion
+        from mla_convert import api
 
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))
         settings = RunSettings(
@@ -87,7 +87,7 @@ def convert(
             disable_progress_bars()
             if quiet:  # its retry warnings too: errors only
                 logging.set_verbosity_error()
-        summary = run_conversion(source, out, options, settings).to_json()
+        summary = api.convert(source, out, options=options, settings=settings).to_json()
     report_summary(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
 
 

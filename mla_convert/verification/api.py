@@ -1,7 +1,7 @@
 """`mla-convert verify`: prove a converted directory is complete, intact and numerically right.
 
     report = verify("/data/R1-channel-fp8", source="/data/DeepSeek-R1", workers=4)
-    report["exit_code"]   # 0: every check passed, 1: a check failed
+    report.exit_code   # 0: every check passed, 1: a check failed
 
 Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
 mla-convert output, its manifest is unreadable, or --source cannot be opened.
@@ -15,6 +15,7 @@ manifest (integrity). Tolerances: bounds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME, TOOL_NAME
 from mla_convert.errors import ConvertError, VerificationError
 from mla_convert.plan.planner import make_plan
+from mla_convert.results import VerifyReport
 from mla_convert.settings import Options, ProgressFactory
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
 from mla_convert.source.resolve import resolve_source
@@ -40,7 +42,7 @@ def verify(
     *,
     workers: int = 1,
     progress_factory: ProgressFactory | None = None,
-) -> dict:
+) -> VerifyReport:
     """Verify `out_dir` (an mla-convert output), optionally against its `source`. Returns the report."""
     t0 = time.perf_counter()
     if workers < 1:
@@ -80,9 +82,7 @@ def verify(
         "readers_reason": readers.reason,
         "tolerances": TOLERANCES,
     }
-    report = as_report(tally, skipped, info)
-    report["seconds"] = round(time.perf_counter() - t0, 3)
-    return report
+    return dataclasses.replace(as_report(tally, skipped, info), seconds=round(time.perf_counter() - t0, 3))
 
 
 def _read_conversion_manifest(root: Path) -> dict:
