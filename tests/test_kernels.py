@@ -95,6 +95,7 @@ def test_native_every_byte_every_rounding_case(fast, scale, reference):
     assert reference.same_bits(k.to_bf16(w, s), x.to(torch.bfloat16))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.integers(1, 300),
@@ -254,6 +255,7 @@ def test_a_native_build_that_disagrees_is_not_used(fresh_native, monkeypatch):
     assert k.name == "eager" and "differed from eager" in k.reason
 
 
+@pytest.mark.slow
 def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
     lib = native.build()
     assert lib.parent == fresh_native and lib.suffix == ".so"
