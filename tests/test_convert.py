@@ -119,6 +119,7 @@ def test_index_config_side_files_and_manifest(converted, tiny_src, fmt, load_jso
     assert read_manifest(out / "mla").source_fingerprint == manifest["source_fingerprint"]
 
 
+@pytest.mark.slow
 def test_channel_fp8_quantization_config_validates_with_compressed_tensors(tmp_path, tiny_src, load_json, load_all):
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy
 

@@ -179,6 +179,7 @@ def test_conversion_on_a_device_that_passes_writes_the_cpu_bytes(
     assert tree_hashes(tmp_path / "o") == tree_hashes(converted[FP8])
 
 
+@pytest.mark.slow
 def test_each_process_checks_the_device_once_before_it_writes(
     tiny_src, converted, tmp_path, device_kernels, monkeypatch, tree_hashes
 ):

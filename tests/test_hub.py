@@ -53,6 +53,7 @@ def eight_shards(tmp_path_factory):
     return src, base / "local"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers, tree_hashes):
     hub, (tiny_src, local) = fake_hub, eight_shards
@@ -141,6 +142,7 @@ def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path, tree_hashes)
     assert tree_hashes(tmp_path / "offline") == tree_hashes(converted["channel-fp8"])
 
 
+@pytest.mark.slow
 def test_offline_with_nothing_cached_is_a_clear_error(hub, tmp_path, run_cli):
     hub.set_offline()
     r = run_cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--quiet")

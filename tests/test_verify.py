@@ -233,6 +233,7 @@ def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, torch_read
     ]
 
 
+@pytest.mark.slow
 def test_table_and_parallel_workers(converted, tiny_src):
     res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(tiny_src), "--workers", "2"])
     assert res.exit_code == 0, res.stderr
