@@ -126,14 +126,9 @@ def test_a_manifest_that_is_a_directory_cannot_be_resumed(tmp_path):
         check_resumable(tmp_path, OPTIONS, "f" * 64)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check_resumable calls .get on whatever JSON the manifest holds: a JSON list raises AttributeError, "
-    "not OutputError (read_manifest returns non-objects as they are)",
-)
 def test_a_manifest_that_is_not_a_json_object_cannot_be_resumed(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("[]")
-    with pytest.raises(OutputError):
+    with pytest.raises(OutputError, match="not an mla-convert manifest"):
         check_resumable(tmp_path, OPTIONS, "f" * 64)
 
 
@@ -228,3 +223,19 @@ def test_resumable_jobs_deletes_and_changes_nothing(out, load_json, jobs):
     before = tree(out)
     resumable_jobs(out, manifest, jobs | {"missing.safetensors": ["missing.safetensors"]})
     assert tree(out) == before
+
+
+def test_a_record_after_a_torn_last_line_is_a_line_of_its_own(tmp_path):
+    """A run killed in the middle of an append leaves half a line; the next run's first record must
+    not be glued to it (and lost with it)."""
+    journal = Journal(tmp_path)
+    journal.record("a.safetensors", [("a.safetensors", 1, "0" * 64)])
+    with open(journal.path, "a") as f:
+        f.write('{"job": "b.safetensors", "fi')  # killed mid-append
+    journal.record("c.safetensors", [("c.safetensors", 3, "2" * 64)])
+    assert set(journal.entries()) == {"a.safetensors", "c.safetensors"}
+
+
+def test_a_journal_that_cannot_be_read_records_nothing(tmp_path):
+    (tmp_path / ".mla-convert-journal.jsonl").mkdir()
+    assert Journal(tmp_path).entries() == {}

@@ -219,11 +219,6 @@ def test_a_stream_runs_staging_is_deleted_as_a_whole(tmp_path):
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="earlier_output counts the staging folder's bytes twice: once among its own files, once more "
-    "for the staging folder, so --overwrite claims to free more than it does",
-)
 def test_a_stream_runs_staging_bytes_are_counted_once(tmp_path):
     out = tmp_path / "out"
     write(out, f"{STAGING_DIR_NAME}/{SHARD1}", data=b"x" * 1000)
