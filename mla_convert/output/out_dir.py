@@ -35,7 +35,7 @@ from mla_convert.io.files import files_under as _all_files_under
 from mla_convert.io.files import is_partial_name
 from mla_convert.output.journal import Journal
 from mla_convert.output.manifest import readable_manifest
-from mla_runtime.safetensors_file import file_sha256
+from mla_runtime.safetensors_file import file_digest
 
 TOOL_FILES = frozenset({MANIFEST_NAME, JOURNAL_NAME, PROBE_NAME})
 MLA_FILE = re.compile(rf"{MLA_DIR_NAME}/(layer-\d+\.safetensors|{re.escape(MLA_MANIFEST_NAME)})")
@@ -118,7 +118,7 @@ def _changed(path: Path, record: Record) -> bool:
     if sha is None or st.st_mtime <= recorded_at:
         return False
     try:
-        return file_sha256(path)[1] != sha
+        return file_digest(path).sha256 != sha
     except OSError:
         return True
 
