@@ -197,7 +197,7 @@ def test_a_small_filesystem_is_refused_before_the_first_byte(tiny_src, converted
     """The tiny conversion needs 13.9 MB; the filesystem has 4 MB."""
     with small_filesystem(tmp_path / "small", "4m") as small:
         out = small / "out"
-        r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--json")
+        r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--json", "--ignore-free-space")
         plan = json.loads(r.stdout)
         assert plan["disk_required"] == plan["disk_needed"] > plan["disk_free"] > 3_000_000
         r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--ignore-free-space")
@@ -245,6 +245,8 @@ def test_free_space_faked(tiny_src, tmp_path, free_space):
     assert "not enough free space" in one_error_line(r.stderr) and "5.00 MB free" in r.stderr
     assert not out.exists()
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json"])
+    assert r.exit_code == 2 and "not enough free space" in one_error_line(r.stderr)  # as the real run (issue 26)
+    r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json", "--ignore-free-space"])
     assert r.exit_code == 0 and json.loads(r.stdout)["disk_free"] == 5_000_000
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--ignore-free-space", "--quiet"])
     assert r.exit_code == 0, r.stderr  # the filesystem misreported: the override converts

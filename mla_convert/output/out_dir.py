@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,8 @@ def _changed(path: Path, record: Record) -> bool:
     try:
         st = path.lstat()
     except OSError:  # gone: nothing of the user's to lose
+        return False
+    if stat.S_ISLNK(st.st_mode):  # deleted as itself, never its target: nothing of the user's is lost
         return False
     if size is not None and st.st_size != size:
         return True
