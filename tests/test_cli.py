@@ -376,3 +376,30 @@ def test_demo_takes_deepseek_r1_as_the_readme_calls_it(tmp_path):
     assert json.loads(r.stdout)["verify"]["ok"] is True
     r = run("demo", "--family", "deepseek-r2", "--out", tmp_path / "other")
     assert r.exit_code == 2 and "expected one of deepseek-r1, deepseek-v3" in one_line_error(r)
+
+
+def test_a_failure_of_the_environment_says_what_next_only_in_the_middle_of_a_run(tmp_path):
+    """Issue 26: 'write failed: No space left on device' said nothing of --resume."""
+    import errno
+
+    from mla_convert.cli.convert_cmd import next_step
+    from mla_convert.errors import OutputError
+
+    def failure(code):
+        try:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as e:
+                raise OutputError("x.safetensors: write failed") from e
+        except OutputError as e:
+            return e
+
+    out = tmp_path / "out"
+    assert next_step(out, failure(errno.ENOSPC)) is None  # nothing written yet: the error says its own fix
+    out.mkdir()
+    (out / "mla-convert-manifest.json").write_text('{"status": "incomplete"}')
+    assert next_step(out, failure(errno.ENOSPC)).startswith("free some space on that filesystem, then finish it")
+    assert "ulimit -f" in next_step(out, failure(errno.EFBIG))
+    assert next_step(out, OutputError("not the environment's")) is None
+    (out / "mla-convert-manifest.json").write_text('{"status": "complete"}')
+    assert next_step(out, failure(errno.ENOSPC)) is None

@@ -61,5 +61,6 @@ def test_workers_die_with_a_parent_killed_by_sigkill(tiny_src, tmp_path):
     os.kill(p.pid, signal.SIGKILL)  # the parent alone
     p.wait(timeout=10)
     t0 = time.monotonic()
-    wait_until(lambda: not group_members(p.pid), timeout=5, what="the workers and the resource tracker to end")
-    assert time.monotonic() - t0 < 5
+    # Within seconds (the kernel's SIGKILL is at once; the tracker then reads end-of-file), on a busy machine too.
+    wait_until(lambda: not group_members(p.pid), timeout=10, what="the workers and the resource tracker to end")
+    assert time.monotonic() - t0 < 10

@@ -33,7 +33,7 @@ from mla_convert.cli.options import (
     WriteIoOpt,
 )
 from mla_convert.cli.startup import start_heavy_process
-from mla_convert.constants import COMPLETE, MANIFEST_NAME
+from mla_convert.constants import COMPLETE, INCOMPLETE, MANIFEST_NAME
 from mla_convert.errors import network_errors
 from mla_convert.output.manifest import readable_manifest
 from mla_convert.settings import Options, RunSettings
@@ -122,8 +122,11 @@ _FIX = {
 
 
 def next_step(out: Path, e: BaseException) -> str | None:
-    """What the one line of a failure of the environment (a disk, a mount, the network) ends with:
-    how to go on. None for anything else (bad input says its own fix)."""
+    """What the one line of a failure of the environment (a disk, a mount, the network) in the
+    middle of a conversion ends with: how to go on. None before the run wrote anything (those
+    errors say their own fix) and for anything that is not the environment's."""
+    if (readable_manifest(out) or {}).get("status") != INCOMPLETE:
+        return None
     cause, network = e, False
     while cause is not None and not isinstance(cause, OSError):
         network = network or isinstance(cause, network_errors())
@@ -131,8 +134,6 @@ def next_step(out: Path, e: BaseException) -> str | None:
     if cause is None and not network:
         return None
     fix = "check the network" if cause is None else _FIX.get(cause.errno, "fix that")
-    if (readable_manifest(out) or {}).get("status") in (None, COMPLETE):  # nothing of this run's in --out
-        return f"{fix}, then run the command again"
     return f"{fix}, then finish it with the same command and --resume (or start over with another --out)"
 
 

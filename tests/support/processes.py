@@ -16,9 +16,11 @@ MANIFEST = "mla-convert-manifest.json"
 
 
 def as_from_a_terminal() -> None:
-    """A background job of a script starts with SIGINT ignored (and Python keeps it so); a terminal's
-    Ctrl-C finds the default, which Python turns into KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """A background job of a script starts with SIGINT ignored, and one under nohup (a test run
+    started so) with SIGHUP ignored; the CLI keeps them so. A command typed at a terminal finds
+    the defaults: so does the child here, whatever the test run was started with."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def start_cli(
