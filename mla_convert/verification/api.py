@@ -28,6 +28,7 @@ from mla_convert.settings import Options, ProgressFactory
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
 from mla_convert.source.resolve import resolve_source
 from mla_convert.verification.bounds import TOLERANCES
+from mla_convert.verification.card import check_card
 from mla_convert.verification.integrity import check_integrity, check_source_identity
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import SOURCE, Tally, as_report
@@ -58,6 +59,7 @@ def verify(
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, fingerprint, plan, tally)
+    check_card(root, manifest, tally)
     tasks = file_tasks(root, layout, manifest, options, src)
     # Probed here for the report, and before the file threads need them; worker processes probe
     # the same library on the same CPU.
