@@ -16,10 +16,10 @@ import pytest
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from typer.testing import CliRunner
 
+from mla_convert import upload
 from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import UploadError
-from mla_convert.publish.upload import upload
 
 REPO = "org/tiny-r1-channel-fp8"
 WRITE, READ = "hf_fake_write_token", "hf_fake_read_token"

@@ -37,9 +37,9 @@ from mla_convert.errors import UploadError
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
 
-# A commit carries at most this much (about 8 of R1's 4.3 GB shards: R1 goes up in 22 commits) and
-# this many files. Files in a commit that did not land are sent again by the resume, unless the
-# Hub kept their content (it keeps LFS objects it has verified: the client then skips them).
+# A commit carries at most this much (about 8 of R1's 4.3 GB shards) and this many files. Files of
+# a commit that did not land are sent again by the resume, unless the Hub still has their content
+# (its LFS batch API then reports them present, and the client skips them).
 COMMIT_BYTES = 32 * 1024**3
 COMMIT_FILES = 100
 

@@ -282,9 +282,3 @@ def _result(job: UploadJob, seconds: float | None) -> UploadResult:
         deleted=job.deleted, created=job.missing if not job.dry_run else (),
         verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (),
     )  # fmt: skip
-
-
-def upload(out_dir: str | Path, repo_id: str, **options) -> UploadResult:
-    """`prepare` then `run`: the options are prepare's, with run's `progress_factory` and `status`."""
-    progress, status = options.pop("progress_factory", None), options.get("status")
-    return run(prepare(out_dir, repo_id, **options), progress, status)
