@@ -91,10 +91,7 @@ def upload(
 
     Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails.
     """
-    from mla_convert.publish.upload import prepare, run
+    from mla_convert.publish.upload import UploadOptions, prepare, run
 
-    job = prepare(
-        out_dir, repo_id, revision=revision, private=private, create=create, overwrite=overwrite,
-        skip_verify=skip_verify, dry_run=dry_run,
-    )  # fmt: skip
-    return run(job, progress_factory)
+    options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
+    return run(prepare(out_dir, repo_id, options), progress_factory)

@@ -69,11 +69,10 @@ def upload(
         if not (dry_run or skip_verify):
             start_heavy_process()  # verify's checks import torch
         with console.reporter(quiet, "checking") as checking:
+            options = publish.UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
             state["job"] = job = publish.prepare(
-                dir, repo_id, revision=revision, private=private, create=create, overwrite=overwrite,
-                skip_verify=skip_verify, dry_run=dry_run, check_progress=checking.progress_factory,
-                status=checking.status,
-            )  # fmt: skip
+                dir, repo_id, options, check_progress=checking.progress_factory, status=checking.status
+            )
         with console.reporter(quiet, "uploading") as uploading:
             result = publish.run(job, uploading.progress_factory, uploading.status).to_json()
     if json_out:

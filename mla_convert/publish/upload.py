@@ -1,7 +1,7 @@
 """`mla-convert upload DIR REPO_ID`: a finished conversion to one branch of a Hub model repo.
 
-    job = prepare("/data/R1-channel-fp8", "org/R1-channel-fp8", create=True)   # every check
-    result = run(job)                                                          # the commits
+    job = prepare("/data/R1-channel-fp8", "org/R1-channel-fp8", UploadOptions(create=True))  # every check
+    result = run(job)                                                                        # the commits
 
 `prepare` does everything that can refuse the upload before any byte goes up: the directory is
 exactly what its manifest lists (publish.contents); the Hub has the repo and branch (or --create
@@ -41,6 +41,18 @@ TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the l
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+@dataclass(frozen=True)
+class UploadOptions:
+    """What the user asked for (the command's options)."""
+
+    revision: str | None = None  # the branch; None: main
+    private: bool = False  # a repo `create` makes is private
+    create: bool = False  # make the repo and the branch if missing
+    overwrite: bool = False  # replace another model's files in the branch
+    skip_verify: bool = False  # no structure and integrity checks first
+    dry_run: bool = False  # the files and the commits; no network, no hashing
+
+
 @dataclass
 class UploadJob:
     """A prepared upload; `run` fills in `done`, which an interrupted command reports."""
@@ -68,33 +80,30 @@ class UploadJob:
 def prepare(
     out_dir: str | Path,
     repo_id: str,
+    options: UploadOptions = UploadOptions(),
     *,
-    revision: str | None = None,
-    private: bool = False,
-    create: bool = False,
-    overwrite: bool = False,
-    skip_verify: bool = False,
-    dry_run: bool = False,
     check_progress: ProgressFactory | None = None,
     status: MessageFn | None = None,
 ) -> UploadJob:
     """Every check, in that order; UploadError (or VerificationError) naming what to do if one fails.
-    A dry run reads the manifest and the sizes only: no network, no hashing."""
+    A dry run reads the manifest and the sizes only: no network, no hashing. `check_progress`:
+    for verify's reading of every file."""
     status = status or (lambda message: None)
-    revision = _check_names(repo_id, revision)
+    revision = _check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))
-    job = UploadJob(contents, repo_id, revision, private, dry_run, C.commits_of(list(contents.files)))
-    if dry_run:
+    commits = C.commits_of(list(contents.files))
+    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
+    if options.dry_run:
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
         return job
     R.check_token()
     status(f"asking the Hub about {repo_id}")
     remote = R.Remote(repo_id, revision)
-    _compare_with_hub(job, remote, create, overwrite)
+    _compare_with_hub(job, remote, options.create, options.overwrite)
     if CARD_NAME in contents.by_rel():
         remote.validate_card(contents.root / CARD_NAME)
-    if skip_verify:
+    if options.skip_verify:
         job.verified = "skipped (--skip-verify)"
     else:
         status(f"checking {out_dir}: structure and integrity")

@@ -240,7 +240,7 @@ class UploadEndpoints:
             self._repos[repo_id] = repo
             attributes = self._store_blob(GITATTRIBUTES.encode())
             files = {".gitattributes": self._file(".gitattributes", attributes, lfs=False)}
-            sha = self._new_commit(repo, "main", None, files, "initial commit", [".gitattributes"], [], [])
+            sha = self._new_commit(repo, "main", None, files, "initial commit", ([".gitattributes"], [], []))
         self._send_json(h, rec, 200, {"url": url, "name": repo_id, "id": sha[:24]})
 
     def _create_branch(self, h, rec, repo, branch: str, body: bytes) -> None:
@@ -474,12 +474,13 @@ class UploadEndpoints:
             else:
                 raise error(400, None, f"unknown commit operation {key!r}")
         with self._lock:
-            sha = self._new_commit(repo, rev, parent.sha, files, header["summary"], added, lfs, deleted)
+            sha = self._new_commit(repo, rev, parent.sha, files, header["summary"], (added, lfs, deleted))
         self._send_json(h, rec, 200, {"success": True, "commitOid": sha, "commitUrl": f"{self.endpoint}/{repo.repo_id}/commit/{sha}",
                                       "hookOutput": ""})  # fmt: skip
 
-    def _new_commit(self, repo, rev: str, parent: str | None, files: dict, summary: str, added, lfs, deleted) -> str:
-        """A commit of `files` on branch `rev` (under self._lock)."""
+    def _new_commit(self, repo, rev: str, parent: str | None, files: dict, summary: str, changes: tuple) -> str:
+        """A commit of `files` on branch `rev` (under self._lock); `changes`: (added, lfs, deleted) paths."""
+        added, lfs, deleted = changes
         h = hashlib.sha1(f"{repo.repo_id}\0{rev}\0{parent}\0{summary}\0{len(self.commits)}".encode())
         for p in sorted(files):
             h.update(f"{p}\0{files[p].git_oid}\n".encode())
