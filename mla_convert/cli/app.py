@@ -1,5 +1,5 @@
 """The mla-convert command line: the Typer app, its commands (one module each: convert_cmd,
-verify_cmd, demo_cmd), and `main`. Each command parses options, calls one library function and
+verify_cmd, demo_cmd, upload_cmd), and `main`. Each command parses options, calls one library function and
 prints the result; errors become one line on stderr and an exit code (cli.errors)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from mla_convert.cli import convert_cmd, demo_cmd, streams, verify_cmd
+from mla_convert.cli import convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
 from mla_convert.cli.help import Command
 from mla_convert.cli.startup import still_working
@@ -96,6 +96,7 @@ app.command(
 )(convert_cmd.deepseek_r1)  # fmt: skip
 app.command("demo", cls=Command, short_help="A tiny checkpoint converted and verified, offline.")(demo_cmd.demo)
 app.command("verify", cls=Command, short_help="Check a converted directory, and against its source.")(verify_cmd.verify)
+app.command("upload", cls=Command, short_help="Publish a converted directory on the Hugging Face Hub.")(upload_cmd.upload)
 
 
 def main() -> None:

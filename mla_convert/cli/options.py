@@ -45,6 +45,15 @@ TargetOpt = Annotated[
         "bf16 output is the same for both, and --target gaudi2 with it is refused.",
     ),
 ]
+NoCardOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-card",
+        help="Keep the source's README.md as it is, instead of the output's own model card (Hub metadata naming the "
+        "source as base model, what was converted and how, serving, verification, the source's card below it). "
+        "Recorded in the manifest: a --resume must match it.",
+    ),
+]
 WorkersOpt = Annotated[
     int, typer.Option("--workers", "-w", metavar="N", min=1, help="Shards converted in parallel (processes).")
 ]

@@ -34,6 +34,7 @@ from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
 from mla_convert.kernels import native
 from mla_convert.output import preflight
+from mla_convert.output.card_facts import SourceRef, source_ref
 from mla_convert.output.journal import Journal
 from mla_convert.output.lock import check_unlocked, locked
 from mla_convert.output.manifest import write_manifest
@@ -110,6 +111,7 @@ class _Conversion:
         self.cache: Path | None = None
         self.cleanup: contextlib.ExitStack | None = None  # what convert() undoes at the end: the lock, ...
         self.lock = None  # --out's lock while this run holds it (output.lock)
+        self.origin: SourceRef | None = None  # where the source came from, for the card and the manifest
 
     @property
     def streaming(self) -> bool:
@@ -120,6 +122,8 @@ class _Conversion:
     def open_source(self, cleanup: contextlib.ExitStack) -> None:
         s = self.settings
         self.src, self.repo = open_planned_source(self.source, s.revision, s.stream, cleanup, self.status)
+        repo = self.repo
+        self.origin = source_ref(self.src.root, repo.repo_id, repo.commit) if repo else source_ref(self.src.root)
         if self.repo is None:  # on disk: its scales are read now, before anything is written
             check_scale_values(self.src)
 
@@ -235,7 +239,7 @@ class _Conversion:
 
     def finalize(self) -> None:
         src = self.plan.source
-        finalize(self.plan, self.out_dir, self.files)
+        finalize(self.plan, self.out_dir, self.files, self.origin)
         Journal(self.out_dir).remove()
         if self.streaming:
             hub.remove_staging(src.root)
