@@ -96,7 +96,9 @@ app.command(
 )(convert_cmd.deepseek_r1)  # fmt: skip
 app.command("demo", cls=Command, short_help="A tiny checkpoint converted and verified, offline.")(demo_cmd.demo)
 app.command("verify", cls=Command, short_help="Check a converted directory, and against its source.")(verify_cmd.verify)
-app.command("upload", cls=Command, short_help="Publish a converted directory on the Hugging Face Hub.")(upload_cmd.upload)
+app.command("upload", cls=Command, short_help="Publish a converted directory on the Hugging Face Hub.")(
+    upload_cmd.upload
+)
 
 
 def main() -> None:
