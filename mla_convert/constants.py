@@ -52,6 +52,7 @@ JOURNAL_NAME = ".mla-convert-journal.jsonl"  # finished shard jobs of a run in p
 PARTIAL_SUFFIX = ".partial"  # an output file is written as .NAME.partial and renamed when complete
 STAGING_DIR_NAME = ".mla-convert-source"  # --stream downloads live here, inside --out
 PROBE_NAME = ".mla-convert-write-probe"  # --write-io's test file, removed at once
+LOCK_NAME = ".mla-convert.lock"  # one command at a time per --out (output.lock); removed by its holder
 DEMO_MARKER_NAME = ".mla-convert-demo.json"  # the demo's record of the files it wrote
 
 # The conversion manifest's status: 'incomplete' from before the first output file until the last.
@@ -66,7 +67,7 @@ GITATTRIBUTES_NAME = ".gitattributes"  # the Hub's own file in a new repo: never
 __all__ = [
     "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CARD_METADATA_KEY", "CARD_NAME", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
     "CONFIG_NAME", "DEMO_MARKER_NAME", "FLOAT_DTYPES", "FLOAT_WEIGHT_DTYPES", "FORMATS", "FP8_E4M3", "FP8_MAX",
-    "GAUDI2", "GAUDI3", "GITATTRIBUTES_NAME", "INCOMPLETE", "INDEX_NAME", "JOURNAL_NAME", "KERNELS_AUTO", "KERNEL_MODES", "MANIFEST_NAME",
+    "GAUDI2", "GAUDI3", "GITATTRIBUTES_NAME", "INCOMPLETE", "INDEX_NAME", "JOURNAL_NAME", "KERNELS_AUTO", "KERNEL_MODES", "LOCK_NAME", "MANIFEST_NAME",
     "MLA_DIR_NAME", "MLA_MANIFEST_NAME", "PARTIAL_SUFFIX", "PROBE_NAME", "SIGNED_ZERO", "SINGLE_FILE_NAME",
     "STAGING_DIR_NAME", "TARGETS", "TOOL_NAME", "WRITE_AUTO", "WRITE_BUFFERED", "WRITE_DIRECT", "WRITE_MODES",
 ]  # fmt: skip

@@ -7,6 +7,7 @@
 | `MLA_CONVERT_PROGRESS_INTERVAL` | seconds, a positive number; default 30 | between progress lines when stderr is not a terminal |
 | `MLA_CONVERT_CACHE` | a directory | where the native kernels are built and cached |
 | `XDG_CACHE_HOME`, `HOME` | | the native kernels' cache when `MLA_CONVERT_CACHE` is unset: `$XDG_CACHE_HOME/mla-convert/native`, else `~/.cache/mla-convert/native` |
+| `TMPDIR` | a directory | where that cache falls back to when it cannot be written: `$TMPDIR/mla-convert-UID/native` (default `/tmp`) |
 | `CC` | a C compiler command | the compiler that builds the native kernels (default: `cc`, `gcc` or `clang` on PATH) |
 
 Each function reads its variable when called, not at import, so a caller (or a test's
@@ -17,6 +18,7 @@ names the variable and the values it takes.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from mla_convert.constants import KERNEL_MODES
@@ -73,6 +75,12 @@ def native_cache_dir() -> Path:
     if os.environ.get(CACHE):
         return Path(os.environ[CACHE])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mla-convert" / "native"
+
+
+def native_cache_fallback() -> Path:
+    """Where the native kernels are cached when native_cache_dir() cannot be written (no writable
+    HOME): one directory per user under the temporary directory (`TMPDIR`, else /tmp)."""
+    return Path(tempfile.gettempdir()) / f"mla-convert-{os.getuid()}" / "native"
 
 
 def c_compiler() -> str | None:

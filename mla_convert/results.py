@@ -38,6 +38,9 @@ class ConversionResult:
     bytes_out_mla: int
     disk_needed: int  # output shards, artifacts and side files
     ignored_modules: int  # entries of the output config's ignore list
+    # Each --ignore pattern -> the linears it left unquantized (plan.ignore); None without --ignore.
+    # Keyword-only, so that it sits with the plan's fields in to_json and still has a default.
+    ignored_by_pattern: dict[str, int] | None = dataclasses.field(default=None, kw_only=True)
     out: str
     dry_run: bool
     workers: int

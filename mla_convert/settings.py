@@ -13,7 +13,17 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mla_convert.constants import CHANNEL_FP8, FORMATS, FP8_MAX, GAUDI3, KERNEL_MODES, TARGETS, WRITE_AUTO, WRITE_MODES
+from mla_convert.constants import (
+    BF16,
+    CHANNEL_FP8,
+    FORMATS,
+    FP8_MAX,
+    GAUDI3,
+    KERNEL_MODES,
+    TARGETS,
+    WRITE_AUTO,
+    WRITE_MODES,
+)
 from mla_convert.errors import ConvertError
 
 ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes processed
@@ -43,6 +53,16 @@ class Options:
                 re.compile(p)
             except re.error as e:
                 raise ConvertError(f"--ignore {p!r}: not a valid regular expression ({e})") from e
+
+    def check_new_conversion(self) -> None:
+        """What a new conversion refuses that a recorded one may hold (verify reads manifests of
+        earlier versions). A bf16 output has no FP8 range: every target gives the same bytes, so a
+        target other than the default would be recorded for a difference that is not there."""
+        if self.format == BF16 and self.target != GAUDI3:
+            raise ConvertError(
+                f"--target {self.target}: a bf16 output has no FP8 range and is the same for every target; "
+                "leave --target out (it applies to --format channel-fp8)"
+            )
 
     @property
     def fp8_max(self) -> float:

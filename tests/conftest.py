@@ -1,5 +1,6 @@
 """Fixtures every test module can take; what they wrap lives in tests/support/ (see its __init__)."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -135,6 +136,27 @@ def vllm_gaudi_standin():
 
 
 # ---- process-wide defaults -----------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _temporary_files_under_the_sessions_base(tmp_path_factory):
+    """Whatever the code under test and its child processes put in the temporary directory (a
+    demo's default directory, a kernel build, a download's staging) lands under this session's
+    pytest base directory, which pytest removes after a passing session (pyproject.toml:
+    tmp_path_retention_policy). torch's compile cache stays where it was: a cache shared between
+    sessions, not something a test leaves behind."""
+    import getpass
+    import tempfile
+
+    mp = pytest.MonkeyPatch()
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    mp.setenv("TMPDIR", str(tmp))
+    mp.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    yield tmp
+    mp.undo()
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True, scope="session")

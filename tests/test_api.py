@@ -60,9 +60,13 @@ def test_settings_and_options_objects_or_fields(tiny_src, tmp_path):
     opts, settings = mla_convert.Options(format="bf16"), mla_convert.RunSettings(workers=2, dry_run=True)
     a = mla_convert.convert(tiny_src, tmp_path / "a", options=opts, settings=settings)
     b = mla_convert.convert(tiny_src, tmp_path / "b", format="bf16", workers=2, dry_run=True)
-    c = mla_convert.convert(tiny_src, tmp_path / "c", options=opts, settings=settings, target="gaudi2")
+    c = mla_convert.convert(
+        tiny_src, tmp_path / "c", options=opts, settings=settings, format="channel-fp8", target="gaudi2"
+    )
     assert (a.format, a.workers, a.dry_run) == (b.format, b.workers, b.dry_run) == ("bf16", 2, True)
-    assert c.target == "gaudi2" and a.target == "gaudi3"
+    assert (c.format, c.target) == ("channel-fp8", "gaudi2") and a.target == "gaudi3"
+    with pytest.raises(mla_convert.ConvertError, match="a bf16 output has no FP8 range"):  # issue 26
+        mla_convert.convert(tiny_src, tmp_path / "d", options=opts, settings=settings, target="gaudi2")
     with pytest.raises(TypeError, match="worker"):
         mla_convert.convert(tiny_src, tmp_path / "d", worker=2)
     assert not any((tmp_path / d).exists() for d in "abcd")

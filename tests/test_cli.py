@@ -302,3 +302,104 @@ def test_help_into_a_closed_pipe_ends_quietly():
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) in (0, 1), stderr
     assert "Traceback" not in stderr, stderr
+
+
+# ---- the help as a user types the command (issue 26) ----------------------------------------------
+
+
+def test_mla_convert_without_arguments_prints_the_help_once():
+    """Before: twice (Typer's rich help printed itself while the error was built, then again)."""
+    r = subprocess.run([sys.executable, "-m", "mla_convert"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("Usage: mla-convert") == 1 and "Commands:" in r.stdout
+
+
+@pytest.mark.parametrize("command", ["convert", "deepseek-r1", "verify", "demo"])
+def test_help_shows_options_as_typed_and_cuts_nothing_at_80_columns(monkeypatch, command):
+    """Before: `<bool>`, `<list[str]>`, `{source}`, and the --ignore example ended in an ellipsis."""
+    monkeypatch.setenv("COLUMNS", "80")
+    text = run(command, "--help").stdout
+    assert not re.search(r"<(bool|str|path|int|list\[str\]|int range)>", text), text
+    assert "{" not in text.split("\n", 2)[0] and "…" not in text
+    assert max(map(len, text.splitlines())) <= 80
+    if command in ("convert", "deepseek-r1"):
+        usage = "[OPTIONS] SOURCE" if command == "convert" else "[OPTIONS] [SOURCE]"
+        assert f"Usage: mla-convert {command} {usage}" in text
+        for typed in ("-o, --out DIR", "--ignore REGEX", "-w, --workers N", "--revision REV", "--device DEVICE"):
+            assert typed in text
+        assert any(ln.strip() == r"'model\.layers\.\d+\.mlp\.experts\.'" for ln in text.splitlines()), text
+    if command == "demo":
+        assert "deepseek-r1" in text
+
+
+def test_the_commands_list_shows_each_command_whole_in_80_columns(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = run("--help").stdout.split("Commands:")[1]
+    assert "..." not in commands and all(f"  {c} " in commands for c in ("convert", "deepseek-r1", "demo", "verify"))
+
+
+def test_target_gaudi2_with_bf16_is_refused_before_anything_is_written(tiny_src, tmp_path):
+    """Before: accepted silently, gaudi3's bytes written and gaudi2 recorded. A bf16 output is the
+    same for every target, so only the default is taken (a recorded one of an earlier version
+    still verifies)."""
+    out = tmp_path / "out"
+    r = run("convert", tiny_src, "--out", out, "--format", "bf16", "--target", "gaudi2")
+    assert r.exit_code == 2
+    assert "--target gaudi2: a bf16 output has no FP8 range" in one_line_error(r)
+    assert not out.exists()
+    r = run("convert", tiny_src, "--out", out, "--format", "bf16", "--target", "gaudi3", "--quiet")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_an_earlier_bf16_output_recorded_for_gaudi2_still_verifies(converted, tmp_path):
+    import shutil
+
+    out = shutil.copytree(converted["bf16"], tmp_path / "out")
+    manifest = out / "mla-convert-manifest.json"
+    manifest.write_text(manifest.read_text().replace('"target": "gaudi3"', '"target": "gaudi2"'))
+    doc = json.loads(manifest.read_text())
+    assert doc["options"]["target"] == "gaudi2"
+    r = run("verify", out, "--json")
+    assert json.loads(r.stdout)["groups"]["structure"]["failed"] == 0
+
+
+def test_verify_of_a_bf16_output_prints_no_fp8_readers_line(converted):
+    r = run("verify", converted["bf16"])
+    assert r.exit_code == 0 and "fp8 readers" not in r.stdout and "value readers: " in r.stdout
+
+
+@pytest.mark.slow
+def test_demo_takes_deepseek_r1_as_the_readme_calls_it(tmp_path):
+    """Before: `--family deepseek-r1` was refused, though the README calls the demo R1-shaped."""
+    r = run("demo", "--family", "deepseek-r1", "--out", tmp_path / "demo", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["verify"]["ok"] is True
+    r = run("demo", "--family", "deepseek-r2", "--out", tmp_path / "other")
+    assert r.exit_code == 2 and "expected one of deepseek-r1, deepseek-v3" in one_line_error(r)
+
+
+def test_a_failure_of_the_environment_says_what_next_only_in_the_middle_of_a_run(tmp_path):
+    """Issue 26: 'write failed: No space left on device' said nothing of --resume."""
+    import errno
+
+    from mla_convert.cli.convert_cmd import next_step
+    from mla_convert.errors import OutputError
+
+    def failure(code):
+        try:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as e:
+                raise OutputError("x.safetensors: write failed") from e
+        except OutputError as e:
+            return e
+
+    out = tmp_path / "out"
+    assert next_step(out, failure(errno.ENOSPC)) is None  # nothing written yet: the error says its own fix
+    out.mkdir()
+    (out / "mla-convert-manifest.json").write_text('{"status": "incomplete"}')
+    assert next_step(out, failure(errno.ENOSPC)).startswith("free some space on that filesystem, then finish it")
+    assert "ulimit -f" in next_step(out, failure(errno.EFBIG))
+    assert next_step(out, OutputError("not the environment's")) is None
+    (out / "mla-convert-manifest.json").write_text('{"status": "complete"}')
+    assert next_step(out, failure(errno.ENOSPC)) is None

@@ -197,10 +197,10 @@ def test_a_small_filesystem_is_refused_before_the_first_byte(tiny_src, converted
     """The tiny conversion needs 13.9 MB; the filesystem has 4 MB."""
     with small_filesystem(tmp_path / "small", "4m") as small:
         out = small / "out"
-        r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--json")
+        r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--json", "--ignore-free-space")
         plan = json.loads(r.stdout)
         assert plan["disk_required"] == plan["disk_needed"] > plan["disk_free"] > 3_000_000
-        r = run_cli("convert", tiny_src, "--out", out, "--dry-run")
+        r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--ignore-free-space")
         assert r.returncode == 0 and "needed of 4.19 MB free: NOT ENOUGH" in r.stdout
         r = run_cli("convert", tiny_src, "--out", out)
         assert r.returncode == 2
@@ -208,11 +208,15 @@ def test_a_small_filesystem_is_refused_before_the_first_byte(tiny_src, converted
         assert "not enough free space" in line and "13.88 MB" in line and "4.19 MB free" in line
         assert "--ignore-free-space" in line
         assert not out.exists()  # nothing written, not even the directory
+        dry = run_cli("convert", tiny_src, "--out", out, "--dry-run")  # refused as the real run is
+        assert dry.returncode == 2 and dry.stderr == r.stderr
 
         # Told to go on anyway, the disk fills up mid-write: one line, nothing complete-looking,
         r = run_cli("convert", tiny_src, "--out", out, "--ignore-free-space")
         assert r.returncode == 2
-        assert "No space left on device" in one_error_line(r.stderr)
+        line = one_error_line(r.stderr)  # and what to do next (issue 26)
+        assert "No space left on device; free some space on that filesystem, then finish it with" in line
+        assert line.endswith("--resume (or start over with another --out)")
         assert_nothing_complete(out)
         # and once there is room, --resume finishes it with the bytes of an uninterrupted run.
         subprocess.run(["mount", "-o", "remount,size=20m", str(small)], check=True)
@@ -241,6 +245,8 @@ def test_free_space_faked(tiny_src, tmp_path, free_space):
     assert "not enough free space" in one_error_line(r.stderr) and "5.00 MB free" in r.stderr
     assert not out.exists()
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json"])
+    assert r.exit_code == 2 and "not enough free space" in one_error_line(r.stderr)  # as the real run (issue 26)
+    r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json", "--ignore-free-space"])
     assert r.exit_code == 0 and json.loads(r.stdout)["disk_free"] == 5_000_000
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--ignore-free-space", "--quiet"])
     assert r.exit_code == 0, r.stderr  # the filesystem misreported: the override converts
@@ -334,3 +340,30 @@ def test_demo_overwrite_replaces_only_an_earlier_demo(tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(other), "--quiet", "--overwrite"])
     assert r.exit_code == 2 and "not one" in one_error_line(r.stderr)
     assert (other / "a.txt").read_text() == "mine"
+
+
+def test_overwrite_refuses_a_file_it_wrote_that_has_changed_since(tiny_src, converted, tmp_path, tree_hashes):
+    """An edited README.md of an earlier output (issue 26): before, --overwrite replaced it silently,
+    although the manifest records its sha256. Now refused, naming it, as a foreign file is."""
+    out = tmp_path / "out"
+    shutil.copytree(converted["bf16"], out)
+    readme = out / "README.md"
+    readme.write_text(readme.read_text() + "\nMy notes on this model.\n")
+    before = tree_hashes(out)
+    for extra in ([], ["--dry-run"]):
+        r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--overwrite", "--quiet", *extra])
+        assert r.exit_code == 2
+        line = one_error_line(r.stderr)
+        assert "--overwrite would replace README.md, which mla-convert wrote but which has changed since" in line
+    assert tree_hashes(out) == before
+
+
+def test_overwrite_takes_a_file_touched_but_unchanged(tiny_src, converted, tmp_path, tree_hashes):
+    """Modified after the manifest, same bytes: re-hashed, found unchanged, replaced."""
+    out = tmp_path / "out"
+    shutil.copytree(converted["bf16"], out)
+    later = (out / "mla-convert-manifest.json").stat().st_mtime + 10
+    os.utime(out / "README.md", (later, later))
+    r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--overwrite", "--quiet"])
+    assert r.exit_code == 0, r.stderr
+    assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])

@@ -100,6 +100,7 @@ def test_file_size_limit_mid_write_is_a_clean_error_and_resumable(tiny_src, conv
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "write failed" in lines[0] and ".safetensors" in lines[0], r.stderr
+    assert "raise the file size limit (ulimit -f), then finish it with the same command and --resume" in lines[0]
     assert_not_complete(out)
     r = run_cli("deepseek-r1", tiny_src, "--out", out, "--resume", "--quiet")
     assert r.returncode == 0, r.stderr

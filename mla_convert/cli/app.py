@@ -13,8 +13,9 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from mla_convert.cli import convert_cmd, demo_cmd, upload_cmd, verify_cmd
-from mla_convert.cli.errors import EXIT_INTERRUPTED
+from mla_convert.cli import convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
+from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
+from mla_convert.cli.help import Command
 from mla_convert.cli.startup import still_working
 from mla_convert.process import interrupts
 from mla_convert.version import __version__
@@ -52,9 +53,9 @@ class _OneLineErrors(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            typer.echo("error: interrupted", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except KeyboardInterrupt as e:
+            typer.echo(f"error: {interrupts.stopped_by(e)}", err=True)
+            raise typer.Exit(interrupts.exit_code(e)) from None
 
 
 app = typer.Typer(
@@ -66,6 +67,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help, wrapped at the terminal's width (cli.help)
 )
 
 
@@ -84,30 +86,45 @@ def _main_options(
     pass
 
 
-app.command("convert", epilog=convert_cmd.EPILOG)(convert_cmd.convert)
-app.command("deepseek-r1", help=convert_cmd.R1_HELP, epilog=convert_cmd.EPILOG)(convert_cmd.deepseek_r1)
-app.command("demo")(demo_cmd.demo)
-app.command("verify")(verify_cmd.verify)
-app.command("upload")(upload_cmd.upload)
+# short_help: the commands' list shows each whole in 80 columns (click cuts a longer one with '...').
+app.command(
+    "convert", cls=Command, short_help="Convert a checkpoint; precompute its MLA weights.", epilog=convert_cmd.EPILOG
+)(convert_cmd.convert)
+app.command(
+    "deepseek-r1", cls=Command, short_help="convert, with DeepSeek-R1 as the default SOURCE.", help=convert_cmd.R1_HELP,
+    epilog=convert_cmd.EPILOG,
+)(convert_cmd.deepseek_r1)  # fmt: skip
+app.command("demo", cls=Command, short_help="A tiny checkpoint converted and verified, offline.")(demo_cmd.demo)
+app.command("verify", cls=Command, short_help="Check a converted directory, and against its source.")(verify_cmd.verify)
+app.command("upload", cls=Command, short_help="Publish a converted directory on the Hugging Face Hub.")(
+    upload_cmd.upload
+)
 
 
 def main() -> None:
     # Hitting a file size limit (ulimit -f) then fails the write with EFBIG, which becomes a clean
     # error with the partial file removed, instead of the default SIGXFSZ core dump.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    streams.guard()  # a lost reader of stdout or stderr is not the command's failure (cli.streams)
     interrupts.install()
+    try:
+        code = _run()
+    finally:
+        # The command is over: a signal now could only cut the interpreter's shutdown short, where
+        # Python's own handlers are already gone and SIGINT or SIGTERM would kill the process.
+        interrupts.ignore()
+    code = streams.outcome(code)
+    if code in INTERRUPTED_CODES and still_working():
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run() -> int:
     try:
         app(prog_name="mla-convert")
     except SystemExit as e:
-        if e.code == EXIT_INTERRUPTED and still_working():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
-        raise
-    finally:
-        # The command is over: a Ctrl-C now could only cut the interpreter's shutdown short, where
-        # Python's own handler is already gone and SIGINT would kill the process.
-        interrupts.ignore()
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -156,6 +156,8 @@ def print_summary(summary: dict, title: str, source_arg: str | None = None) -> N
         ]
     if "disk_free" in summary:
         rows.append(("free space", _space_row(summary)))
+    for i, (pattern, n) in enumerate((summary.get("ignored_by_pattern") or {}).items()):
+        rows.append(("" if i else "left unquantized by --ignore", f"{n} linear{'s' * (n != 1)}: {pattern}"))
     if summary.get("resumed_jobs"):
         kept = summary["resumed_jobs"]
         rows.append(
@@ -242,4 +244,5 @@ def print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
         failed = sum(g["failed"] for g in groups.values())
         verdict = "[green]PASS" if report["ok"] else f"[red]FAIL: {failed} of {total} checks failed"
         rich_console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
-        rich_console().print(f"fp8 readers: {report['readers']} ({report['readers_reason']})", style="dim")
+        # Native or torch: what decoded FP8 and counted NaN/Inf (bf16 outputs too), not a format.
+        rich_console().print(f"value readers: {report['readers']} ({report['readers_reason']})", style="dim")

@@ -3,6 +3,7 @@ SOURCE)."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import json
@@ -33,7 +34,8 @@ from mla_convert.cli.options import (
     WriteIoOpt,
 )
 from mla_convert.cli.startup import start_heavy_process
-from mla_convert.constants import COMPLETE, MANIFEST_NAME
+from mla_convert.constants import COMPLETE, INCOMPLETE, MANIFEST_NAME
+from mla_convert.errors import network_errors
 from mla_convert.output.manifest import readable_manifest
 from mla_convert.settings import Options, RunSettings
 from mla_convert.source.family import architectures_help
@@ -71,7 +73,10 @@ def convert(
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a checkpoint of the MLA family (block-FP8 or BF16) and precompute its MLA weights."""
-    with errors_to_exit(functools.partial(_interrupted, out)), console.reporter(quiet, "converting") as report:
+    with (
+        errors_to_exit(functools.partial(_interrupted, out), functools.partial(next_step, out)),
+        console.reporter(quiet, "converting") as report,
+    ):
         report.status("starting (loading torch)")
         start_heavy_process()
         from mla_convert import api
@@ -100,6 +105,38 @@ def _interrupted(out: Path) -> str:
     if (readable_manifest(out) or {}).get("status") == COMPLETE:
         return f"interrupted; {out} holds a finished conversion"
     return INTERRUPTED
+
+
+# What to do about a failure of the environment, by errno, once --out holds an unfinished conversion.
+_FIX = {
+    errno.ENOSPC: "free some space on that filesystem",
+    errno.EDQUOT: "raise the disk quota or free some space",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "make the filesystem writable again",
+    errno.EIO: "check the disk (an I/O error)",
+    errno.EACCES: "fix the permissions",
+    errno.EPERM: "fix the permissions",
+    **dict.fromkeys(
+        (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.ENETUNREACH, errno.EHOSTUNREACH),
+        "check the network",
+    ),
+}
+
+
+def next_step(out: Path, e: BaseException) -> str | None:
+    """What the one line of a failure of the environment (a disk, a mount, the network) in the
+    middle of a conversion ends with: how to go on. None before the run wrote anything (those
+    errors say their own fix) and for anything that is not the environment's."""
+    if (readable_manifest(out) or {}).get("status") != INCOMPLETE:
+        return None
+    cause, network = e, False
+    while cause is not None and not isinstance(cause, OSError):
+        network = network or isinstance(cause, network_errors())
+        cause = cause.__cause__
+    if cause is None and not network:
+        return None
+    fix = "check the network" if cause is None else _FIX.get(cause.errno, "fix that")
+    return f"{fix}, then finish it with the same command and --resume (or start over with another --out)"
 
 
 def with_default_source(command, default: str):

@@ -10,10 +10,9 @@ import typer
 
 from mla_convert.cli import console
 from mla_convert.cli.convert_cmd import report_summary
-from mla_convert.cli.errors import errors_to_exit
-from mla_convert.cli.options import FamilyOpt, FormatOpt, JsonOpt, QuietOpt, TargetOpt
+from mla_convert.cli.errors import errors_to_exit, fail
+from mla_convert.cli.options import DEMO_DEFAULT, DEMO_FAMILIES, FamilyOpt, FormatOpt, JsonOpt, QuietOpt, TargetOpt
 from mla_convert.settings import Options
-from mla_convert.source.family import MEMBERS
 from mla_convert.units import gb
 
 
@@ -23,7 +22,7 @@ def demo(
     ] = None,
     format: FormatOpt = Options.format,
     target: TargetOpt = Options.target,
-    member: FamilyOpt = MEMBERS[0],
+    member: FamilyOpt = DEMO_DEFAULT,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an earlier demo in --out (and nothing else).")
     ] = False,
@@ -31,10 +30,12 @@ def demo(
     quiet: QuietOpt = False,
 ) -> None:
     """Write a tiny checkpoint of a family member (DeepSeek-R1's by default), convert, verify, report. Offline."""
+    if member not in DEMO_FAMILIES:
+        fail(f"--family {member!r}: expected one of {', '.join(DEMO_FAMILIES)}", 2)
     with errors_to_exit("demo interrupted; run it again with --overwrite, or remove its directory"):
         from mla_convert.demo.run import run_demo
 
-        result = run_demo(out, Options(format=format, target=target), overwrite, member)
+        result = run_demo(out, Options(format=format, target=target), overwrite, DEMO_FAMILIES[member])
     summary, report = result.to_json(), result.report.to_json()
     report_summary(summary, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
     if not (json_out or quiet):

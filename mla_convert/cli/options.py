@@ -20,7 +20,10 @@ def choices(values: tuple[str, ...]) -> str:
 OutOpt = Annotated[
     Path,
     typer.Option(
-        "--out", "-o", help="Output directory: created, or empty, or (--overwrite) an earlier mla-convert output."
+        "--out",
+        "-o",
+        metavar="DIR",
+        help="Output directory: created, or empty, or (--overwrite) an earlier mla-convert output.",
     ),
 ]
 FormatOpt = Annotated[
@@ -38,7 +41,8 @@ TargetOpt = Annotated[
         "--target",
         "-t",
         metavar=choices(TARGETS),
-        help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240).",
+        help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240). For --format channel-fp8 only: a "
+        "bf16 output is the same for both, and --target gaudi2 with it is refused.",
     ),
 ]
 NoCardOpt = Annotated[
@@ -50,7 +54,9 @@ NoCardOpt = Annotated[
         "Recorded in the manifest: a --resume must match it.",
     ),
 ]
-WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards converted in parallel (processes).")]
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", "-w", metavar="N", min=1, help="Shards converted in parallel (processes).")
+]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout (progress stays on stderr).")
 ]
@@ -66,19 +72,24 @@ OverwriteOpt = Annotated[
 SourceArg = Annotated[
     str,
     typer.Argument(
-        help=f"Checkpoint directory or Hub repo id; its config.json names one of {', '.join(SUPPORTED_ARCHITECTURES)}."
+        metavar="SOURCE",
+        help=f"Checkpoint directory or Hub repo id; its config.json names one of {', '.join(SUPPORTED_ARCHITECTURES)}.",
     ),
 ]
 IgnoreOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--ignore",
-        help="Regex (matched at the start of module names) of linears to leave unquantized (block-FP8 ones "
-        "dequantized to bf16, 16-bit ones copied), recorded as 're:' entries in the config's ignore list; "
-        "repeatable. E.g. 'model\\.layers\\.\\d+\\.mlp\\.experts'.",
+        metavar="REGEX",
+        help="Linears to leave unquantized (block-FP8 ones dequantized to bf16, 16-bit ones copied): a regular "
+        "expression matched at the start of module names, recorded as a 're:' entry in the config's ignore "
+        "list; repeatable. A pattern that matches no linear is refused. E.g. the routed experts: "
+        "'model\\.layers\\.\\d+\\.mlp\\.experts\\.'",
     ),
 ]
-RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+RevisionOpt = Annotated[
+    str | None, typer.Option("--revision", metavar="REV", help="Hub revision (branch, tag or commit).")
+]
 StreamOpt = Annotated[
     bool,
     typer.Option(
@@ -112,6 +123,7 @@ DeviceOpt = Annotated[
     str,
     typer.Option(
         "--device",
+        metavar="DEVICE",
         help="Torch device for the arithmetic (cpu, cuda, hpu, ...). Used only where it gives the CPU's bytes: "
         "every process first checks it bit-identical to the CPU on a probe set, else the CPU converts and the "
         "summary says why.",
@@ -136,4 +148,15 @@ WriteIoOpt = Annotated[
         "buffered. The bytes written are the same.",
     ),
 ]
-FamilyOpt = Annotated[str, typer.Option("--family", metavar=choices(MEMBERS), help="Which member's tiny checkpoint.")]
+# The demo's names: the family members, and deepseek-r1, which has DeepSeek-V3's layout (one
+# architecture, the same dims): the README calls the demo R1-shaped.
+DEMO_DEFAULT = "deepseek-r1"
+DEMO_FAMILIES = {DEMO_DEFAULT: "deepseek-v3"} | {m: m for m in MEMBERS}
+FamilyOpt = Annotated[
+    str,
+    typer.Option(
+        "--family",
+        metavar="NAME",  # the names listed in the help: as a [a|b|...] choice they overrun 80 columns
+        help=f"Which member's tiny checkpoint: {', '.join(DEMO_FAMILIES)}.",
+    ),
+]

@@ -13,6 +13,7 @@ from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import QuietOpt
 from mla_convert.cli.startup import start_heavy_process
 from mla_convert.io.read_ahead import read_ahead_in_background
+from mla_convert.output.lock import locked
 from mla_convert.verification.order import files_at_once, first_files
 
 
@@ -20,16 +21,24 @@ def verify(
     dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")],
     source: Annotated[
         str | None,
-        typer.Option("--source", "-s", help="Its source checkpoint: compare every tensor with the exact dequant."),
+        typer.Option(
+            "--source",
+            "-s",
+            metavar="SOURCE",
+            help="Its source checkpoint: compare every tensor with the exact dequant.",
+        ),
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Files checked in parallel (processes).")] = 1,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", metavar="N", min=1, help="Files checked in parallel (processes).")
+    ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON on stdout.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Check a converted directory: structure, file hashes, values, MLA artifacts, and against --source.
 
-    Exit code 0: every check passed; 1: a check failed; 2: verification could not run; 130: interrupted
-    (verify only reads: nothing was changed)."""
+    Exit code 0: every check passed; 1: a check failed; 2: verification could not run (or DIR is in use
+    by a conversion); 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP): interrupted (verify only reads: nothing
+    was changed)."""
     read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
     with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
         progress.status("starting (loading torch)")
@@ -37,7 +46,9 @@ def verify(
         from mla_convert import api
 
         progress.status(f"reading the headers in {dir}")
-        report = api.verify(dir, source=source, workers=workers, progress_factory=progress.progress_factory).to_json()
+        with locked(dir, "verify", progress.notice):  # not while a conversion writes there (output.lock)
+            report = api.verify(dir, source=source, workers=workers, progress_factory=progress.progress_factory)
+        report = report.to_json()
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

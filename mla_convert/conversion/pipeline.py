@@ -10,7 +10,10 @@
 7. the shard jobs, journaled (with --stream, each job's shards downloaded just in time);
 8. finalize: side files, config, index, MLA manifest, then the manifest 'complete'.
 
-What can refuse a run from headers alone runs before anything is downloaded or written.
+What can refuse a run from headers alone runs before anything is downloaded or written, and a
+dry run runs all of it (the lock of --out only checked) and stops there, as the real run would
+refuse. The run holds --out's lock (output.lock) from the preflight, or from when it creates --out,
+to its end.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 
 from mla_convert.constants import INCOMPLETE, MLA_DIR_NAME, STAGING_DIR_NAME
-from mla_convert.conversion.compute import Compute, choose_compute
+from mla_convert.conversion.compute import Compute, check_device, choose_compute
 from mla_convert.conversion.finalize import finalize
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
@@ -33,8 +36,10 @@ from mla_convert.kernels import native
 from mla_convert.output import preflight
 from mla_convert.output.card_facts import SourceRef, source_ref
 from mla_convert.output.journal import Journal
+from mla_convert.output.lock import check_unlocked, locked
 from mla_convert.output.manifest import write_manifest
 from mla_convert.output.out_dir import check_location
+from mla_convert.plan.ignore import check_patterns
 from mla_convert.plan.planner import Plan, make_plan
 from mla_convert.results import ConversionResult
 from mla_convert.settings import Options, RunSettings
@@ -58,14 +63,17 @@ def convert(
     of `settings`: `convert(src, out, options, workers=2)`. With `settings.stream`, shards are
     downloaded just in time and deleted once converted.
     """
+    options.check_new_conversion()
     run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes))
     with contextlib.ExitStack() as cleanup:
+        run.cleanup = cleanup
         cleanup.callback(_release_buffers)
         run.open_source(cleanup)
         run.make_plan()
-        if run.settings.dry_run:  # the numbers, not the checks: a plan is also for a disk not ready yet
-            return ConversionResult(**run.dry_run_summary())
         run.preflight()
+        if run.settings.dry_run:  # every check above ran, as in the real run; nothing is written
+            check_device(run.settings.device)
+            return ConversionResult(**run.summary)
         run.download()
         run.choose_kernels()
         run.prepare_output()
@@ -101,6 +109,8 @@ class _Conversion:
         self.summary: dict = {}
         self.download_bytes: int | None = None  # a Hub source to download first: what is not in the cache
         self.cache: Path | None = None
+        self.cleanup: contextlib.ExitStack | None = None  # what convert() undoes at the end: the lock, ...
+        self.lock = None  # --out's lock while this run holds it (output.lock)
         self.origin: SourceRef | None = None  # where the source came from, for the card and the manifest
 
     @property
@@ -122,26 +132,34 @@ class _Conversion:
     def make_plan(self) -> None:
         s, repo = self.settings, self.repo
         self.plan = make_plan(self.src, self.options)
-        self.summary = self.plan.summary() | {
-            "out": str(self.out_dir),
-            "dry_run": s.dry_run,
-            "workers": s.workers,
-            "device": s.device,
-        }
+        by_pattern = check_patterns(self.plan)  # a pattern that keeps nothing is a typo: refused
+        self.summary = (
+            self.plan.summary()
+            | ({"ignored_by_pattern": by_pattern} if by_pattern else {})
+            | {
+                "out": str(self.out_dir),
+                "dry_run": s.dry_run,
+                "workers": s.workers,
+                "device": s.device,
+            }
+        )
         if repo is not None:
             self.summary |= _hub_summary(repo, self.plan, s.workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
             if not s.stream:
                 self.download_bytes, self.cache = hub.bytes_to_download(repo), hub.cache_dir()
 
-    def dry_run_summary(self) -> dict:
-        nothing = preflight.OutputState({})
-        return self.summary | preflight.space(
-            self.summary, self.out_dir, self.settings, nothing, self.download_bytes, self.cache
-        )
-
     # --- 3. preflight -----------------------------------------------------------------------------
 
+    def lock_output(self) -> None:
+        """Hold --out's lock from now to the end of the run (a dry run only checks it); refused,
+        naming the holder, when another run has it."""
+        if self.settings.dry_run:
+            check_unlocked(self.out_dir)
+        elif self.lock is None and self.out_dir.is_dir():
+            self.lock = self.cleanup.enter_context(locked(self.out_dir, "convert", self.settings.notice))
+
     def preflight(self) -> None:
+        self.lock_output()
         plan, s = self.plan, self.settings
         conversion = preflight.Conversion(
             plan.options.as_dict(), self.src.fingerprint(), None if self.repo else self.src.root,
@@ -150,7 +168,7 @@ class _Conversion:
         self.state = preflight.inspect_output(conversion, self.out_dir, s)
         self.summary |= preflight.space(self.summary, self.out_dir, s, self.state, self.download_bytes, self.cache)
         preflight.check_room(self.summary, self.out_dir, s)
-        if self.repo is not None and s.notice:
+        if self.repo is not None and s.notice and not s.dry_run:
             s.notice(preflight.plan_line(self.summary, self.out_dir, s.stream))
 
     # --- 4. the download of a Hub source that is not streamed ---------------------------------------
@@ -189,6 +207,7 @@ class _Conversion:
         if self.repo is None:  # a downloaded source lies in the Hub cache: checked against --out only now
             check_location(out_dir, self.plan.source.root)
         preflight.prepare(out_dir, self.state)
+        self.lock_output()  # a new --out: locked as soon as it exists, before anything is written in it
         if self.streaming:
             self.plan = _staged_in(self.plan, out_dir)
         try:  # before the first byte of output: a refused --write-io direct leaves nothing behind

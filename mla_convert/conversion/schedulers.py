@@ -14,6 +14,7 @@ from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, r
 from mla_convert.io.shard_writer import BackgroundCommits
 from mla_convert.output.journal import Journal, remove_partials
 from mla_convert.plan.planner import Plan
+from mla_convert.process.interrupts import deferred
 from mla_convert.process.workers import process_pool
 from mla_convert.process.workers import stop as workers_stop
 from mla_convert.settings import ProgressFn
@@ -106,7 +107,10 @@ def run_in_pool(
                 while inputs_ready and not inputs_ready(spec, 0.05 if running else None):
                     if running:
                         collect(0.05)
-                running[pool.submit(run_shard_job, spec)] = spec
+                # Not cut short by an interrupt: a submit may start a worker, which the pool must have
+                # recorded (and stop() find) before the interrupt unwinds this loop.
+                with deferred():
+                    running[pool.submit(run_shard_job, spec)] = spec
             while running:
                 collect()
         except BaseException:

@@ -20,6 +20,7 @@ import itertools
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -61,24 +62,63 @@ def _compiler() -> str:
 
 
 def build() -> Path:
-    """The compiled library for this host, building it if the cache lacks it."""
+    """The compiled library for this host, building it if the cache lacks it.
+
+    The cache is envs.native_cache_dir() (under HOME); where that cannot be written (a service
+    account without a writable HOME), the one well-known directory envs.native_cache_fallback()
+    (this user's, under the temporary directory), so that every run and every worker finds the
+    build of the first. The build's temporary file is removed however the build ends."""
     cc = _compiler()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from e
     key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_id()]).encode()).hexdigest()[:24]
-    cache = envs.native_cache_dir()
-    lib = cache / f"fp8_kernels-{key}.so"
-    if lib.exists():
-        return lib
+    name = f"fp8_kernels-{key}.so"
+    tried = []
     try:
+        preferred = [envs.native_cache_dir()]
+    except (RuntimeError, KeyError):  # no HOME and no home directory in the user database
+        preferred = []
+    for cache in (*preferred, envs.native_cache_fallback()):
+        lib = cache / name
+        if lib.exists() and _trusted(cache):
+            return lib
+        try:
+            _make_cache(cache)
+            fd, tmp = tempfile.mkstemp(prefix=".fp8_kernels-", suffix=".so", dir=cache)
+            os.close(fd)
+        except OSError as e:  # not writable here: the next candidate
+            tried.append(f"{cache}: {e.strerror or e}")
+            continue
+        return _compile(cc, tmp, lib)
+    raise NativeUnavailable(f"no writable cache directory for the kernels ({'; '.join(tried)})")
+
+
+def _make_cache(cache: Path) -> None:
+    """Create the cache directory; the fallback under the shared temporary directory only as this
+    user's own (mode 0700, owned by this user, not a symlink), or OSError: a library loaded from
+    a directory someone else can write into would run their code."""
+    if cache != envs.native_cache_fallback():
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".fp8_kernels-", suffix=".so", dir=cache)
-        os.close(fd)
-    except OSError:  # a read-only home: build in a private temporary directory instead
-        cache = Path(tempfile.mkdtemp(prefix="mla-convert-native-"))
-        lib, tmp = cache / lib.name, str(cache / f".{lib.name}")
+        return
+    cache.parent.mkdir(mode=0o700, exist_ok=True)
+    cache.mkdir(mode=0o700, exist_ok=True)
+    if not (_trusted(cache.parent) and _trusted(cache)):
+        raise PermissionError(f"{cache.parent} is not this user's own directory")
+
+
+def _trusted(cache: Path) -> bool:
+    if cache not in (envs.native_cache_fallback(), envs.native_cache_fallback().parent):
+        return True  # the user's own cache (HOME, XDG_CACHE_HOME, MLA_CONVERT_CACHE)
+    try:
+        st = os.lstat(cache)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _compile(cc: str, tmp: str, lib: Path) -> Path:
     try:
         proc = subprocess.run(
             [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300, check=False

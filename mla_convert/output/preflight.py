@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import COMPLETE, MANIFEST_NAME, STAGING_DIR_NAME
+from mla_convert.constants import COMPLETE, LOCK_NAME, MANIFEST_NAME, STAGING_DIR_NAME
 from mla_convert.errors import OutputError
 from mla_convert.output import out_dir as out
 from mla_convert.output.journal import JobFiles, check_resumable, remove_partials, resumable_jobs
@@ -46,7 +46,8 @@ class Conversion:
 
 def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings) -> OutputState:
     """Refuse an --out that cannot be used, before anything is written (a --resume only removes
-    the partial files an interrupted run left)."""
+    the partial files an interrupted run left). A dry run refuses the same, and changes nothing:
+    a --resume's partial files stay, and its journaled files are counted by size, not re-hashed."""
     out.check_writable(out_dir)
     if conversion.src_root is not None:
         out.check_location(out_dir, conversion.src_root)
@@ -54,8 +55,10 @@ def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings)
         if settings.status:
             settings.status(f"checking the files already in {out_dir} (--resume)")
         manifest = check_resumable(out_dir, conversion.options, conversion.fingerprint)
-        remove_partials(out_dir)
-        return OutputState(resumable_jobs(out_dir, manifest, conversion.job_outputs))
+        if not settings.dry_run:
+            remove_partials(out_dir)
+        kept = resumable_jobs(out_dir, manifest, conversion.job_outputs, rehash=not settings.dry_run)
+        return OutputState(kept)
     if out.is_empty(out_dir) or (settings.resume and _only_staging(out_dir)):
         return OutputState({})
     if not settings.overwrite:
@@ -74,7 +77,7 @@ def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings)
 
 def _only_staging(out_dir: Path) -> bool:
     """A --stream run stopped before its manifest: only its downloads are there, kept for the resume."""
-    return all(p.name == STAGING_DIR_NAME for p in out_dir.iterdir())
+    return all(p.name in (STAGING_DIR_NAME, LOCK_NAME) for p in out_dir.iterdir())
 
 
 def prepare(out_dir: Path, state: OutputState) -> None:

@@ -8,6 +8,9 @@ import multiprocessing.context
 import os
 import signal
 
+from mla_convert.process.interrupts import STOP_SIGNALS
+from mla_convert.process.parent_death import die_with_parent
+
 
 def worker_init(threads: int) -> None:
     """Runs first in every worker: keep freed heap pages, and share the cores among the workers."""
@@ -20,17 +23,43 @@ def worker_init(threads: int) -> None:
 
 
 class _SpawnWithoutSigint(multiprocessing.context.SpawnContext):
-    """Workers start with SIGINT blocked, and the block outlives exec: a terminal sends Ctrl-C to the
-    whole process group, and a worker interrupted on its own (even while Python starts, before any
-    handler could be set) would print its own traceback. The parent stops the workers (`stop`)."""
+    """Workers start with SIGINT, SIGTERM and SIGHUP blocked, and the block outlives exec: a terminal
+    (Ctrl-C, a hang-up) or `timeout`/a job scheduler (SIGTERM) signals the whole process group, and a
+    worker stopped on its own (even while Python starts, before any handler could be set) would
+    print its own traceback or break the pool. The parent stops the workers (`stop`), and each
+    worker ends with its parent however that ends (process.parent_death), first thing in `run`.
+    Every process started is kept in `started`, also one whose start an interrupt cut short
+    before the pool recorded it."""
 
-    class Process(multiprocessing.context.SpawnProcess):
-        def start(self) -> None:
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                super().start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[multiprocessing.process.BaseProcess] = []
+
+    def Process(self, *args, **kwargs):
+        process = _Worker(*args, **kwargs)
+        process.starter = self
+        return process
+
+
+class _Worker(multiprocessing.context.SpawnProcess):
+    starter: _SpawnWithoutSigint | None = None
+
+    def start(self) -> None:
+        self.parent_pid = os.getpid()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+        try:
+            super().start()
+            if self.starter is not None:
+                self.starter.started.append(self)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def run(self) -> None:
+        die_with_parent(self.parent_pid)
+        super().run()
+
+    def __getstate__(self) -> dict:  # what the child gets: not the parent's record of its siblings
+        return {k: v for k, v in self.__dict__.items() if k != "starter"}
 
 
 def process_pool(workers: int) -> cf.ProcessPoolExecutor:
@@ -45,13 +74,23 @@ def process_pool(workers: int) -> cf.ProcessPoolExecutor:
 def stop(pool: cf.ProcessPoolExecutor) -> None:
     """End the pool now (after an interrupt or an error): queued tasks are dropped and running ones
     end with their process instead of finishing first (a shard job can take minutes). What a task
-    leaves behind is the caller's to clean up. Returns once every worker has exited."""
-    # The executor has no public way to end a running task; its process table is the one handle.
+    leaves behind is the caller's to clean up. Returns once every worker has exited and the pool's
+    manager thread with them."""
+    # The executor has no public way to end a running task; its process table is the one handle,
+    # and the context's record holds any process started but not yet in that table.
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    processes += [p for p in getattr(getattr(pool, "_mp_context", None), "started", ()) if p not in processes]
+    # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True) waits for
+    # nothing: joined here instead. Left running, it closes its wakeup pipe while the interpreter's
+    # exit writes to it: "Exception ignored in: <module 'threading'> ... OSError: [Errno 9] Bad
+    # file descriptor" after the command's one line.
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for p in processes:
         if p.is_alive():
-            p.terminate()
+            p.kill()  # SIGKILL: workers block SIGTERM (see _SpawnWithoutSigint)
     for p in processes:
         p.join()
+    if manager is not None and manager.is_alive():
+        manager.join()
     pool.shutdown(wait=True)

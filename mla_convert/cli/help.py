@@ -1,0 +1,48 @@
+"""--help as a user types the command: `mla-convert convert [OPTIONS] SOURCE`, `--out DIR`,
+`--ignore REGEX`, flags without a type, in plain text that wraps at the terminal's width and never
+cuts an example off (the app runs with Typer's rich help off: its table leaves a 20-column help
+column at 80 columns and ends long words with an ellipsis).
+
+Typer shows each parameter's Python type (`<bool>`, `<list[str]>`, `<path>`) and a required
+argument as `{source}`; `Command` shows the option's metavar (set in cli.options) and the
+argument's name in capitals instead."""
+
+from __future__ import annotations
+
+import re
+
+from typer.core import TyperCommand
+
+_TYPE = re.compile(r" <[^<>]*>")  # Typer's type label after a name: ' <str>', ' <list[str]>'
+
+
+def _argument_name(param) -> str:
+    return param.metavar or param.name.upper()
+
+
+class Command(TyperCommand):
+    """A Typer command whose usage line and help rows read as a user types them."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = _argument_name(param)
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name, text = record
+            if param.param_type_name == "argument":
+                args.append((_argument_name(param), text))
+            else:
+                opts.append((_TYPE.sub("", name), text))
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)

@@ -1,0 +1,34 @@
+"""The real CLI in this process, held at one named crash point until the test lets it go, so that a
+second process can meet the first one mid-run (two runs on one --out):
+
+    python -m support.pause_cli POINT GATE ARGS...   # runs `mla-convert ARGS...`
+
+At POINT it creates GATE + ".reached" and waits until GATE exists. It sets the documented seam
+`mla_convert.conversion.crash_points.HOOK`; the product never reads the point from its environment.
+`processes.start_cli(..., pause_at=(POINT, GATE))` runs it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from mla_convert.cli import main
+from mla_convert.conversion import crash_points
+
+
+def _hold_at(point: str, gate: Path):
+    def hook(name: str) -> None:
+        if name == point:
+            Path(f"{gate}.reached").touch()
+            while not gate.exists():
+                time.sleep(0.01)
+
+    return hook
+
+
+if __name__ == "__main__":
+    crash_points.HOOK = _hold_at(sys.argv[1], Path(sys.argv[2]))
+    sys.argv = ["mla-convert", *sys.argv[3:]]
+    main()
