@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mla_convert.demo.specs import CheckpointSpec
 from mla_convert.source.family import MEMBERS
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.artifacts import open_artifacts
@@ -27,10 +28,14 @@ def _config(model_dir) -> dict:
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 def test_loader_opens_every_member_and_splits_heads_by_rank(family_checkpoints, member, fmt):
+    """Every member's output, whichever way its directory describes the model (config.json,
+    Kimi-K2.5's nested text_config, Mistral's params.json with no config.json): the loader checks
+    the served dims against the member's own (the spec it was written from) and every layer."""
     out = family_checkpoints.converted(member, fmt)
-    cfg = _config(out)
+    spec = CheckpointSpec.family(member)
     arts = open_artifacts(out / "mla", model_dir=out)
-    n, p, v, l = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"))
+    n, p, v, l = spec.num_attention_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    assert arts.layers == list(range(spec.num_hidden_layers + spec.num_nextn_predict_layers))
     assert arts.dims.w_uk_t_shape() == (n, p, l) and arts.dims.w_uv_shape() == (n, l, v)
     for layer in arts.layers:
         full = load_file(str(arts.layer_path(layer)))

@@ -1,12 +1,14 @@
-"""The last stage of a conversion: side files, config.json, the index and the MLA manifest, each
-written atomically and hashed; then the conversion manifest marks the output complete."""
+"""The last stage of a conversion: side files, the config (config.json, or params.json for Mistral's
+own layout), the index (model.safetensors.index.json, or consolidated.safetensors.index.json) and
+the MLA manifest, each written atomically and hashed; then the conversion manifest marks the
+output complete."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mla_convert.constants import COMPLETE, CONFIG_NAME, INDEX_NAME, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
+from mla_convert.constants import COMPLETE, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
 from mla_convert.conversion.crash_points import crash_point
 from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
 from mla_convert.output.manifest import write_manifest
@@ -26,12 +28,12 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
 
     for rel in src.side_files:
         record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
-    record(CONFIG_NAME, write_bytes_atomic(out_dir / CONFIG_NAME, _json_bytes(plan.config)))
+    record(plan.config_name, write_bytes_atomic(out_dir / plan.config_name, _json_bytes(plan.config)))
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     crash_point("index")
-    record(INDEX_NAME, write_bytes_atomic(out_dir / INDEX_NAME, _json_bytes(index)))
+    record(plan.index_name, write_bytes_atomic(out_dir / plan.index_name, _json_bytes(index)))
     layers = tuple(
         LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
         for i in plan.mla_layers
