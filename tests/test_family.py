@@ -598,3 +598,78 @@ def test_indexer_layers_and_mlp_types_follow_the_config(family_checkpoints, load
     assert "model.layers.3.self_attn.indexer.wk.weight" in names
     assert "model.layers.0.mlp.experts.0.up_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
     assert ModelLayout.of(load_json(family_checkpoints.source("kimi-k2") / "config.json")).indexer_layers == set()
+
+
+# --- GLM-5.2 / 5.3: IndexShare ------------------------------------------------------------------------
+
+
+def test_glm_5_2_has_indexshare_and_its_modules_to_not_convert(family_checkpoints, load_json):
+    """Only the layers indexer_types calls "full" (0-2 here; 0-2, 6, 10, ... at full size) and the
+    MTP layer store self_attn.indexer.*; modules_to_not_convert names self_attn.indexers_proj, which
+    names no tensor, and omits the BF16 indexer.weights_proj."""
+    src = family_checkpoints.source("glm-5.2")
+    cfg = load_json(src / "config.json")
+    assert cfg["indexer_types"] == ["full", "full", "full", "shared", "shared"]
+    assert (cfg["index_topk_freq"], cfg["index_skip_topk_offset"]) == (4, 3)
+    h = _headers(src)
+    with_indexer = {int(n.split(".")[2]) for n in h if ".self_attn.indexer." in n}
+    assert with_indexer == {0, 1, 2, 5}  # 5: the MTP layer
+    not_converted = cfg["quantization_config"]["modules_to_not_convert"]
+    assert "model.layers.0.self_attn.indexers_proj" in not_converted
+    assert not any(n.startswith("model.layers.0.self_attn.indexers_proj") for n in h)
+    assert not any("weights_proj" in m for m in not_converted)
+    assert h["model.layers.0.self_attn.indexer.weights_proj.weight"][0] == "BF16"
+
+
+def test_indexer_types_is_read_where_present_and_the_placement_derived_where_absent(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    _edit_config(src, index_topk_freq=1)  # derived, this would put an indexer on every layer
+    convert(src, tmp_path / "a", Options())
+    assert ok(verify(tmp_path / "a")) and ok(verify(tmp_path / "a", src))
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["indexer_types"]
+    cfg["index_topk_freq"] = 4
+    (src / "config.json").write_text(json.dumps(cfg))
+    convert(src, tmp_path / "b", Options(format=BF16))
+    assert ok(verify(tmp_path / "b")) and ok(verify(tmp_path / "b", src))
+
+
+@pytest.mark.parametrize(
+    "layer,kind,says",
+    [(3, "full", "layer 3 has no self_attn.indexer.*, but indexer_types gives it 'full'"),
+     (1, "shared", "layer 1 holds self_attn.indexer.*, but indexer_types gives it 'shared'")],
+)  # fmt: skip
+def test_indexer_types_that_disagree_with_the_tensors_are_refused_naming_the_layer(
+    family_checkpoints, tmp_path, layer, kind, says
+):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    types = json.loads((src / "config.json").read_text())["indexer_types"]
+    types[layer] = kind
+    _edit_config(src, indexer_types=types)
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert says in line
+
+
+def test_a_derived_placement_that_disagrees_with_the_tensors_is_refused(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["indexer_types"]
+    cfg["index_topk_freq"] = 1
+    (src / "config.json").write_text(json.dumps(cfg))
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert (
+        "layer 3 has no self_attn.indexer.*, but index_topk_freq / index_skip_topk_offset gives it an indexer" in line
+    )
+
+
+def test_indexer_types_of_the_wrong_length_is_refused(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    _edit_config(src, indexer_types=["full", "shared"])
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert "indexer_types must list 'full' or 'shared' for each of the 5 decoder layers" in line
+
+
+def test_demo_shows_glm_5_2(tmp_path):
+    res = runner.invoke(app, ["demo", "--family", "glm-5.2", "--out", str(tmp_path / "d"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["verify"]["ok"]
