@@ -15,6 +15,7 @@ correctly; kernels.select checks a device (and each fast kernel) against CPU eag
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -109,6 +110,12 @@ def float_to_channel_fp8(
 
 INT4_PER_WORD = 8  # 4-bit codes per int32 of a pack-quantized weight
 INT4_OFFSET = 8  # a stored code c means c - 8 (values -8..7)
+# The two values each byte of a packed word holds: its low nibble is the lower column. The int32
+# words' bytes are read in memory order, lowest first: little-endian, as every platform torch runs
+# on here (checked at import).
+_BYTE = torch.arange(256, dtype=torch.int32)
+INT4_BYTE_VALUES = torch.stack([(_BYTE & 0xF) - INT4_OFFSET, (_BYTE >> 4) - INT4_OFFSET], dim=1).float()
+assert sys.byteorder == "little", "pack-quantized INT4 is read byte by byte, little-endian"
 
 
 def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
@@ -122,12 +129,21 @@ def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, cols: int, group_size: int) -> torch.Tensor:
     """Exact fp32 dequant of a symmetric pack-quantized INT4 weight: (code - 8) * scale[row, col //
     group_size], `scale` [N, cols / group_size] in any float dtype (group_size = cols: one scale per
-    row). Each product of a 4-bit integer and a 16-bit float is exact in float32."""
+    row). Each product of a 4-bit integer and a 16-bit float is exact in float32.
+
+    The codes are read a byte (two columns) at a time from a 256-entry table of their values, and
+    the product is taken in place: the same values as unpack_int4's, in far fewer passes over
+    memory."""
     n = packed.shape[0]
-    values = unpack_int4(packed, cols).to(torch.float32)
-    return (values.view(n, cols // group_size, group_size) * scale.float().unsqueeze(-1)).view(n, cols)
+    table = INT4_BYTE_VALUES.to(packed.device)
+    byte_cols = packed.shape[1] * (INT4_PER_WORD // 2)
+    codes = packed.contiguous().view(torch.uint8).view(n, byte_cols).to(torch.int32)
+    values = torch.index_select(table, 0, codes.view(-1)).view(n, -1)[:, :cols]
+    values = values.reshape(n, cols // group_size, group_size)
+    return values.mul_(scale.float().unsqueeze(-1)).view(n, cols)
 
 
 def int4_to_bf16(packed: torch.Tensor, scale: torch.Tensor, cols: int, group_size: int) -> torch.Tensor:
     """bf16 of the exact fp32 dequant: one round-to-nearest-even per element."""
-    return to_bf16(dequantize_int4(packed, scale, cols, group_size))
+    x = dequantize_int4(packed, scale, cols, group_size)
+    return torch.empty(x.shape, dtype=torch.bfloat16, device=x.device).copy_(x)
