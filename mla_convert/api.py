@@ -1,5 +1,5 @@
-"""The library's entry points: `convert` and `verify`, keyword-only past their paths, each returning a
-typed result (mla_convert.results). The CLI is a thin shell over these.
+"""The library's entry points: `convert`, `verify` and `upload`, keyword-only past their paths, each
+returning a typed result (mla_convert.results). The CLI is a thin shell over these.
 
     import mla_convert
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from mla_convert.results import ConversionResult, VerifyReport
+from mla_convert.results import ConversionResult, UploadResult, VerifyReport
 from mla_convert.settings import Options, ProgressFactory, RunSettings
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Options))
@@ -70,3 +70,28 @@ def verify(
     from mla_convert.verification.api import verify as run
 
     return run(out_dir, source, workers=workers, progress_factory=progress_factory)
+
+
+def upload(
+    out_dir: str | Path,
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    private: bool = False,
+    create: bool = False,
+    overwrite: bool = False,
+    skip_verify: bool = False,
+    dry_run: bool = False,
+    progress_factory: ProgressFactory | None = None,
+) -> UploadResult:
+    """Upload `out_dir`, a directory mla-convert wrote, to the Hub model repo `repo_id` (branch
+    `revision`, default main), as `mla-convert upload` does: exactly the files its manifest lists,
+    after verify's structure and integrity checks (`skip_verify`), in commits; the same call after
+    an interruption sends only what the branch does not hold yet. Token: huggingface_hub's own.
+
+    Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails.
+    """
+    from mla_convert.publish.upload import UploadOptions, prepare, run
+
+    options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
+    return run(prepare(out_dir, repo_id, options), progress_factory)

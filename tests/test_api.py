@@ -21,7 +21,9 @@ def test_convert_then_verify_with_typed_results(tiny_src, tmp_path):
     assert (result.status, result.format, result.target, result.fp8_max) == ("complete", "channel-fp8", "gaudi2", 240.0)
     assert result.mla_layers == 4 and result.out == str(tmp_path / "out")
     manifest = json.loads((tmp_path / "out" / "mla-convert-manifest.json").read_text())
-    assert manifest["options"] == {"format": "channel-fp8", "target": "gaudi2", "ignore": [r"model\.layers\.0\.mlp\."]}
+    assert manifest["options"] == {
+        "format": "channel-fp8", "target": "gaudi2", "ignore": [r"model\.layers\.0\.mlp\."], "card": True
+    }  # fmt: skip
     report = mla_convert.verify(result.out, source=tiny_src)
     assert isinstance(report, mla_convert.VerifyReport)
     assert report.ok and report.exit_code == 0 and report.failures() == []

@@ -20,6 +20,7 @@ from mla_convert.cli.options import (
     IgnoreOpt,
     JsonOpt,
     KernelsOpt,
+    NoCardOpt,
     OutOpt,
     OverwriteOpt,
     QuietOpt,
@@ -55,6 +56,7 @@ def convert(
     format: FormatOpt = Options.format,
     target: TargetOpt = Options.target,
     ignore: IgnoreOpt = None,
+    no_card: NoCardOpt = not Options.card,
     revision: RevisionOpt = RunSettings.revision,
     stream: StreamOpt = RunSettings.stream,
     workers: WorkersOpt = RunSettings.workers,
@@ -74,7 +76,7 @@ def convert(
         start_heavy_process()
         from mla_convert import api
 
-        options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        options = Options(format=format, target=target, ignore=tuple(ignore or ()), card=not no_card)
         settings = RunSettings(
             workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
             stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,

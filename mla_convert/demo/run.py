@@ -14,6 +14,7 @@ from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import ConvertError, OutputError
 from mla_convert.io.files import files_under
 from mla_convert.output import out_dir as out
+from mla_convert.output.card import record_verification
 from mla_convert.results import DemoResult
 from mla_convert.settings import Options
 from mla_convert.source.family import MEMBERS
@@ -28,7 +29,8 @@ def run_demo(
     out_dir: str | Path | None, options: Options, overwrite: bool = False, member: str = MEMBERS[0]
 ) -> DemoResult:
     """Write the tiny checkpoint of `member` (family.MEMBERS) to `out_dir`/source (default: a new
-    temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source."""
+    temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source;
+    the result goes into the converted model's card."""
     if member not in MEMBERS:
         raise ConvertError(f"--family {member!r}: expected one of {', '.join(MEMBERS)}")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
@@ -38,6 +40,7 @@ def run_demo(
     (root / MARKER).write_text(json.dumps({"source_files": written}, indent=1) + "\n")
     conversion = convert(src, root / f"converted-{options.format}", options)
     report = verify(conversion.out, src)
+    record_verification(conversion.out, report)  # the card says what verify found
     demo_bytes = sum(os.lstat(root / rel).st_size for rel in files_under(root))
     return DemoResult(conversion, report, str(root), demo_bytes)
 

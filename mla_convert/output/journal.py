@@ -15,7 +15,7 @@ from pathlib import Path
 from mla_convert.constants import COMPLETE, JOURNAL_NAME, MANIFEST_NAME, PARTIAL_SUFFIX
 from mla_convert.errors import OutputError
 from mla_convert.output.manifest import read_manifest
-from mla_runtime.safetensors_file import file_sha256
+from mla_runtime.safetensors_file import file_digest
 
 JobFiles = list[tuple[str, int, str]]  # a job's files: (relative path, size, sha256)
 
@@ -111,6 +111,6 @@ def resumable_jobs(out_dir: Path, manifest: dict, job_outputs: dict[str, list[st
 
 def _intact(path: Path, size: int, sha: str) -> bool:
     try:
-        return path.stat().st_size == size and file_sha256(path) == (size, sha)
+        return path.stat().st_size == size and file_digest(path) == (size, sha)
     except OSError:
         return False

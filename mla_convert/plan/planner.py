@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from mla_convert.constants import (
+    CARD_NAME,
     CHANNEL_FP8,
     CHANNEL_SCALE_SUFFIX,
     FLOAT_WEIGHT_DTYPES,
@@ -90,9 +91,11 @@ class Plan:
     def writes(self) -> set[str]:
         """Every file the conversion writes, relative to --out."""
         files = {rel for rels in self.job_outputs().values() for rel in rels}
+        card = {CARD_NAME} if self.options.card else set()  # also where the source has no README of its own
         return (
             files
             | set(self.source.side_files)
+            | card
             | {self.config_name, self.index_name, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"}
         )
 

@@ -3,6 +3,9 @@
     report = verify("/data/R1-channel-fp8", source="/data/DeepSeek-R1", workers=4)
     report.exit_code   # 0: every check passed, 1: a check failed
 
+With `data_checks=False` (what `upload` runs first) only the structure and integrity groups run:
+every file is hashed, no tensor's values are read.
+
 Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
 mla-convert output, its manifest is unreadable, or --source cannot be opened.
 
@@ -28,9 +31,10 @@ from mla_convert.settings import Options, ProgressFactory
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
 from mla_convert.source.resolve import resolve_source
 from mla_convert.verification.bounds import TOLERANCES
+from mla_convert.verification.card import check_card
 from mla_convert.verification.integrity import check_integrity, check_source_identity
 from mla_convert.verification.readers import fp8_readers
-from mla_convert.verification.report import SOURCE, Tally, as_report
+from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_report
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
 from mla_convert.verification.tasks import file_tasks
@@ -42,8 +46,10 @@ def verify(
     *,
     workers: int = 1,
     progress_factory: ProgressFactory | None = None,
+    data_checks: bool = True,
 ) -> VerifyReport:
-    """Verify `out_dir` (an mla-convert output), optionally against its `source`. Returns the report."""
+    """Verify `out_dir` (an mla-convert output), optionally against its `source`. Returns the report.
+    `data_checks=False`: structure and integrity only (every file hashed, no values read)."""
     t0 = time.perf_counter()
     if workers < 1:
         raise VerificationError(f"--workers {workers}: must be at least 1")
@@ -58,16 +64,21 @@ def verify(
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, fingerprint, plan, tally)
+    check_card(root, manifest, tally)
     tasks = file_tasks(root, layout, manifest, options, src)
+    if not data_checks:
+        tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
     # Probed here for the report, and before the file threads need them; worker processes probe
     # the same library on the same CPU.
-    readers = fp8_readers()
+    readers = fp8_readers() if data_checks else None
     results = run_files(tasks, root, workers, progress_factory)
     for r in results.values():
         tally.merge(r.tally)
     check_integrity(root, manifest, layout, results, tally)
 
     skipped = {} if src is not None else {SOURCE: "no --source given"}
+    if not data_checks:
+        skipped |= dict.fromkeys((VALUES, SOURCE, MLA), "structure and integrity only")
     info = {
         "dir": str(root),
         "source": None if src is None else str(src.root),
@@ -78,8 +89,8 @@ def verify(
         "tensors": sum(len(h.tensors) for h in layout.headers.values()),
         "mla_layers": len(layout.mla_headers),
         "workers": workers,
-        "readers": readers.name,
-        "readers_reason": readers.reason,
+        "readers": readers.name if readers else "none",
+        "readers_reason": readers.reason if readers else "no tensor values read",
         "tolerances": TOLERANCES,
     }
     return dataclasses.replace(as_report(tally, skipped, info), seconds=round(time.perf_counter() - t0, 3))
