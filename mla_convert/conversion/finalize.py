@@ -16,6 +16,7 @@ from mla_convert.output.card_facts import CardFacts, SourceRef, source_ref
 from mla_convert.output.manifest import write_manifest
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.source.checkpoint import checked_member
+from mla_convert.source.quantization import INT4
 from mla_convert.version import __version__
 from mla_runtime.format import LayerEntry, MlaManifest
 
@@ -69,7 +70,7 @@ def card_facts(plan: Plan, origin: SourceRef) -> CardFacts:
         model_type=str(src.config.get("model_type")), layers=src.layout.layers, mtp_layers=src.layout.mtp_layers,
         heads=src.dims.num_heads, mla_layers=len(plan.mla_layers), shards=len(plan.shards),
         tensors=summary["tensors_out"], model_bytes=summary["bytes_out_model"], mla_bytes=summary["bytes_out_mla"],
-        ignored_modules=len(plan.ignored_modules),
+        ignored_modules=len(plan.ignored_modules), config_name=plan.config_name, int4_experts=src.quant.kind == INT4,
     )  # fmt: skip
 
 
