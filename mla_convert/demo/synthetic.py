@@ -181,9 +181,13 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
     else:
         _write_hf_side_files(out_dir, spec)
     weights = {"fp8": "block-FP8", "bf16": "BF16", CT_FP8_BLOCK: "FP8_BLOCK", "int4": "INT4 experts"}[spec.weights]
+    # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
+    # the converted model's card takes over.
     (out_dir / "README.md").write_text(
-        f"Synthetic {spec.architecture} ({spec.model_type}, {spec.layout} layout) {weights} checkpoint written "
-        "by mla-convert.\n"
+        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
+        f"# Synthetic {spec.architecture}\n\n"
+        f"A synthetic {spec.architecture} ({spec.model_type}, {spec.layout} layout) {weights} checkpoint "
+        "written by mla-convert.\n"
     )
     (out_dir / "figures").mkdir(exist_ok=True)
     (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
@@ -247,13 +251,3 @@ def _write_hf_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
         )
     if spec.model_type.startswith("kimi") or spec.layout == KIMI_K25:  # Kimi's tiktoken vocabulary
         (out_dir / "tiktoken.model").write_text("".join(f"dw{i}= {i}\n" for i in range(8)))
-    weights = "block-FP8" if spec.weights == "fp8" else "BF16"
-    # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
-    # the converted model's card takes over.
-    (out_dir / "README.md").write_text(
-        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
-        f"# Synthetic {spec.architecture}\n\n"
-        f"A synthetic {spec.architecture} ({spec.model_type}) {weights} checkpoint written by mla-convert.\n"
-    )
-    (out_dir / "figures").mkdir(exist_ok=True)
-    (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
