@@ -38,6 +38,7 @@ from .format import (
     CONFIG_NAME,
     CONVERT_MANIFEST_NAME,
     MANIFEST_NAME,
+    MISTRAL_CONFIG_NAME,
     MLA_DIR_NAME,
     ArtifactError,
     LayerEntry,
@@ -45,6 +46,7 @@ from .format import (
     MlaManifest,
     layer_file_name,
     read_manifest,
+    text_model_config,
     w_uk_t_name,
     w_uv_name,
 )
@@ -291,7 +293,10 @@ def _ranges(ids: list[int]) -> str:
 
 
 def _model_config(model_dir: Path) -> dict | None:
+    """The served directory's config.json, or for a Mistral-native model (no config.json) its params.json."""
     path = model_dir / CONFIG_NAME
+    if not path.exists():
+        path = model_dir / MISTRAL_CONFIG_NAME
     if not path.exists():
         return None
     try:
@@ -301,9 +306,10 @@ def _model_config(model_dir: Path) -> dict | None:
 
 
 def expected_layers(model_config: dict) -> list[int]:
-    """Decoder layers a DeepseekV3-style config serves (the MTP layers are loaded only as a drafter)."""
+    """Decoder layers a DeepseekV3-style config serves (the MTP layers are loaded only as a drafter);
+    `model_config` may nest the text model (text_config) or be a params.json."""
     try:
-        return list(range(int(model_config["num_hidden_layers"])))
+        return list(range(int(text_model_config(model_config)["num_hidden_layers"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError("model config lacks num_hidden_layers") from e
 

@@ -84,7 +84,7 @@ def run_cli():
 def reference():
     """The slow, obviously correct reference implementations (tests/support/reference.py):
     reference.dequant_block, .decode_e8m0, .channel_fp8, .seed_split, .gaudi_load_time_channel_fp8,
-    .e4m3_error_bound, .same_bits."""
+    .e4m3_error_bound, .same_bits, .int4_dequant."""
     return support.reference
 
 

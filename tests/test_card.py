@@ -250,3 +250,21 @@ def test_demo_card_parses_with_the_metadata_and_records_the_verify_result(tmp_pa
     assert meta["base_model"] == str((tmp_path / "demo" / "source").absolute())
     assert "**Result**: PASS" in card.text
     assert verify(result.conversion.out).ok  # the manifest follows the rewritten card
+
+
+@pytest.mark.parametrize(
+    "member, config_name, fmt, int4",
+    [("mistral-large-3", "params.json", FP8, False), ("kimi-k2-thinking", "config.json", FP8, True),
+     ("kimi-k2-thinking", "config.json", BF16, True)],
+)  # fmt: skip
+def test_late_2026_cards_name_their_config_file_and_the_int4_experts(tmp_path, member, config_name, fmt, int4):
+    result = run_demo(tmp_path / "demo", Options(format=fmt), member=member)
+    assert result.report.ok
+    out = Path(result.conversion.out)
+    text = card_of(out).text
+    other = "config.json" if config_name == "params.json" else "params.json"
+    assert f"`{config_name}`" in text and f"`{other}`" not in text
+    assert ("INT4" in text) == int4
+    if int4 and fmt == FP8:
+        assert "copied bit for bit, never requantized" in text
+    assert verify(out).ok

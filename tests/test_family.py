@@ -20,7 +20,7 @@ from mla_convert.demo.specs import CheckpointSpec
 from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import SourceError
 from mla_convert.settings import Options
-from mla_convert.source.family import MEMBERS, SUPPORTED_ARCHITECTURES
+from mla_convert.source.family import KIMI_K25, MEMBERS, SUPPORTED_ARCHITECTURES
 from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 
@@ -33,6 +33,12 @@ QUANTIZED_LINEARS = {
     "gate_proj", "up_proj", "down_proj",
 }  # fmt: skip
 runner = CliRunner()
+# The members in DeepSeek-V3's layout (config.json, DeepSeek's names) with block-FP8 or BF16 weights:
+# the generic tests below. Mistral-Large-3 (its own layout) and the Kimi INT4 members (K2-Thinking,
+# K2.5, K2.6) have their own test modules, test_family_mistral.py and test_family_kimi_int4.py.
+HF_MEMBERS = [
+    m for m in MEMBERS if CheckpointSpec.family(m).layout == "deepseek" and CheckpointSpec.family(m).weights != "int4"
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -99,8 +105,14 @@ def ok(report) -> bool:
 def test_every_member_has_a_tiny_checkpoint():
     assert set(MEMBERS) == {
         "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight",
+        "glm-5.2", "mistral-large-3", "mistral-large-3-bf16", "kimi-k2-thinking", "kimi-k2.5", "kimi-k2.6",
     }  # fmt: skip
-    assert {CheckpointSpec.family(m).architecture for m in MEMBERS} == set(SUPPORTED_ARCHITECTURES)
+    assert set(HF_MEMBERS) == {
+        "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight", "glm-5.2",
+    }  # fmt: skip
+    # Kimi-K2.5 / K2.6 declare their wrapper; the text model inside is a DeepseekV3
+    archs = {CheckpointSpec.family(m).architecture for m in MEMBERS} | {KIMI_K25}
+    assert archs == set(SUPPORTED_ARCHITECTURES)
     with pytest.raises(ValueError, match="deepseek-v4"):
         CheckpointSpec.family("deepseek-v4")
 
@@ -186,7 +198,7 @@ def test_bf16_members_have_q_proj_and_no_quantization(family_checkpoints, load_j
 # --- every member converts in both formats, bit-exact to the reference ------------------------------
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", HF_MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 def test_member_converts_to_the_reference(family_checkpoints, load_all, load_json, reference, member, fmt):
     src_dir = family_checkpoints.source(member)
@@ -205,7 +217,7 @@ def test_member_converts_to_the_reference(family_checkpoints, load_all, load_jso
                 assert ((q.float() * s - x).abs() <= reference.e4m3_error_bound(x, s)).all(), name
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", HF_MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 def test_member_artifacts_are_bit_exact_splits_of_the_source_kv_b_proj(
     family_checkpoints, load_all, load_json, reference, member, fmt
@@ -230,7 +242,7 @@ def test_glm_artifacts_have_glm_dims(family_checkpoints):
     assert manifest.dims.w_uk_t_shape() == (4, 192, 512) and manifest.dims.w_uv_shape() == (4, 512, 256)
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", HF_MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 def test_member_output_config_and_ignore_list(family_checkpoints, load_all, load_json, member, fmt):
     """architectures, model_type and auto_map kept; the source's FP8 quantization_config gone; the
@@ -259,7 +271,7 @@ def test_member_output_config_and_ignore_list(family_checkpoints, load_all, load
         assert "model.layers.0.self_attn.indexer.wk" in quantized
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", HF_MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 @pytest.mark.parametrize("with_source", [False, True], ids=["no-source", "source"])
 def test_member_verifies(family_checkpoints, member, fmt, with_source):
@@ -466,9 +478,9 @@ def test_q_lora_rank_null_on_a_q_lora_checkpoint(src_copy, tmp_path):
 
 
 def test_unsupported_architecture_names_the_supported_list(src_copy, tmp_path):
-    _edit_config(src_copy, architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4")
+    _edit_config(src_copy, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
     line = cli_error(["convert", src_copy, "--out", tmp_path / "o"], tmp_path / "o")
-    assert "DeepseekV4ForCausalLM" in line and all(a in line for a in SUPPORTED_ARCHITECTURES)
+    assert "Qwen3MoeForCausalLM" in line and all(a in line for a in SUPPORTED_ARCHITECTURES)
 
 
 def test_indexer_member_without_its_dims(family_checkpoints, tmp_path):
@@ -586,3 +598,78 @@ def test_indexer_layers_and_mlp_types_follow_the_config(family_checkpoints, load
     assert "model.layers.3.self_attn.indexer.wk.weight" in names
     assert "model.layers.0.mlp.experts.0.up_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
     assert ModelLayout.of(load_json(family_checkpoints.source("kimi-k2") / "config.json")).indexer_layers == set()
+
+
+# --- GLM-5.2 / 5.3: IndexShare ------------------------------------------------------------------------
+
+
+def test_glm_5_2_has_indexshare_and_its_modules_to_not_convert(family_checkpoints, load_json):
+    """Only the layers indexer_types calls "full" (0-2 here; 0-2, 6, 10, ... at full size) and the
+    MTP layer store self_attn.indexer.*; modules_to_not_convert names self_attn.indexers_proj, which
+    names no tensor, and omits the BF16 indexer.weights_proj."""
+    src = family_checkpoints.source("glm-5.2")
+    cfg = load_json(src / "config.json")
+    assert cfg["indexer_types"] == ["full", "full", "full", "shared", "shared"]
+    assert (cfg["index_topk_freq"], cfg["index_skip_topk_offset"]) == (4, 3)
+    h = _headers(src)
+    with_indexer = {int(n.split(".")[2]) for n in h if ".self_attn.indexer." in n}
+    assert with_indexer == {0, 1, 2, 5}  # 5: the MTP layer
+    not_converted = cfg["quantization_config"]["modules_to_not_convert"]
+    assert "model.layers.0.self_attn.indexers_proj" in not_converted
+    assert not any(n.startswith("model.layers.0.self_attn.indexers_proj") for n in h)
+    assert not any("weights_proj" in m for m in not_converted)
+    assert h["model.layers.0.self_attn.indexer.weights_proj.weight"][0] == "BF16"
+
+
+def test_indexer_types_is_read_where_present_and_the_placement_derived_where_absent(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    _edit_config(src, index_topk_freq=1)  # derived, this would put an indexer on every layer
+    convert(src, tmp_path / "a", Options())
+    assert ok(verify(tmp_path / "a")) and ok(verify(tmp_path / "a", src))
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["indexer_types"]
+    cfg["index_topk_freq"] = 4
+    (src / "config.json").write_text(json.dumps(cfg))
+    convert(src, tmp_path / "b", Options(format=BF16))
+    assert ok(verify(tmp_path / "b")) and ok(verify(tmp_path / "b", src))
+
+
+@pytest.mark.parametrize(
+    "layer,kind,says",
+    [(3, "full", "layer 3 has no self_attn.indexer.*, but indexer_types gives it 'full'"),
+     (1, "shared", "layer 1 holds self_attn.indexer.*, but indexer_types gives it 'shared'")],
+)  # fmt: skip
+def test_indexer_types_that_disagree_with_the_tensors_are_refused_naming_the_layer(
+    family_checkpoints, tmp_path, layer, kind, says
+):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    types = json.loads((src / "config.json").read_text())["indexer_types"]
+    types[layer] = kind
+    _edit_config(src, indexer_types=types)
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert says in line
+
+
+def test_a_derived_placement_that_disagrees_with_the_tensors_is_refused(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["indexer_types"]
+    cfg["index_topk_freq"] = 1
+    (src / "config.json").write_text(json.dumps(cfg))
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert (
+        "layer 3 has no self_attn.indexer.*, but index_topk_freq / index_skip_topk_offset gives it an indexer" in line
+    )
+
+
+def test_indexer_types_of_the_wrong_length_is_refused(family_checkpoints, tmp_path):
+    src = _copy(family_checkpoints.source("glm-5.2"), tmp_path)
+    _edit_config(src, indexer_types=["full", "shared"])
+    line = cli_error(["convert", src, "--out", tmp_path / "o"], tmp_path / "o")
+    assert "indexer_types must list 'full' or 'shared' for each of the 5 decoder layers" in line
+
+
+def test_demo_shows_glm_5_2(tmp_path):
+    res = runner.invoke(app, ["demo", "--family", "glm-5.2", "--out", str(tmp_path / "d"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["verify"]["ok"]

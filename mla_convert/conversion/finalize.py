@@ -1,21 +1,14 @@
-"""The last stage of a conversion: side files, config.json, the index, the MLA manifest and the
-model card (README.md, which takes the place of the source's: output.card), each written
-atomically and hashed; then the conversion manifest marks the output complete."""
+"""The last stage of a conversion: side files, the config (config.json, or params.json for Mistral's
+own layout), the index (model.safetensors.index.json, or consolidated.safetensors.index.json), the
+MLA manifest and the model card (README.md, which takes the place of the source's: output.card),
+each written atomically and hashed; then the conversion manifest marks the output complete."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mla_convert.constants import (
-    CARD_NAME,
-    COMPLETE,
-    CONFIG_NAME,
-    INDEX_NAME,
-    MLA_DIR_NAME,
-    MLA_MANIFEST_NAME,
-    TOOL_NAME,
-)
+from mla_convert.constants import CARD_NAME, COMPLETE, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
 from mla_convert.conversion.crash_points import crash_point
 from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
 from mla_convert.output.card import write_card
@@ -23,6 +16,7 @@ from mla_convert.output.card_facts import CardFacts, SourceRef, source_ref
 from mla_convert.output.manifest import write_manifest
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.source.checkpoint import checked_member
+from mla_convert.source.quantization import INT4
 from mla_convert.version import __version__
 from mla_runtime.format import LayerEntry, MlaManifest
 
@@ -41,12 +35,12 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
     for rel in src.side_files:
         if not (card and rel == CARD_NAME):  # the card takes the source's README's place
             record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
-    record(CONFIG_NAME, write_bytes_atomic(out_dir / CONFIG_NAME, _json_bytes(plan.config)))
+    record(plan.config_name, write_bytes_atomic(out_dir / plan.config_name, _json_bytes(plan.config)))
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     crash_point("index")
-    record(INDEX_NAME, write_bytes_atomic(out_dir / INDEX_NAME, _json_bytes(index)))
+    record(plan.index_name, write_bytes_atomic(out_dir / plan.index_name, _json_bytes(index)))
     layers = tuple(
         LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
         for i in plan.mla_layers
@@ -76,7 +70,7 @@ def card_facts(plan: Plan, origin: SourceRef) -> CardFacts:
         model_type=str(src.config.get("model_type")), layers=src.layout.layers, mtp_layers=src.layout.mtp_layers,
         heads=src.dims.num_heads, mla_layers=len(plan.mla_layers), shards=len(plan.shards),
         tensors=summary["tensors_out"], model_bytes=summary["bytes_out_model"], mla_bytes=summary["bytes_out_mla"],
-        ignored_modules=len(plan.ignored_modules),
+        ignored_modules=len(plan.ignored_modules), config_name=plan.config_name, int4_experts=src.quant.kind == INT4,
     )  # fmt: skip
 
 

@@ -11,23 +11,25 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from mla_convert.conversion.compute import Compute
 from mla_convert.conversion.crash_points import crash_point
-from mla_convert.conversion.scales import check_scale
+from mla_convert.conversion.scales import check_int4_shape, check_scale
 from mla_convert.errors import SourceError
 from mla_convert.io.read_ahead import will_need
 from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.io.tensors import read_chunks, read_tensor
+from mla_convert.kernels import numerics
 from mla_convert.kernels.select import Kernels
-from mla_convert.plan.ops import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8
+from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
 from mla_convert.settings import ProgressFn
-from mla_runtime.format import ARTIFACT_ST_DTYPE, MlaDims, kv_b_layer_index, w_uk_t_name, w_uv_name
+from mla_convert.source.checkpoint import SourceCheckpoint, module_of
+from mla_runtime.format import ARTIFACT_ST_DTYPE, MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 from mla_runtime.safetensors_file import nbytes_of
 
@@ -45,6 +47,18 @@ class SourceTensor:
 
 
 @dataclass(frozen=True)
+class Int4Job:
+    """An INT4 weight's partners and dims, for its INT4_TO_BF16 and INT4_SHAPE tensors."""
+
+    packed: str
+    scale: str
+    shape: str  # weight_shape: its values must be [rows, cols]
+    rows: int
+    cols: int
+    group_size: int
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything one shard job needs, small enough to send to a worker process."""
 
@@ -56,10 +70,14 @@ class JobSpec:
     dims: MlaDims
     compute: Compute
     write_io: str  # disk_write mode, resolved once for the output directory: direct or buffered
+    int4: dict[str, Int4Job] = field(default_factory=dict)  # an INT4 weight's packed and shape tensor -> it
 
     def read_bytes(self, t: OutTensor) -> int:
-        """The source bytes behind output tensor `t`: its source tensor and that one's block scale."""
+        """The source bytes behind output tensor `t`: its source tensor and that one's block scale
+        (an INT4 weight's scale)."""
         scale = self.scales.get(t.source)
+        if t.op == INT4_TO_BF16:
+            scale = self.int4[t.source].scale
         return self.sources[t.source].nbytes + (self.sources[scale].nbytes if scale else 0)
 
 
@@ -72,8 +90,19 @@ def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> lis
             info = src.info(name)
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
-        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io))
+        int4 = _int4_jobs(src, job)
+        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io, int4))
     return specs
+
+
+def _int4_jobs(src: SourceCheckpoint, job: ShardJob) -> dict[str, Int4Job]:
+    out = {}
+    for t in job.tensors:
+        if t.op in (INT4_TO_BF16, INT4_SHAPE):
+            w = src.int4[module_of(t.source)]
+            g = src.quant.int4.columns_per_scale(w.cols)
+            out[t.source] = Int4Job(w.packed.name, w.scale.name, w.shape.name, w.rows, w.cols, g)
+    return out
 
 
 class _Inputs:
@@ -161,7 +190,7 @@ class _ShardJob:
         self.channel_scale: torch.Tensor | None = None  # computed with a weight, written right after it
 
     def write(self, t: OutTensor) -> None:
-        layer = kv_b_layer_index(t.source) if t.op != FP8_SCALE else None
+        layer = t.layer if t.op != FP8_SCALE else None
         if t.op == COPY and layer is None:  # bit for bit, streamed: never decoded
             self.writer.write_raw(t.name, self.inputs.chunks(t.source))
             return
@@ -192,6 +221,24 @@ class _ShardJob:
             q, self.channel_scale = self.kernels.to_channel_fp8(w, s)
             self.writer.write(t.name, q)
 
+    def _int4_to_bf16(self, t: OutTensor, layer: int | None) -> None:
+        """The exact fp32 dequant of an INT4 weight, rounded once to bf16."""
+        j = self._int4_checked(t.source)
+        w = numerics.dequantize_int4(self.inputs.get(j.packed), self.inputs.get(j.scale), j.cols, j.group_size)
+        self._mla_artifacts(layer, w)
+        self.writer.write(t.name, numerics.to_bf16(w))
+
+    def _int4_shape(self, t: OutTensor, layer: int | None) -> None:
+        """An INT4 weight's weight_shape, copied once its values are its packed weight's [N, K]."""
+        self._int4_checked(t.source)
+        self.writer.write_raw(t.name, self.inputs.chunks(t.source))
+
+    def _int4_checked(self, name: str) -> Int4Job:
+        j = self.spec.int4[name]
+        where = f"{self.spec.src_root}/{self.spec.sources[j.shape].file}"
+        check_int4_shape(self.inputs.get(j.shape), (j.rows, j.cols), where, j.shape, j.packed)
+        return j
+
     def _fp8_inputs(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         scale_name = self.spec.scales[name]
         where = f"{self.spec.src_root}/{self.spec.sources[scale_name].file}"
@@ -221,4 +268,6 @@ _HANDLERS: dict[str, Callable[[_ShardJob, OutTensor, int | None], None]] = {
     QUANT_FP8: _ShardJob._quantize,
     TO_FP8: _ShardJob._block_fp8,
     TO_BF16: _ShardJob._block_fp8,
+    INT4_TO_BF16: _ShardJob._int4_to_bf16,
+    INT4_SHAPE: _ShardJob._int4_shape,
 }

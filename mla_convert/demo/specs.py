@@ -10,7 +10,10 @@ and the MTP layer. The members keep their own structure at tiny sizes (from the 
 notes, shared/reference/model-family.md): V3.1's power-of-two scales, V3.2's indexer (a 128-row
 `wk` with a one-row scale grid) and F32 norms, Kimi-K2's per-layer `inv_freq` and shard names,
 GLM-5's dims, BF16 modules_to_not_convert and MTP layer without its own head, V2-Lite's and
-Moonlight's BF16 weights with a plain q_proj.
+Moonlight's BF16 weights with a plain q_proj; GLM-5.2's IndexShare (indexer_types), Kimi-K2-Thinking's
+pack-quantized INT4 experts, Kimi-K2.5/K2.6's nested config, `language_model.` names and vision
+tower, Mistral-Large-3's own layout (params.json, consolidated shards, Mistral names, FP8_BLOCK with
+BF16 scales, a vision encoder).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from mla_convert.source import family
 from mla_convert.source.checkpoint import module_of
 
 BLOCK = 128
+DEEPSEEK, KIMI_K25, MISTRAL = "deepseek", "kimi-k25", "mistral"  # CheckpointSpec.layout
+# weights: "fp8" (DeepSeek's block FP8), "bf16", "ct-fp8-block" (compressed-tensors FP8_BLOCK,
+# Mistral-Large-3), "int4" (compressed-tensors pack-quantized INT4 routed experts, the rest BF16)
+CT_FP8_BLOCK, INT4 = "ct-fp8-block", "int4"
 DEEPSEEK_AUTO_MAP = {
     "AutoConfig": "configuration_deepseek.DeepseekV3Config",
     "AutoModel": "modeling_deepseek.DeepseekV3Model",
@@ -71,6 +78,14 @@ class CheckpointSpec:
     topk_method: str = "noaux_tc"
     shard_name: str = "model-{i:05d}-of-{n:05d}.safetensors"  # Kimi: "model-{i}-of-{n}.safetensors"
     remote_code: tuple[str, ...] = ("configuration_deepseek.py", "modeling_deepseek.py")
+    # The late-2026 members (shared/reference/model-family.md, "The members of late 2026").
+    layout: str = DEEPSEEK  # DEEPSEEK; KIMI_K25 (config nested in text_config, language_model.); MISTRAL
+    int4_group: int = 32  # weights "int4": the routed experts pack-quantized, symmetric, this group size
+    vision: bool = False  # a BF16 vision tower (Kimi-K2.5/K2.6) or encoder (Mistral-Large-3), copied
+    quant_in_text_config: bool = False  # Kimi-K2.6: quantization_config only inside text_config
+    indexer_types: tuple[str, ...] = ()  # GLM-5.2 (IndexShare): per decoder layer, "full" or "shared"
+    index_topk_freq: int = 0  # > 0: GLM-5.2's index_topk_freq / index_skip_topk_offset, with indexer_types
+    index_skip_topk_offset: int = 0
 
     @classmethod
     def r1_dims(
@@ -149,6 +164,12 @@ class CheckpointSpec:
                 cfg["quantization_config"]["scale_fmt"] = self.scale_fmt
             if self.not_converted:
                 cfg["quantization_config"]["modules_to_not_convert"] = self.modules_to_not_convert()
+        elif self.weights in (INT4, CT_FP8_BLOCK):
+            cfg["quantization_config"] = self.compressed_tensors_config()
+        if self.indexer_types:
+            cfg["indexer_types"] = list(self.indexer_types)
+        if self.index_topk_freq:
+            cfg["index_topk_freq"], cfg["index_skip_topk_offset"] = self.index_topk_freq, self.index_skip_topk_offset
         keys = [
             "hidden_size", "num_hidden_layers", "first_k_dense_replace", "num_attention_heads", "q_lora_rank",
             "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
@@ -165,19 +186,60 @@ class CheckpointSpec:
         return dict(sorted(cfg.items()))
 
     def modules_to_not_convert(self) -> list[str]:
-        """The linears `not_converted` keeps BF16, as quantization_config lists them (by name)."""
+        """The linears `not_converted` keeps BF16, as quantization_config lists them (by name); with
+        IndexShare also each layer's `self_attn.indexers_proj`, which names no tensor (as GLM-5.2's)."""
         names = [module_of(n) for n, kind, _ in self.tensors() if kind == "bf16-linear"]
+        if self.indexer_types:
+            names += [f"model.layers.{i}.self_attn.indexers_proj" for i in range(self.num_hidden_layers)]
         return sorted(set(names))
 
+    def compressed_tensors_config(self) -> dict:
+        """The source's compressed-tensors quantization_config: Mistral-Large-3's FP8_BLOCK, or
+        Kimi's pack-quantized INT4 (one group, targets Linear; the ignore list keeps every linear
+        but the routed experts)."""
+        if self.weights == CT_FP8_BLOCK:
+            ignore = ["model.embed_tokens", "re:patch_merger.*", "re:vision_encoder.*", "re:vision_language_adapter.*",
+                      "re:.*kv_a_proj_with_mqa$", "re:.*q_a_proj$", "re:.*gate$", "lm_head"]  # fmt: skip
+            fp8 = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+            group = {
+                "format": "float-quantized", "targets": ["Linear"], "output_activations": None,
+                "input_activations": fp8 | {"dynamic": True, "group_size": 128, "strategy": "group"},
+                "weights": fp8 | {"block_structure": list(self.block), "strategy": "block"},
+            }  # fmt: skip
+            return {"config_groups": {"FP8_BLOCK": group}, "format": "float-quantized", "ignore": ignore,
+                    "quant_method": "compressed-tensors", "quantization_status": "compressed"}  # fmt: skip
+        ignore = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+        if self.vision and self.quant_in_text_config:  # Kimi-K2.6's list
+            ignore = ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                      "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"]  # fmt: skip
+        weights = {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": self.int4_group,
+            "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
+        }  # fmt: skip
+        group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "kv_cache_scheme": None, "config_groups": {"group_0": group}, "ignore": ignore}  # fmt: skip
+
     def _linear(self, name: str) -> str:
-        """The kind of a linear DeepSeek's FP8 releases quantize, in this checkpoint."""
-        if self.weights == "bf16" or any(re.search(p, module_of(name)) for p in self.not_converted):
+        """The kind of a linear the member's FP8 releases quantize, in this checkpoint: "fp8",
+        "int4" (an INT4 source's routed experts) or "bf16-linear"."""
+        module = module_of(name)
+        if self.weights == INT4:
+            return "int4" if ".mlp.experts." in module else "bf16-linear"
+        if self.weights == "bf16" or any(re.search(p, module) for p in self.not_converted):
+            return "bf16-linear"
+        if family.linear_kind(module, self.architecture) != family.FP8_LINEAR:  # Mistral's wq_a, wkv_a_with_mqa
             return "bf16-linear"
         return "fp8"
 
+    def scale_name(self, weight: str) -> str:
+        """A block-FP8 weight's scale: DeepSeek's `weight_scale_inv`, compressed-tensors' `weight_scale`."""
+        return weight[: -len(".weight")] + ".weight_scale" if self.weights == CT_FP8_BLOCK else weight + "_scale_inv"
+
     def tensors(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """(name, kind, shape) in DeepSeek's order; kind: fp8 | bf16 | bf16-linear | norm | bias |
-        buffer | f32 | scale."""
+        """(name, kind, shape) in DeepSeek's order, by DeepSeek's names (demo.layouts gives the
+        member's own); kind: fp8 | bf16 | bf16-linear | norm | bias | buffer | f32 | scale |
+        int4-packed | int4-scale | int4-shape."""
         h = self.hidden_size
         out: list[tuple[str, str, tuple[int, ...]]] = [("model.embed_tokens.weight", "bf16", (self.vocab_size, h))]
         for i in range(self.num_hidden_layers + self.num_nextn_predict_layers):
@@ -185,16 +247,23 @@ class CheckpointSpec:
             if i >= self.num_hidden_layers:
                 out += self._mtp_modules(p)
             out += [(p + "input_layernorm.weight", "norm", (h,)), (p + "post_attention_layernorm.weight", "norm", (h,))]
-            out += self._attention(p + "self_attn.")
+            out += self._attention(p + "self_attn.", i)
             out += self._ffn(p, i)
         out += [("model.norm.weight", "norm", (h,)), ("lm_head.weight", "bf16", (self.vocab_size, h))]
-        # Every FP8 weight carries its block scale right after it, as in DeepSeek's shards.
+        # Every FP8 weight carries its block scale right after it, as in DeepSeek's shards; an INT4
+        # weight is its packed codes, scales and shape.
         bn, bk = self.block
         full = []
         for name, kind, shape in out:
+            if kind == "int4":
+                m, (n, k) = module_of(name), shape
+                full += [(m + ".weight_packed", "int4-packed", (n, math.ceil(k / 8))),
+                         (m + ".weight_scale", "int4-scale", (n, k // self.int4_group)),
+                         (m + ".weight_shape", "int4-shape", (2,))]  # fmt: skip
+                continue
             full.append((name, kind, shape))
             if kind == "fp8":
-                full.append((name + "_scale_inv", "scale", (math.ceil(shape[0] / bn), math.ceil(shape[1] / bk))))
+                full.append((self.scale_name(name), "scale", (math.ceil(shape[0] / bn), math.ceil(shape[1] / bk))))
         return full
 
     def _mtp_modules(self, p: str) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -209,7 +278,7 @@ class CheckpointSpec:
         ]
         return out + ([(p + "shared_head.head.weight", "bf16", (vocab, h))] if self.mtp_own_head else [])
 
-    def _attention(self, a: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    def _attention(self, a: str, layer: int) -> list[tuple[str, str, tuple[int, ...]]]:
         h, n, lin = self.hidden_size, self.num_attention_heads, self._linear
         q_rows = n * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         if self.q_lora_rank:
@@ -228,7 +297,8 @@ class CheckpointSpec:
              (n * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)),
             (a + "o_proj.weight", lin(a + "o_proj.weight"), (h, n * self.v_head_dim)),
         ]  # fmt: skip
-        if self.index_n_heads:
+        shared = self.indexer_types and layer < len(self.indexer_types) and self.indexer_types[layer] == "shared"
+        if self.index_n_heads and not shared:  # IndexShare: a "shared" layer reuses another's top-k
             x = a + "indexer."
             out += [
                 (x + "wq_b.weight", lin(x + "wq_b.weight"),
@@ -264,8 +334,9 @@ class CheckpointSpec:
         if kind in ("norm", "bias"):
             return "F32" if self.norm_dtype == "f32" else "BF16"
         if kind == "scale":
-            return "F8_E8M0" if self.scale_dtype == "e8m0" else "F32"
-        return {"fp8": "F8_E4M3", "bf16": "BF16", "bf16-linear": "BF16", "buffer": "BF16", "f32": "F32"}[kind]
+            return {"e8m0": "F8_E8M0", "bf16": "BF16"}.get(self.scale_dtype, "F32")
+        return {"fp8": "F8_E4M3", "bf16": "BF16", "bf16-linear": "BF16", "buffer": "BF16", "f32": "F32",
+                "int4-packed": "I32", "int4-scale": "BF16", "int4-shape": "I32"}[kind]  # fmt: skip
 
 
 # The tiny checkpoint of each family member, by family.MEMBERS name: the default layout with each
@@ -296,6 +367,47 @@ FAMILY: dict[str, CheckpointSpec] = {
     "moonlight": CheckpointSpec(
         weights="bf16", num_attention_heads=16, q_lora_rank=None, num_nextn_predict_layers=0, n_group=1,
         topk_group=1,
+    ),
+    # GLM-5.2 / 5.3: IndexShare, indexers on layers 0-2 and every 4th from 6 (0-2 at this size), the
+    # same placement in index_topk_freq / index_skip_topk_offset; 141 shards at full size.
+    "glm-5.2": CheckpointSpec(
+        architecture=family.GLM_MOE_DSA, model_type="glm_moe_dsa", auto_map=(), remote_code=(), q_lora_rank=2048,
+        qk_nope_head_dim=192, v_head_dim=256, index_n_heads=4, mtp_own_head=False, num_hidden_layers=5,
+        not_converted=(r"\.mlp\.shared_experts\.",), indexer_types=("full", "full", "full", "shared", "shared"),
+        index_topk_freq=4, index_skip_topk_offset=3,
+    ),
+    # Mistral-Large-3-675B-Instruct-2512: Mistral's own layout, FP8_BLOCK with BF16 scales, a vision
+    # encoder, softmax routing (no e_score_correction_bias), no MTP layer.
+    "mistral-large-3": CheckpointSpec(
+        architecture=family.MISTRAL_LARGE_3, model_type="deepseek_v3", layout=MISTRAL, weights=CT_FP8_BLOCK,
+        scale_dtype="bf16", num_nextn_predict_layers=0, topk_method="softmax", n_group=1, topk_group=1,
+        auto_map=(), remote_code=(), vision=True, shard_name="consolidated-{i:05d}-of-{n:05d}.safetensors",
+        split_scale_of="model.layers.1.mlp.experts.3.down_proj.weight",
+    ),
+    # Its BF16 release: the same names and files, no quantization.
+    "mistral-large-3-bf16": CheckpointSpec(
+        architecture=family.MISTRAL_LARGE_3, model_type="deepseek_v3", layout=MISTRAL, weights="bf16",
+        num_nextn_predict_layers=0, topk_method="softmax", n_group=1, topk_group=1, auto_map=(), remote_code=(),
+        vision=True, shard_name="consolidated-{i:05d}-of-{n:05d}.safetensors",
+    ),
+    # Kimi-K2-Thinking: pack-quantized INT4 routed experts (group 32), everything else BF16; 62 shards.
+    "kimi-k2-thinking": CheckpointSpec(
+        model_type="kimi_k2", weights=INT4, num_attention_heads=2, n_routed_experts=12, num_nextn_predict_layers=0,
+        n_group=1, topk_group=1, shard_name="model-{i:05d}-of-{n:06d}.safetensors",
+        remote_code=("configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"),
+    ),
+    # Kimi-K2.5: KimiK25ForConditionalGeneration, the text model in text_config, language_model.
+    # names, a BF16 vision tower and projector; 64 shards. K2.6: its quantization_config in text_config only.
+    "kimi-k2.5": CheckpointSpec(
+        model_type="kimi_k2", layout=KIMI_K25, weights=INT4, num_attention_heads=2, n_routed_experts=12,
+        num_nextn_predict_layers=0, n_group=1, topk_group=1, vision=True, shard_name="model-{i:05d}-of-{n:06d}.safetensors",
+        remote_code=("configuration_kimi_k25.py", "modeling_kimi_k25.py", "tokenization_kimi.py"),
+    ),
+    "kimi-k2.6": CheckpointSpec(
+        model_type="kimi_k2", layout=KIMI_K25, weights=INT4, num_attention_heads=2, n_routed_experts=12,
+        num_nextn_predict_layers=0, n_group=1, topk_group=1, vision=True, quant_in_text_config=True,
+        shard_name="model-{i:05d}-of-{n:06d}.safetensors",
+        remote_code=("configuration_kimi_k25.py", "modeling_kimi_k25.py", "tokenization_kimi.py"),
     ),
 }  # fmt: skip
 assert tuple(FAMILY) == family.MEMBERS

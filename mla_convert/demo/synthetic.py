@@ -1,6 +1,7 @@
 """Write the synthetic checkpoints `mla_convert.demo.specs` describes: tensors generated and
-written one at a time (big checkpoints stream), DeepSeek's block quantization of them, the index,
-config and side files."""
+written one at a time (big checkpoints stream), DeepSeek's block quantization of them (with BF16
+scales for compressed-tensors FP8_BLOCK), Kimi's pack-quantized INT4 routed experts, the index,
+config and side files in the member's layout (demo.layouts)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,18 @@ from pathlib import Path
 
 import torch
 
-from mla_convert.constants import CONFIG_NAME, INDEX_NAME
-from mla_convert.demo.specs import BLOCK, CheckpointSpec
+from mla_convert.demo import layouts
+from mla_convert.demo.specs import BLOCK, CT_FP8_BLOCK, KIMI_K25, MISTRAL, CheckpointSpec
 from mla_convert.io.shard_writer import ShardWriter
 from mla_runtime.safetensors_file import nbytes_of
 
 
 def quantize_block_fp8(
-    w: torch.Tensor, block: int | tuple[int, int] = BLOCK, pow2: bool = False
+    w: torch.Tensor, block: int | tuple[int, int] = BLOCK, pow2: bool = False, bf16_scale: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 [N, K] -> (e4m3 [N, K], fp32 scale grid): DeepSeek's block quantization. `pow2`: each
-    scale rounded up to a power of two (V3.1's ue8m0 scales)."""
+    scale rounded up to a power of two (V3.1's ue8m0 scales); `bf16_scale`: each scale rounded to
+    bf16 (compressed-tensors FP8_BLOCK stores them so), its values still returned in float32."""
     bn, bk = (block, block) if isinstance(block, int) else block
     n, k = w.shape
     gn, gk = math.ceil(n / bn), math.ceil(k / bk)
@@ -30,8 +32,25 @@ def quantize_block_fp8(
     scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
     if pow2:
         scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+    if bf16_scale:
+        scale = scale.to(torch.bfloat16).float()
     q = (blocks / scale.view(gn, 1, gk, 1)).clamp(-448, 448).view(gn * bn, gk * bk)[:n, :k]
     return q.contiguous().to(torch.float8_e4m3fn), scale.float().contiguous()
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 [N, K] -> (weight_packed I32 [N, K / 8], weight_scale BF16 [N, K / group], weight_shape
+    I32 [2]): symmetric round-to-nearest INT4 per group of columns, scale max|group| / 7, the codes
+    stored as value + 8, eight to an int32 with the lowest column in the lowest nibble."""
+    n, k = w.shape
+    groups = w.view(n, k // group, group)
+    scale = (groups.abs().amax(dim=-1) / 7.0).clamp(min=2.0**-20).to(torch.bfloat16)
+    q = torch.round(groups / scale.float().unsqueeze(-1)).clamp(-8, 7).to(torch.int32).view(n, k)
+    codes = (q + 8).view(n, k // 8, 8)
+    packed = torch.zeros(n, k // 8, dtype=torch.int32)
+    for b in range(8):
+        packed |= codes[:, :, b] << (4 * b)  # nibble 7 sets the sign bit: the int32 may be negative
+    return packed, scale, torch.tensor([n, k], dtype=torch.int32)
 
 
 def encode_e8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -56,8 +75,14 @@ class _Generator:
         if kind == "fp8":
             return self._pair_part(name, 0)
         if kind == "scale":
-            scale = self._pair_part(name[: -len("_scale_inv")], 1)
+            weight = name[: -len(".weight_scale")] + ".weight" if name.endswith(".weight_scale") else name[:-10]
+            scale = self._pair_part(weight, 1)
+            if self.spec.scale_dtype == "bf16":
+                return scale.to(torch.bfloat16)
             return encode_e8m0(scale) if self.spec.scale_dtype == "e8m0" else scale
+        if kind.startswith("int4-"):
+            which = ("int4-packed", "int4-scale", "int4-shape").index(kind)
+            return self._pair_part(name.rsplit(".", 1)[0] + ".weight", which)
         norm_dtype = torch.float32 if self.spec.norm_dtype == "f32" else torch.bfloat16
         if kind == "norm":
             return (1.0 + 0.05 * torch.randn(shape, generator=self.gen)).to(norm_dtype)
@@ -74,7 +99,7 @@ class _Generator:
     def _pair_part(self, wname: str, which: int) -> torch.Tensor:
         entry = self.pairs.get(wname)
         if entry is None:
-            entry = self.pairs[wname] = list(self._fp8_pair(wname))
+            entry = self.pairs[wname] = list(self._int4(wname) if wname not in self.shapes else self._fp8_pair(wname))
         part, entry[which] = entry[which], None
         if all(x is None for x in entry):
             del self.pairs[wname]
@@ -87,37 +112,47 @@ class _Generator:
             w[0].zero_()  # an all-zero output row: channel scales must stay finite
         return w
 
+    def _int4(self, wname: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        module = wname[: -len(".weight")]
+        n, k8 = self.shapes[module + ".weight_packed"]
+        w = torch.randn((n, k8 * 8), generator=self.gen) / math.sqrt(k8 * 8)
+        return quantize_int4(w, self.spec.int4_group)
+
     def _fp8_pair(self, wname: str) -> tuple[torch.Tensor, torch.Tensor]:
         # ue8m0: power-of-two scales, except o_proj's (as reported of V3.1's release)
         pow2 = self.spec.scale_fmt == "ue8m0" and not wname.endswith("o_proj.weight")
         if self.spec.scale_dtype == "e8m0":
             pow2 = True
-        return quantize_block_fp8(self._linear_weight(wname), self.spec.block, pow2)
+        bf16 = self.spec.weights == CT_FP8_BLOCK
+        return quantize_block_fp8(self._linear_weight(wname), self.spec.block, pow2, bf16_scale=bf16)
 
 
 def write_checkpoint(out_dir: str | Path, spec: CheckpointSpec = CheckpointSpec()) -> Path:  # noqa: B008 (frozen)
     """Write the checkpoint `spec` describes to `out_dir` (created; must be empty or absent)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = spec.tensors()
+    tensors = spec.tensors() + layouts.vision_tensors(spec)
     shard_of = _assign_shards(tensors, spec)
     gen = _Generator(spec, {n: s for n, _, s in tensors})
+    vision = {n for n, _, _ in layouts.vision_tensors(spec)}  # named as the member names them already
+    native = {n: n if n in vision else layouts.native_name(spec, n) for n, _, _ in tensors}
     names = [spec.shard_name.format(i=i + 1, n=spec.num_shards) for i in range(spec.num_shards)]
     by_shard: list[list[tuple[str, str, tuple[int, ...]]]] = [[] for _ in names]
     for t in tensors:
         by_shard[shard_of[t[0]]].append(t)
     total = 0
     for fname, items in zip(names, by_shard, strict=True):
-        specs = {n: (spec.st_dtype(k), s) for n, k, s in items}
+        specs = {native[n]: (spec.st_dtype(k), s) for n, k, s in items}
         with ShardWriter(out_dir / fname, specs) as w:
             for n, k, s in items:
-                w.write(n, gen.make(n, k, s))
+                w.write(native[n], gen.make(n, k, s))
             w.commit()
         total += sum(nbytes_of(spec.st_dtype(k), s) for _, k, s in items)
-    weight_map = {n: names[shard_of[n]] for n, _, _ in tensors}
+    weight_map = {native[n]: names[shard_of[n]] for n, _, _ in tensors}
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    (out_dir / CONFIG_NAME).write_text(json.dumps(spec.config(), indent=2) + "\n")
+    (out_dir / layouts.index_name(spec)).write_text(json.dumps(index, indent=2) + "\n")
+    config_name, config = layouts.config_file(spec)
+    (out_dir / config_name).write_text(json.dumps(config, indent=2) + "\n")
     _write_side_files(out_dir, spec)
     return out_dir
 
@@ -131,13 +166,47 @@ def _assign_shards(tensors, spec: CheckpointSpec) -> dict[str, int]:
         shard_of[name] = min(int(acc // per), spec.num_shards - 1)
         acc += size
     w = spec.split_scale_of
-    if w and w + "_scale_inv" in shard_of and spec.num_shards > 1:
+    partner = spec.scale_name(w) if w else None
+    if w and w not in shard_of and w[: -len(".weight")] + ".weight_packed" in shard_of:  # INT4: its scale
+        w, partner = w[: -len(".weight")] + ".weight_packed", w[: -len(".weight")] + ".weight_scale"
+    if w and partner in shard_of and spec.num_shards > 1:
         s = shard_of[w]
-        shard_of[w + "_scale_inv"] = s + 1 if s + 1 < spec.num_shards else s - 1
+        shard_of[partner] = s + 1 if s + 1 < spec.num_shards else s - 1
     return shard_of
 
 
 def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
+    if spec.layout == MISTRAL:
+        _write_mistral_side_files(out_dir, spec)
+    else:
+        _write_hf_side_files(out_dir, spec)
+    weights = {"fp8": "block-FP8", "bf16": "BF16", CT_FP8_BLOCK: "FP8_BLOCK", "int4": "INT4 experts"}[spec.weights]
+    # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
+    # the converted model's card takes over.
+    (out_dir / "README.md").write_text(
+        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
+        f"# Synthetic {spec.architecture}\n\n"
+        f"A synthetic {spec.architecture} ({spec.model_type}, {spec.layout} layout) {weights} checkpoint "
+        "written by mla-convert.\n"
+    )
+    (out_dir / "figures").mkdir(exist_ok=True)
+    (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
+
+
+def _write_mistral_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
+    """tekken.json, Mistral's tokenizer, in its shape (config, vocab, special tokens); a tiny one."""
+    specials = [{"rank": i, "token_str": t, "is_control": True} for i, t in enumerate(["<unk>", "<s>", "</s>"])]
+    vocab = [{"rank": i, "token_bytes": "", "token_str": f"w{i}"} for i in range(spec.vocab_size - len(specials))]
+    tekken = {
+        "config": {"pattern": r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+", "num_vocab_tokens": len(vocab),
+                   "default_vocab_size": spec.vocab_size, "default_num_special_tokens": len(specials),
+                   "version": "v7"},
+        "vocab": vocab, "special_tokens": specials,
+    }  # fmt: skip
+    (out_dir / "tekken.json").write_text(json.dumps(tekken) + "\n")
+
+
+def _write_hf_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
     specials = ["<|begin▁of▁sentence|>", "<|end▁of▁sentence|>", "<unk>"]
     vocab = {tok: i for i, tok in enumerate(specials)}
     vocab.update({f"w{i}": i for i in range(len(specials), spec.vocab_size)})
@@ -180,13 +249,5 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
             f'"""{fname}: placeholder for a remote-code file in this synthetic checkpoint.\n\n'
             'mla-convert copies such files unchanged and never imports or runs them."""\n'
         )
-    weights = "block-FP8" if spec.weights == "fp8" else "BF16"
-    # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
-    # the converted model's card takes over.
-    (out_dir / "README.md").write_text(
-        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
-        f"# Synthetic {spec.architecture}\n\n"
-        f"A synthetic {spec.architecture} ({spec.model_type}) {weights} checkpoint written by mla-convert.\n"
-    )
-    (out_dir / "figures").mkdir(exist_ok=True)
-    (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
+    if spec.model_type.startswith("kimi") or spec.layout == KIMI_K25:  # Kimi's tiktoken vocabulary
+        (out_dir / "tiktoken.model").write_text("".join(f"dw{i}= {i}\n" for i in range(8)))

@@ -1,8 +1,11 @@
 """All weight arithmetic of the converter: pure functions, tensor in, tensors out.
 
 Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk], the scale
-float32 or float8_e8m0fnu (decoded to float32 first). A 16-bit source weight's exact value is its
-float32 widening.
+float32 or float8_e8m0fnu (decoded to float32 first); compressed-tensors FP8_BLOCK (Mistral-Large-3)
+is the same with a bfloat16 scale, widened to float32 exactly. A 16-bit source weight's exact value
+is its float32 widening. Pack-quantized INT4 (Kimi): eight 4-bit codes per int32, the lowest nibble
+the lowest column, code c meaning c - 8; dequant[i, j] = (c - 8) * scale[i, j // group], exact in
+float32 (a 4-bit integer times a 16-bit float).
 
 Every operation here is one IEEE operation per element (multiply, divide, cast) or exact (max,
 compare, select, gather), so the bytes are the same on any device that rounds each operation
@@ -12,6 +15,7 @@ correctly; kernels.select checks a device (and each fast kernel) against CPU eag
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -30,8 +34,11 @@ def decode_e8m0(scale: torch.Tensor) -> torch.Tensor:
 
 
 def block_scale_f32(scale: torch.Tensor) -> torch.Tensor:
-    """A block scale as float32: float8_e8m0fnu decoded exactly (its NaN code to NaN), float32 as it is."""
-    return decode_e8m0(scale) if scale.dtype == torch.float8_e8m0fnu else scale
+    """A block scale as float32: float8_e8m0fnu decoded exactly (its NaN code to NaN), bfloat16
+    (compressed-tensors FP8_BLOCK) widened exactly, float32 as it is."""
+    if scale.dtype == torch.float8_e8m0fnu:
+        return decode_e8m0(scale)
+    return scale.float() if scale.dtype != torch.float32 else scale
 
 
 def dequantize_block_fp8(
@@ -99,3 +106,44 @@ def float_to_channel_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 / f16 / f32 weight -> channel FP8: the same per-row quantization, of its exact fp32 value."""
     return quantize_channel_fp8(weight.float(), fp8_max, signed_zero)
+
+
+INT4_PER_WORD = 8  # 4-bit codes per int32 of a pack-quantized weight
+INT4_OFFSET = 8  # a stored code c means c - 8 (values -8..7)
+# The two values each byte of a packed word holds: its low nibble is the lower column. The int32
+# words' bytes are read in memory order, lowest first: little-endian, as every platform torch runs
+# on here (checked at import).
+_BYTE = torch.arange(256, dtype=torch.int32)
+INT4_BYTE_VALUES = torch.stack([(_BYTE & 0xF) - INT4_OFFSET, (_BYTE >> 4) - INT4_OFFSET], dim=1).float()
+assert sys.byteorder == "little", "pack-quantized INT4 is read byte by byte, little-endian"
+
+
+def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """int32 [N, ceil(cols / 8)] -> the int32 values [N, cols] (-8..7): nibble b of word w is
+    column 8w + b, stored as value + 8."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts) & 0xF  # the arithmetic shift's sign bits are masked off
+    return codes.view(packed.shape[0], -1)[:, :cols] - INT4_OFFSET
+
+
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, cols: int, group_size: int) -> torch.Tensor:
+    """Exact fp32 dequant of a symmetric pack-quantized INT4 weight: (code - 8) * scale[row, col //
+    group_size], `scale` [N, cols / group_size] in any float dtype (group_size = cols: one scale per
+    row). Each product of a 4-bit integer and a 16-bit float is exact in float32.
+
+    The codes are read a byte (two columns) at a time from a 256-entry table of their values, and
+    the product is taken in place: the same values as unpack_int4's, in far fewer passes over
+    memory."""
+    n = packed.shape[0]
+    table = INT4_BYTE_VALUES.to(packed.device)
+    byte_cols = packed.shape[1] * (INT4_PER_WORD // 2)
+    codes = packed.contiguous().view(torch.uint8).view(n, byte_cols).to(torch.int32)
+    values = torch.index_select(table, 0, codes.view(-1)).view(n, -1)[:, :cols]
+    values = values.reshape(n, cols // group_size, group_size)
+    return values.mul_(scale.float().unsqueeze(-1)).view(n, cols)
+
+
+def int4_to_bf16(packed: torch.Tensor, scale: torch.Tensor, cols: int, group_size: int) -> torch.Tensor:
+    """bf16 of the exact fp32 dequant: one round-to-nearest-even per element."""
+    x = dequantize_int4(packed, scale, cols, group_size)
+    return torch.empty(x.shape, dtype=torch.bfloat16, device=x.device).copy_(x)

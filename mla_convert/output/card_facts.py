@@ -71,3 +71,5 @@ class CardFacts:
     model_bytes: int
     mla_bytes: int
     ignored_modules: int
+    config_name: str = "config.json"  # params.json for Mistral's own layout
+    int4_experts: bool = False  # the source's pack-quantized INT4 experts, copied as they are

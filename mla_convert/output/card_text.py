@@ -95,7 +95,9 @@ def _weights(facts: CardFacts) -> str:
         return (
             "## The weights\n\n"
             "Every block-FP8 weight of the source is stored in bf16, `bf16(fp32(w) * scale)` (bit-exact to "
-            "DeepSeek's own converter), and `config.json` has no `quantization_config`. Every other tensor "
+            "DeepSeek's own converter)"
+            + _int4_bf16(facts)
+            + f", and `{facts.config_name}` has no `quantization_config`. Every other tensor "
             "(16-bit linears, embeddings, norms in their own dtype, the router, `lm_head`) is the source's, "
             "bit for bit; the MTP layer is kept where the source has one."
         )
@@ -104,11 +106,28 @@ def _weights(facts: CardFacts) -> str:
         "Each linear the source holds in block FP8 (and, from a BF16 source, each linear DeepSeek's FP8 "
         "releases quantize) is `X.weight` float8_e4m3fn [N, K] with `X.weight_scale` float32 [N, 1]: one "
         f"scale per output row, `max|row| / {facts.fp8_max:g}`, from the exact fp32 value of the source weight, "
-        "rounded to nearest once. `config.json` carries a compressed-tensors `quantization_config` (static "
+        "rounded to nearest once."
+        + _int4_kept(facts)
+        + f" `{facts.config_name}` carries a compressed-tensors `quantization_config` (static "
         "per-channel FP8 weights, dynamic per-token FP8 activations) whose `ignore` list names the "
         f"{facts.ignored_modules} modules left in 16 bits. Every other tensor (embeddings, norms in their own "
         "dtype, the router, `lm_head`) is the source's, bit for bit; the MTP layer is kept where the source "
         "has one."
+    )
+
+
+def _int4_bf16(facts: CardFacts) -> str:
+    if not facts.int4_experts:
+        return ""
+    return "; the source's INT4 experts are `(nibble - 8) * scale`, computed in fp32 and rounded once to bf16"
+
+
+def _int4_kept(facts: CardFacts) -> str:
+    if not facts.int4_experts:
+        return ""
+    return (
+        " The source's pack-quantized INT4 routed experts are copied bit for bit, never requantized; their "
+        "group keeps the source's scheme next to the channel-FP8 group."
     )
 
 

@@ -11,14 +11,13 @@ from mla_convert.constants import (
     CARD_NAME,
     CHANNEL_FP8,
     CHANNEL_SCALE_SUFFIX,
-    CONFIG_NAME,
     FLOAT_WEIGHT_DTYPES,
     FP8_E4M3,
-    INDEX_NAME,
     MLA_DIR_NAME,
     MLA_MANIFEST_NAME,
 )
-from mla_convert.plan.ops import CONVERTING_OPS, COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8
+from mla_convert.errors import ConvertError, SourceError
+from mla_convert.plan.ops import CONVERTING_OPS, COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.output_config import output_config
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
@@ -33,7 +32,8 @@ class OutTensor:
     dtype: str
     shape: tuple[int, ...]
     op: str
-    source: str  # source tensor name (for converted weights: the FP8 weight)
+    source: str  # source tensor name (for converted weights: the FP8 weight; INT4: its weight_packed)
+    layer: int | None = None  # a layer's kv_b_proj weight: that layer (its MLA artifacts are written with it)
 
 
 @dataclass
@@ -59,6 +59,15 @@ class Plan:
     def mla_layers(self) -> list[int]:
         return sorted(i for job in self.shards for i in job.mla_layers)
 
+    @property
+    def config_name(self) -> str:
+        """The output's config file: config.json, or params.json for Mistral's own layout."""
+        return self.source.model.file
+
+    @property
+    def index_name(self) -> str:
+        return self.source.model.index_name
+
     def inputs_of(self, job: ShardJob) -> dict[str, str]:
         """Source tensor name -> source file for everything `job` reads, partner scales included."""
         src = self.source
@@ -70,6 +79,9 @@ class Plan:
             if t.source in src.fp8:
                 pair = src.fp8[t.source]
                 need[pair.scale.name] = pair.scale_file
+            if t.op == INT4_TO_BF16:
+                w = src.int4[module_of(t.source)]
+                need |= {p.name: src.weight_map[p.name] for p in (w.scale, w.shape)}
         return need
 
     def job_outputs(self) -> dict[str, list[str]]:
@@ -84,7 +96,7 @@ class Plan:
             files
             | set(self.source.side_files)
             | card
-            | {CONFIG_NAME, INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"}
+            | {self.config_name, self.index_name, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"}
         )
 
     def ops(self) -> tuple[str, ...]:
@@ -124,54 +136,135 @@ def is_ignored(module: str, patterns: tuple[str, ...]) -> bool:
 
 
 def quantizable(src: SourceCheckpoint, name: str) -> bool:
-    """A BF16 source's linear that a channel-FP8 conversion quantizes: one that DeepSeek's FP8
-    releases quantize (family.FP8_LINEAR), stored as a 2-D float weight. In an FP8 source, a 16-bit
-    linear is the source's own choice (modules_to_not_convert): copied, never quantized."""
+    """A BF16 (or INT4) source's 16-bit linear that a channel-FP8 conversion quantizes: one that the
+    member's FP8 releases quantize (family.FP8_LINEAR), stored as a 2-D float weight. In a block-FP8
+    source, a 16-bit linear is the source's own choice (modules_to_not_convert): copied, never
+    quantized."""
     if src.block is not None or not name.endswith(".weight"):
         return False
+    deepseek = src.names.to_deepseek(name)
     info = src.info(name)
-    return len(info.shape) == 2 and info.dtype in FLOAT_WEIGHT_DTYPES and linear_kind(module_of(name)) == FP8_LINEAR
+    return (
+        deepseek is not None
+        and len(info.shape) == 2
+        and info.dtype in FLOAT_WEIGHT_DTYPES
+        and linear_kind(module_of(deepseek), src.layout.architecture) == FP8_LINEAR
+    )
+
+
+class _Planner:
+    """The output tensors of each shard, and what the config must say about them."""
+
+    def __init__(self, src: SourceCheckpoint, options: Options):
+        self.src, self.options = src, options
+        self.fp8 = options.format == CHANNEL_FP8
+        self.by_file: dict[str, list[OutTensor]] = {f: [] for f in sorted(src.headers)}
+        self.unquantized: set[str] = set()  # text linears written in 16 bits (config-module names)
+        self.extras: set[str] = set()  # prefixes of the other parts (vision) whose linears are copied
+        self.int4_packed = {w.packed.name: w for w in src.int4.values()}
+        self.int4_shape = {w.shape.name: w for w in src.int4.values()}
+        self.skip = {p.scale.name for p in src.fp8.values()}  # consumed with their weight
+        if not self.fp8:  # bf16: each INT4 weight's partners are read with its weight_packed
+            self.skip |= {p.name for w in src.int4.values() for p in w.tensors() if p is not w.packed}
+
+    def add(self, name: str) -> None:
+        src, info = self.src, self.src.info(name)
+        out, module = self.by_file[src.weight_map[name]], module_of(name)
+        deepseek = src.names.to_deepseek(name)
+        layer = kv_b_layer_index(deepseek) if deepseek else None
+        ignored = is_ignored(src.names.config_module(module), self.options.ignore)
+        if name in self.int4_packed or name in self.int4_shape:
+            self._int4(name, out, ignored)
+        elif self.fp8 and quantizable(src, name) and not ignored:
+            out.append(OutTensor(name, FP8_E4M3, info.shape, QUANT_FP8, name, layer))
+            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
+        elif name not in src.fp8:
+            out.append(OutTensor(name, info.dtype, info.shape, COPY, name, layer))
+            if (
+                len(info.shape) == 2
+                and name.endswith(".weight")
+                and not (deepseek or name).endswith("embed_tokens.weight")
+            ):
+                self._left_16bit(module)  # lm_head, gate, eh_proj, modules_to_not_convert, vision
+        elif not self.fp8 or ignored:
+            out.append(OutTensor(name, "BF16", info.shape, TO_BF16, name, layer))
+            if not ignored:
+                self._left_16bit(module)
+        else:
+            out.append(OutTensor(name, FP8_E4M3, info.shape, TO_FP8, name, layer))
+            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
+
+    def _left_16bit(self, module: str) -> None:
+        names = self.src.names
+        if names.is_extra(module):
+            self.extras.add(next(p for p in names.extra_prefixes if module.startswith(p)))
+        else:
+            self.unquantized.add(names.config_module(module))
+
+    def _int4(self, name: str, out: list[OutTensor], ignored: bool) -> None:
+        """channel-fp8: every tensor of an INT4 weight copied (its weight_shape checked first);
+        bf16: its weight_packed and scale become a bf16 weight."""
+        info, w = self.src.info(name), self.int4_packed.get(name) or self.int4_shape[name]
+        if self.fp8 and ignored:
+            raise ConvertError(
+                f"--ignore matches {w.module!r}, an INT4 weight, which channel-fp8 copies as INT4 (it is never "
+                "requantized); leave it out of --ignore, or convert with --format bf16"
+            )
+        if self.fp8:
+            out.append(OutTensor(name, info.dtype, info.shape, INT4_SHAPE if name in self.int4_shape else COPY, name))
+            return
+        if not self.src.quant.int4.symmetric:
+            raise SourceError(
+                f"{self.src.root / self.src.weight_map[name]}: {w.module!r} is asymmetric INT4 (it has a "
+                f"weight_zero_point; its group {self.src.quant.int4.group_name!r} says symmetric: false): --format bf16 "
+                "dequantizes symmetric INT4 only, as (nibble - 8) x scale; convert to channel-fp8, which copies the "
+                "INT4 weights as they are"
+            )
+        out.append(OutTensor(w.module + ".weight", "BF16", (w.rows, w.cols), INT4_TO_BF16, name))
+
+    def ignore_list(self) -> list[str]:
+        """The output's ignore list: the user's patterns as compressed-tensors 're:' entries
+        (re.match, as vLLM applies them; listing every matched expert by name would make R1's
+        config megabytes long), each other part's prefix, then the text linears left 16-bit by name."""
+        if not self.fp8:
+            return []
+        extras = [f"re:{re.escape(p)}.*" for p in sorted(self.extras)]
+        named = sorted(m for m in self.unquantized if not is_ignored(m, self.options.ignore))
+        return [f"re:{p}" for p in self.options.ignore] + extras + named
 
 
 def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
     """One output shard per source shard, same file name; every tensor stays in its weight's shard."""
-    by_file: dict[str, list[OutTensor]] = {f: [] for f in sorted(src.headers)}
-    unquantized: set[str] = set()
-    scale_names = {p.scale.name for p in src.fp8.values()}
+    planner = _Planner(src, options)
     for name in sorted(src.weight_map):
-        if name in scale_names:
-            continue  # consumed with its weight; no *_scale_inv in the output
-        info = src.info(name)
-        out = by_file[src.weight_map[name]]
-        module = module_of(name)
-        if options.format == CHANNEL_FP8 and quantizable(src, name) and not is_ignored(module, options.ignore):
-            out.append(OutTensor(name, FP8_E4M3, info.shape, QUANT_FP8, name))
-            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
-            continue
-        if name not in src.fp8:
-            out.append(OutTensor(name, info.dtype, info.shape, COPY, name))
-            if len(info.shape) == 2 and name.endswith(".weight") and not name.endswith("embed_tokens.weight"):
-                unquantized.add(module)  # a linear left in 16 bits (lm_head, gate, eh_proj, modules_to_not_convert)
-            continue
-        if options.format != CHANNEL_FP8 or is_ignored(module, options.ignore):
-            out.append(OutTensor(name, "BF16", info.shape, TO_BF16, name))
-            if not is_ignored(module, options.ignore):
-                unquantized.add(module)
-        else:
-            out.append(OutTensor(name, FP8_E4M3, info.shape, TO_FP8, name))
-            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
+        if name not in planner.skip:
+            planner.add(name)
     jobs = []
-    for file, tensors in by_file.items():
-        layers = sorted(i for t in tensors if (i := kv_b_layer_index(t.source)) is not None and t.op != FP8_SCALE)
+    for file, tensors in planner.by_file.items():
+        layers = sorted(t.layer for t in tensors if t.layer is not None and t.op != FP8_SCALE)
         jobs.append(ShardJob(file, tensors, layers))
-    # User patterns go in as compressed-tensors 're:' entries (re.match, as vLLM applies them);
-    # listing every matched expert by name would make R1's config.json megabytes long.
-    ignored = (
-        [f"re:{p}" for p in options.ignore] + sorted(m for m in unquantized if not is_ignored(m, options.ignore))
-        if options.format == CHANNEL_FP8
-        else []
-    )
-    return Plan(src, options, jobs, output_config(src.config, options.format, ignored), ignored)
+    ignored = planner.ignore_list()
+    int4_targets = int4_target_list(src, options) if options.format == CHANNEL_FP8 and src.int4 else []
+    config = output_config(src.model, options.format, ignored, src.quant.int4, int4_targets)
+    return Plan(src, options, jobs, config, ignored)
+
+
+# The routed experts, as a compressed-tensors target that vLLM matches on expert 0's names.
+ROUTED_EXPERTS_TARGET = r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"
+
+
+def int4_target_list(src: SourceCheckpoint, options: Options) -> list[str]:
+    """The targets of the output's INT4 group: exactly the modules the source holds in INT4.
+    The routed experts (every INT4 weight of Kimi's releases) as one pattern, any other INT4 linear
+    by name; the pattern only if it matches no linear that is not INT4."""
+    names = src.names
+    int4 = {names.config_module(m) for m in src.int4}
+    linears = {names.config_module(module_of(n)) for n in src.weight_map if n.endswith(".weight")}
+    pattern = ROUTED_EXPERTS_TARGET[3:]
+    experts = {m for m in int4 if re.match(pattern, m)}
+    if experts and not any(re.match(pattern, m) for m in linears - int4):
+        return [ROUTED_EXPERTS_TARGET, *sorted(int4 - experts)]
+    return sorted(int4)
 
 
 def mla_file_rel(layer: int) -> str:

@@ -1,10 +1,13 @@
 """The MLA family: which architectures convert, and what a member's config says its checkpoint holds.
 
-Facts from the members' real checkpoints (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2, GLM-5, DeepSeek-V2,
-Moonlight): the tensor names are DeepSeek-V3's; the MLA dims come from the config; V3.2 and GLM add
-a lightning indexer to every layer; GLM's MTP layer reuses the main model's embeddings and head;
-some checkpoints also store each layer's rotary `inv_freq` buffer. Standard library only, so the
-CLI's --help can list the architectures without importing torch.
+Facts from the members' real checkpoints (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2 and K2-Thinking/K2.5/
+K2.6, GLM-5/5.1/5.2/5.3, DeepSeek-V2, Moonlight, Mistral-Large-3; shared/reference/model-family.md):
+the rules here are written in DeepSeek-V3's tensor names (source.naming maps a member's own names
+to them); the MLA dims come from the text model's config (source.model_config reads it from
+config.json, a nested text_config or params.json); V3.2 and GLM add a lightning indexer, on every
+layer or (GLM-5.2's IndexShare) on those `indexer_types` names "full"; GLM's MTP layer reuses the
+main model's embeddings and head; some checkpoints also store each layer's rotary `inv_freq`
+buffer. Standard library only, so the CLI's --help can list the architectures without torch.
 """
 
 from __future__ import annotations
@@ -12,16 +15,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mla_convert.source.nonmembers import non_member
+
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 DEEPSEEK_V32 = "DeepseekV32ForCausalLM"
 DEEPSEEK_V2 = "DeepseekV2ForCausalLM"
 GLM_MOE_DSA = "GlmMoeDsaForCausalLM"
+KIMI_K25 = "KimiK25ForConditionalGeneration"  # a wrapper: the text model is a DeepseekV3 in text_config
+MISTRAL_LARGE_3 = "MistralLarge3ForCausalLM"  # what vLLM builds from a Mistral-native params.json
 
 # architecture -> (the checkpoints that declare it, what the conversion does with them)
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     DEEPSEEK_V3: (
-        "DeepSeek-V3, R1, V3.1 (deepseek_v3); Kimi-K2 (kimi_k2); Moonlight; fine-tunes; any model_type",
-        "Block-FP8 (F32 or E8M0 scales, any block size) or BF16 source; MTP layer kept where present; "
+        "DeepSeek-V3, R1, V3.1 (deepseek_v3); Kimi-K2, Kimi-K2-Thinking (kimi_k2); Moonlight; fine-tunes; "
+        "any model_type",
+        "Block-FP8 (F32 or E8M0 scales, any block size), BF16, or compressed-tensors pack-quantized INT4 "
+        "experts (Kimi-K2-Thinking: copied for channel-fp8, dequantized for bf16); MTP layer kept where present; "
         "Kimi's rotary inv_freq copied",
     ),
     DEEPSEEK_V32: (
@@ -30,16 +39,28 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
         "F32 norms stay F32",
     ),
     GLM_MOE_DSA: (
-        "GLM-5, GLM-5.1 FP8 (glm_moe_dsa)",
+        "GLM-5, GLM-5.1, GLM-5.2, GLM-5.3 FP8 (glm_moe_dsa)",
         "As DeepseekV32 with its own dims (qk_nope 192, v_head 256); modules_to_not_convert copied as BF16 "
-        "and ignored; MTP layer without embed_tokens / shared_head.head",
+        "and ignored; MTP layer without embed_tokens / shared_head.head; indexer_types (IndexShare) read",
     ),
     DEEPSEEK_V2: (
         "DeepSeek-V2, V2.5, V2-Lite (deepseek_v2)",
         "BF16 source: channel FP8 quantizes the linears per row, bf16 copies them; without q_lora, q_proj",
     ),
+    KIMI_K25: (
+        "Kimi-K2.5, Kimi-K2.6 (kimi_k25, the text model in text_config)",
+        "As Kimi-K2-Thinking behind language_model.; vision_tower and mm_projector copied; the config keeps "
+        "its nesting and the quantization_config where the source had it",
+    ),
+    MISTRAL_LARGE_3: (
+        "Mistral-Large-3 in Mistral's own layout (params.json, consolidated shards; no config.json)",
+        "compressed-tensors FP8_BLOCK (BF16 or F32 scales) or BF16; output in the same layout and names; "
+        "wq_a, wkv_a_with_mqa, the router and the vision encoder stay BF16",
+    ),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+# The architectures of a text model itself (KIMI_K25 wraps a DeepseekV3 one).
+TEXT_ARCHITECTURES = (DEEPSEEK_V3, DEEPSEEK_V32, GLM_MOE_DSA, DEEPSEEK_V2, MISTRAL_LARGE_3)
 
 
 def architectures_help() -> str:
@@ -52,7 +73,11 @@ INDEXER_ARCHITECTURES = (DEEPSEEK_V32, GLM_MOE_DSA)
 SHARED_MTP_HEAD_ARCHITECTURES = (GLM_MOE_DSA,)
 
 # The tiny synthetic checkpoints (demo.specs.FAMILY) and `demo --family`, by member name.
-MEMBERS = ("deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight")
+MEMBERS = (
+    "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight",
+    "glm-5.2", "mistral-large-3", "mistral-large-3-bf16", "kimi-k2-thinking", "kimi-k2.5", "kimi-k2.6",
+)  # fmt: skip
+INDEXER_TYPES = ("full", "shared")  # GLM-5.2's indexer_types: a layer with its own indexer, or one sharing
 
 MLA_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
@@ -60,11 +85,11 @@ MLA_KEYS = (
 )  # fmt: skip
 INDEXER_KEYS = ("index_n_heads", "index_head_dim")
 
-# Linear kinds. FP8_LINEAR: one that DeepSeek's FP8 releases quantize (attention projections with
-# the indexer's wq_b / wk, dense MLP, routed and shared experts); a BF16 source's channel-FP8
-# conversion quantizes exactly these. LINEAR: a linear that stays in 16-bit (lm_head, the router
-# gate, the MTP eh_proj and shared head, the indexer's weights_proj). OTHER: embeddings, norms,
-# biases, buffers.
+# Linear kinds. FP8_LINEAR: one that the member's FP8 releases quantize (DeepSeek's: attention
+# projections with the indexer's wq_b / wk, dense MLP, routed and shared experts; Mistral-Large-3's
+# the same but q_a_proj and kv_a_proj_with_mqa); a BF16 (or INT4) source's channel-FP8 conversion
+# quantizes exactly these. LINEAR: a linear that stays in 16-bit (lm_head, the router gate, the MTP
+# eh_proj and shared head, the indexer's weights_proj). OTHER: embeddings, norms, biases, buffers.
 FP8_LINEAR = "fp8-linear"
 LINEAR = "linear"
 OTHER = "other"
@@ -82,10 +107,15 @@ _LINEAR_RE = re.compile(
 EXTRA_BUFFER_RE = re.compile(r"model\.layers\.(\d+)\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def linear_kind(module: str) -> str:
+# Linears an architecture's own FP8 release keeps in BF16 although DeepSeek's quantize them.
+_KEPT_16BIT = {MISTRAL_LARGE_3: re.compile(_LAYER + r"self_attn\.(q_a_proj|kv_a_proj_with_mqa)$")}
+
+
+def linear_kind(module: str, architecture: str = DEEPSEEK_V3) -> str:
     """FP8_LINEAR, LINEAR or OTHER for a module name like 'model.layers.3.mlp.experts.7.up_proj'."""
     if _FP8_LINEAR_RE.match(module):
-        return FP8_LINEAR
+        kept = _KEPT_16BIT.get(architecture)
+        return LINEAR if kept is not None and kept.match(module) else FP8_LINEAR
     if _LINEAR_RE.match(module):
         return LINEAR
     return OTHER
@@ -96,9 +126,13 @@ class FamilyError(ValueError):
 
 
 def architecture_of(config: dict) -> str:
-    """The supported architecture a config declares; FamilyError naming the supported list if none."""
+    """The supported text-model architecture a config declares; FamilyError saying why for a known
+    non-member (source.nonmembers), naming the supported list for anything else."""
+    refusal = non_member(config)
+    if refusal:
+        raise FamilyError(refusal)
     archs = config.get("architectures") or []
-    found = [a for a in archs if a in ARCHITECTURES] if isinstance(archs, list) else []
+    found = [a for a in archs if a in TEXT_ARCHITECTURES] if isinstance(archs, list) else []
     if not found:
         raise FamilyError(
             f"architectures {archs!r} (model_type {config.get('model_type')!r}) is not a supported MLA model; "
@@ -118,6 +152,7 @@ class ModelLayout:
     indexer: tuple[int, int] | None  # (index_n_heads, index_head_dim) of the lightning indexer
     mtp_own_head: bool  # the MTP layer stores its own embed_tokens and shared_head.head
     indexer_layers: frozenset[int] = frozenset()  # the layers that hold an indexer
+    moe_layers: frozenset[int] = frozenset()  # the layers with routed experts (the others: a dense MLP)
 
     @classmethod
     def of(cls, config: dict) -> ModelLayout:
@@ -135,21 +170,46 @@ class ModelLayout:
             raise FamilyError(f"num_nextn_predict_layers {mtp!r} must be a non-negative integer")
         indexer = (config["index_n_heads"], config["index_head_dim"]) if arch in INDEXER_ARCHITECTURES else None
         layers = config["num_hidden_layers"]
+        _check_indexer_types(config, layers)
         with_indexer = frozenset(i for i in range(layers + mtp) if indexer and _has_indexer(config, i, layers))
+        moe = frozenset(i for i in range(layers + mtp) if is_moe_layer(config, i))
         return cls(arch, layers, mtp, q_lora or None, indexer, arch not in SHARED_MTP_HEAD_ARCHITECTURES,
-                   with_indexer)  # fmt: skip
+                   with_indexer, moe)  # fmt: skip
 
     @property
     def all_layers(self) -> int:
         return self.layers + self.mtp_layers
 
 
+def indexer_placement(config: dict) -> str:
+    """Where the config says which layers hold an indexer, for messages."""
+    for key in ("indexer_types", "index_topk_pattern", "index_topk_freq"):
+        if config.get(key) is not None:
+            return key if key != "index_topk_freq" else "index_topk_freq / index_skip_topk_offset"
+    return "an indexer on every layer"
+
+
+def _check_indexer_types(config: dict, layers: int) -> None:
+    types = config.get("indexer_types")
+    if types is None:
+        return
+    if not isinstance(types, list) or len(types) != layers or any(t not in INDEXER_TYPES for t in types):
+        raise FamilyError(
+            f"indexer_types must list 'full' or 'shared' for each of the {layers} decoder layers "
+            f"(num_hidden_layers); it is {str(types)[:120]}"
+        )
+
+
 def _has_indexer(config: dict, i: int, layers: int) -> bool:
-    """Whether layer i holds an indexer. Every layer does unless the config shares one layer's
-    top-k with the next ones (index_topk_pattern 'S', or index_topk_freq > 1 as vLLM and
-    transformers read it); MTP layers always do."""
+    """Whether layer i holds an indexer: GLM-5.2's indexer_types says so per decoder layer ('full'
+    holds one, 'shared' reuses another layer's top-k), where the config has it; else every layer
+    does unless the config shares one layer's top-k with the next ones (index_topk_pattern 'S', or
+    index_topk_freq > 1 as vLLM and transformers read it); MTP layers always do."""
     if i >= layers:
         return True
+    types = config.get("indexer_types")
+    if types is not None:
+        return types[i] == "full"
     pattern = config.get("index_topk_pattern")
     if pattern is not None:
         return not (i < len(pattern) and pattern[i] == "S")
@@ -179,7 +239,7 @@ def implied_tensors(cfg: dict) -> Implied:
         out[pre + "input_layernorm.weight"] = ((h,), OTHER)
         out[pre + "post_attention_layernorm.weight"] = ((h,), OTHER)
         _attention_tensors(out, cfg, lay, i)
-        _ffn_tensors(out, cfg, i)
+        _ffn_tensors(out, cfg, lay, i)
         if i >= lay.layers:  # the MTP layer's own modules
             out[pre + "enorm.weight"] = ((h,), OTHER)
             out[pre + "hnorm.weight"] = ((h,), OTHER)
@@ -188,6 +248,10 @@ def implied_tensors(cfg: dict) -> Implied:
             if lay.mtp_own_head:
                 out[pre + "embed_tokens.weight"] = ((vocab, h), OTHER)
                 out[pre + "shared_head.head.weight"] = ((vocab, h), LINEAR)
+    if lay.architecture in _KEPT_16BIT:
+        for name, (shape, kind) in out.items():
+            if kind == FP8_LINEAR:
+                out[name] = (shape, linear_kind(name.rsplit(".", 1)[0], lay.architecture))
     return out
 
 
@@ -216,7 +280,18 @@ def _attention_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> Non
         out[x + "k_norm.bias"] = ((dim,), OTHER)
 
 
-def _ffn_tensors(out: Implied, cfg: dict, i: int) -> None:
+def is_moe_layer(cfg: dict, i: int) -> bool:
+    """Whether layer i has routed experts: GLM's per-layer mlp_layer_types where present, else
+    first_k_dense_replace and moe_layer_freq."""
+    if not cfg.get("n_routed_experts"):
+        return False
+    types = cfg.get("mlp_layer_types")
+    if isinstance(types, list) and i < len(types):
+        return types[i] == "sparse"
+    return i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
+
+
+def _ffn_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> None:
     """Layer i's dense MLP, or its router with the routed and shared experts."""
     h, experts, pre = cfg["hidden_size"], cfg.get("n_routed_experts") or 0, f"model.layers.{i}."
 
@@ -225,11 +300,7 @@ def _ffn_tensors(out: Implied, cfg: dict, i: int) -> None:
         out[prefix + "up_proj.weight"] = ((inter, h), FP8_LINEAR)
         out[prefix + "down_proj.weight"] = ((h, inter), FP8_LINEAR)
 
-    moe = experts and i >= (cfg.get("first_k_dense_replace") or 0) and i % (cfg.get("moe_layer_freq") or 1) == 0
-    types = cfg.get("mlp_layer_types")  # GLM's explicit per-layer list, where present
-    if isinstance(types, list) and i < len(types):
-        moe = experts and types[i] == "sparse"
-    if not moe:
+    if i not in lay.moe_layers:
         mlp(pre + "mlp.", cfg["intermediate_size"])
         return
     out[pre + "mlp.gate.weight"] = ((experts, h), LINEAR)
@@ -245,108 +316,3 @@ def extra_buffer_layer(name: str) -> int | None:
     """The layer of a known extra buffer (a layer's rotary inv_freq), else None."""
     m = EXTRA_BUFFER_RE.match(name)
     return int(m.group(1)) if m else None
-
-
-# --- the MLA shapes a config fixes, each named by the config fields it depends on ------------------
-
-
-@dataclass(frozen=True)
-class ShapeRule:
-    """One dimension of one attention tensor: the product of sums of config fields."""
-
-    suffix: str  # after 'model.layers.N.self_attn.'
-    axis: int  # 0: rows, 1: columns
-    factors: tuple[tuple[str, ...], ...]  # e.g. (("num_attention_heads",), ("qk_nope_head_dim", "v_head_dim"))
-
-    def value(self, cfg: dict) -> int:
-        out = 1
-        for factor in self.factors:
-            out *= sum(cfg[f] for f in factor)
-        return out
-
-    def formula(self, cfg: dict | None = None) -> str:
-        """'num_attention_heads x (qk_nope_head_dim + v_head_dim)', or with cfg its numbers."""
-
-        def term(factor):
-            parts = [str(cfg[f]) if cfg else f for f in factor]
-            return parts[0] if len(parts) == 1 else f"({' + '.join(parts)})"
-
-        return " x ".join(term(f) for f in self.factors)
-
-    def fields(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(f for factor in self.factors for f in factor))
-
-    def solve(self, cfg: dict, field: str, found: int) -> int | None:
-        """The positive integer value of `field` that makes this rule give `found`, if any (the
-        rule is linear in each field)."""
-        at0, at1 = self.value(cfg | {field: 0}), self.value(cfg | {field: 1})
-        if at1 == at0 or (found - at0) % (at1 - at0):
-            return None
-        x = (found - at0) // (at1 - at0)
-        return x if x > 0 else None
-
-
-def shape_rules(layout: ModelLayout, layer: int) -> list[ShapeRule]:
-    """The attention tensors' dims a config fixes, kv_b_proj (what the artifacts split) first."""
-    heads = ("num_attention_heads",)
-    rules = [
-        ShapeRule("kv_b_proj.weight", 0, (heads, ("qk_nope_head_dim", "v_head_dim"))),
-        ShapeRule("kv_b_proj.weight", 1, (("kv_lora_rank",),)),
-        ShapeRule("kv_a_proj_with_mqa.weight", 0, (("kv_lora_rank", "qk_rope_head_dim"),)),
-        ShapeRule("kv_a_proj_with_mqa.weight", 1, (("hidden_size",),)),
-        ShapeRule("o_proj.weight", 0, (("hidden_size",),)),
-        ShapeRule("o_proj.weight", 1, (heads, ("v_head_dim",))),
-    ]
-    if layout.q_lora_rank:
-        rules += [
-            ShapeRule("q_a_proj.weight", 0, (("q_lora_rank",),)),
-            ShapeRule("q_a_proj.weight", 1, (("hidden_size",),)),
-            ShapeRule("q_b_proj.weight", 0, (heads, ("qk_nope_head_dim", "qk_rope_head_dim"))),
-            ShapeRule("q_b_proj.weight", 1, (("q_lora_rank",),)),
-        ]
-    else:
-        rules += [
-            ShapeRule("q_proj.weight", 0, (heads, ("qk_nope_head_dim", "qk_rope_head_dim"))),
-            ShapeRule("q_proj.weight", 1, (("hidden_size",),)),
-        ]
-    if layer in layout.indexer_layers:
-        rules += [
-            ShapeRule("indexer.wq_b.weight", 0, (("index_n_heads",), ("index_head_dim",))),
-            ShapeRule("indexer.wq_b.weight", 1, (("q_lora_rank",) if layout.q_lora_rank else ("hidden_size",),)),
-            ShapeRule("indexer.wk.weight", 0, (("index_head_dim",),)),
-            ShapeRule("indexer.wk.weight", 1, (("hidden_size",),)),
-            ShapeRule("indexer.weights_proj.weight", 0, (("index_n_heads",),)),
-            ShapeRule("indexer.weights_proj.weight", 1, (("hidden_size",),)),
-        ]
-    return rules
-
-
-def shape_mismatch(cfg: dict, layout: ModelLayout, layer: int, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """The first disagreement between the config and one layer's attention tensors, as one sentence
-    naming the field, the tensor and both numbers; None when they agree. `shapes`: suffix (after
-    'self_attn.') -> shape of the layer's tensors; absent ones are not checked here."""
-    rules = [r for r in shape_rules(layout, layer) if r.suffix in shapes and len(shapes[r.suffix]) == 2]
-    for rule in rules:
-        found = shapes[rule.suffix][rule.axis]
-        want = rule.value(cfg)
-        if found == want:
-            continue
-        what = ("rows", "columns")[rule.axis]
-        shape = list(shapes[rule.suffix])
-        # The one field whose change explains this tensor and keeps every other tensor right.
-        fits = {}
-        for field in rule.fields():
-            x = rule.solve(cfg, field, found)
-            if x is not None and all(
-                o.value(cfg | {field: x}) == shapes[o.suffix][o.axis] for o in rules if o is not rule
-            ):
-                fits[field] = x
-        head = f"{f'model.layers.{layer}.self_attn.{rule.suffix}'!r} {shape} has {found} {what}"
-        if len(fits) == 1:
-            (field, x) = next(iter(fits.items()))
-            return (
-                f"{field} is {cfg[field]}, but {head}: {rule.formula()} = {rule.formula(cfg)} = {want}; "
-                f"the tensor fits {field} {x}"
-            )
-        return f"{head}, but the config's {rule.formula()} = {rule.formula(cfg)} = {want}"
-    return None

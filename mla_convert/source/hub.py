@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CONFIG_NAME, INDEX_NAME, SINGLE_FILE_NAME
+from mla_convert.constants import CONFIG_NAME, MISTRAL_PARAMS_NAME
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
 from mla_runtime.safetensors_file import ShardHeader, file_digest
@@ -304,21 +304,26 @@ def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
     import json
 
     staging.mkdir(parents=True, exist_ok=True)
+    from mla_convert.source.model_config import read_model_config
+
     snapshot(repo, ignore_patterns=["*.safetensors"], local_dir=staging)
-    if not (staging / CONFIG_NAME).exists():
-        raise SourceError(f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME}")
-    index_path = staging / INDEX_NAME
+    if not (staging / CONFIG_NAME).exists() and not (staging / MISTRAL_PARAMS_NAME).exists():
+        raise SourceError(
+            f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME} (nor a {MISTRAL_PARAMS_NAME})"
+        )
+    model = read_model_config(staging)  # config.json, or Mistral's params.json next to its consolidated index
+    index_name, index_path = model.index_name, staging / model.index_name
     if index_path.exists():
         try:
             shards = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise SourceError(f"{repo.label(INDEX_NAME)}: no valid weight_map") from e
+            raise SourceError(f"{repo.label(index_name)}: no valid weight_map") from e
     else:
-        shards = [SINGLE_FILE_NAME]
+        shards = [model.single_file_name]
     headers = {}
     for rel in shards:
         if not isinstance(rel, str) or os.path.isabs(rel) or ".." in Path(rel).parts:
-            raise SourceError(f"{repo.label(INDEX_NAME)}: shard {rel!r} must be a relative path inside the repository")
+            raise SourceError(f"{repo.label(index_name)}: shard {rel!r} must be a relative path inside the repository")
         headers[rel] = remote_header(repo, rel, staging / rel)
     return headers
 

@@ -1,7 +1,8 @@
 """verify, source group (with --source): each converted tensor against the exact fp32 value of its
-source tensor (the dequant of a block-FP8 weight, the widening of a 16-bit one). A channel-FP8
-weight must stay within the FP8 bound with a scale no larger than its row allows, a bf16 weight
-must match bf16(exact) bit for bit, and a copied tensor must match the source bit for bit.
+source tensor (the dequant of a block-FP8 weight, the widening of a 16-bit one, the (code - 8) x
+scale of an INT4 one). A channel-FP8 weight must stay within the FP8 bound with a scale no larger
+than its row allows, a bf16 weight must match bf16(exact) bit for bit (for an INT4 source: one
+rounding of the exact product), and a copied tensor must match the source bit for bit.
 
 The source is read by offset, in row chunks (on a block boundary of a block-FP8 source), and
 compared chunk by chunk, so the working memory stays small."""
@@ -15,7 +16,7 @@ import torch
 
 from mla_convert.kernels import native
 from mla_convert.kernels.bits import identical, same_bits
-from mla_convert.kernels.numerics import block_scale_f32, dequantize_block_fp8, to_bf16
+from mla_convert.kernels.numerics import block_scale_f32, dequantize_block_fp8, dequantize_int4, to_bf16
 from mla_convert.verification.bounds import (
     BF16_REL,
     FP8_REL,
@@ -92,6 +93,24 @@ class SourceComparisons:
         self.out.verdict(
             bad, SOURCE, "bf16-exact", info.name, "bit-exact bf16(fp32 dequant of the source)", t.numel(), "differs: "
         )
+        self.out.stats(info.name, "bf16", stats)
+
+    def int4_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+        """A bf16 weight from an INT4 source: bit-exact bf16 of the exact product (code - 8) x scale
+        (exact in fp32), so within one bf16 rounding of it."""
+        stats, bad = ErrorStats(), Mismatches()
+        n, k = t.shape
+        for r0, r1 in row_chunks(n, k):
+            packed = self.reader.rows(job.source, r0, r1 - r0)
+            x = dequantize_int4(packed, self.reader.rows(job.source_scale, r0, r1 - r0), k, job.group_size)
+            want, got = to_bf16(x), t[r0:r1]
+            if not identical(got, want):
+                bad.add(got, want, ~same_bits(got, want), r0)
+            stats.add(got.float(), x, x.abs() * BF16_REL + 2.0**-133)
+        self.out.verdict(
+            bad, SOURCE, "int4-bf16-exact", info.name, "bit-exact bf16((code - 8) x scale) of the source INT4",
+            t.numel(), "differs: ",
+        )  # fmt: skip
         self.out.stats(info.name, "bf16", stats)
 
     def copy(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:

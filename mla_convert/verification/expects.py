@@ -8,14 +8,27 @@ plus the known extra buffers of real checkpoints that are present.
 
 from __future__ import annotations
 
-import re
+import math
 from dataclasses import dataclass
 
-from mla_convert.constants import BF16, CHANNEL_SCALE_SUFFIX, FLOAT_WEIGHT_DTYPES, FP8_E4M3
-from mla_convert.plan.ops import COPY, FP8_SCALE, TO_BF16, TO_FP8
+from mla_convert.constants import (
+    BF16,
+    CHANNEL_SCALE_SUFFIX,
+    FLOAT_WEIGHT_DTYPES,
+    FP8_E4M3,
+    INT4_PACKED,
+    INT4_PACKED_DTYPE,
+    INT4_SCALE,
+    INT4_SHAPE_DTYPES,
+    INT4_ZERO_POINT,
+)
+from mla_convert.constants import INT4_SHAPE as INT4_SHAPE_SUFFIX
+from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, TO_BF16, TO_FP8
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import module_of
 from mla_convert.source.family import FP8_LINEAR, OTHER, ModelLayout, extra_buffer_layer, implied_tensors
+from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
+from mla_convert.verification.quant_config import FP8, INT4, claimed, int4_group_size
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 
@@ -24,70 +37,100 @@ class Expect:
     """One tensor the converted model must hold."""
 
     name: str
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight) or FP8_SCALE
-    dtype: str | None  # safetensors dtype; None: any of FLOAT_WEIGHT_DTYPES
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight), FP8_SCALE, the INT4 ops
+    dtype: str | tuple[str, ...] | None  # safetensors dtype (or one of several); None: any of FLOAT_WEIGHT_DTYPES
     shape: tuple[int, ...]
     kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
     source: str | None = None  # with --source: the source tensor it derives from
     file: str | None = None  # with --source: the output shard the plan puts it in
 
+    def dtypes(self) -> tuple[str, ...]:
+        if self.dtype is None:
+            return FLOAT_WEIGHT_DTYPES
+        return self.dtype if isinstance(self.dtype, tuple) else (self.dtype,)
+
     def admits(self, info: TensorInfo) -> bool:
         """The header's dtype and shape are the expected ones."""
-        dtype_ok = info.dtype in FLOAT_WEIGHT_DTYPES if self.dtype is None else info.dtype == self.dtype
-        return dtype_ok and info.shape == self.shape
+        return info.dtype in self.dtypes() and info.shape == self.shape
 
     def describe(self) -> str:
-        return f"{self.dtype or '/'.join(FLOAT_WEIGHT_DTYPES)}{list(self.shape)}"
+        return f"{'/'.join(self.dtypes())}{list(self.shape)}"
 
 
-def ct_ignored(module: str, ignore: list[str]) -> bool:
-    """compressed-tensors semantics: 're:PATTERN' entries match with re.match, others by exact name."""
-    for entry in ignore:
-        if entry.startswith("re:"):
-            try:
-                if re.match(entry[3:], module):
-                    return True
-            except re.error:
-                continue
-        elif entry == module:
-            return True
-    return False
-
-
-def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Expect]:
+def expects_from_config(cfg: dict, fmt: str, qc: dict | None, names: TensorNames = DEEPSEEK_NAMES) -> dict[str, Expect]:
+    """What the family member's text config `cfg` implies for the output format, by the
+    checkpoint's own names; a channel-FP8 output's linears as its quantization_config `qc` claims
+    them (verification.quant_config): channel FP8, kept INT4, or 16-bit."""
     out: dict[str, Expect] = {}
-    for name, (shape, kind) in implied_tensors(cfg).items():
+    for deepseek, (shape, kind) in implied_tensors(cfg).items():
+        name = names.from_deepseek(deepseek)
         module = module_of(name)
+        scheme = claimed(names.config_module(module), qc) if kind == FP8_LINEAR and fmt != BF16 and qc else None
         if kind != FP8_LINEAR:
             out[name] = Expect(name, COPY, None, shape, kind)
-        elif fmt == BF16 or ct_ignored(module, ignore):
-            out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
-        else:
+        elif scheme == INT4:
+            out |= _int4_expects(module, shape, *(int4_group_size(qc) or (None, True)))
+        elif scheme == FP8:
             out[name] = Expect(name, TO_FP8, FP8_E4M3, shape, kind)
             scale = module + CHANNEL_SCALE_SUFFIX
             out[scale] = Expect(scale, FP8_SCALE, "F32", (shape[0], 1), kind)
+        else:
+            out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
     return out
 
 
-def extra_buffer_expects(cfg: dict, headers: dict[str, ShardHeader], expects: dict[str, Expect]) -> dict[str, Expect]:
+def _int4_expects(module: str, shape: tuple[int, ...], group_size: int | None, symmetric: bool) -> dict[str, Expect]:
+    """An INT4 linear kept as the source has it: its packed codes, scales, shape (zero points)."""
+    (n, k), per = shape, group_size or shape[1]
+    parts = [
+        (INT4_PACKED, COPY, INT4_PACKED_DTYPE, (n, math.ceil(k / 8))),
+        (INT4_SCALE, COPY, None, (n, k // per)),
+        (INT4_SHAPE_SUFFIX, INT4_SHAPE, INT4_SHAPE_DTYPES, (2,)),
+    ]
+    if not symmetric:
+        parts.append((INT4_ZERO_POINT, COPY, INT4_PACKED_DTYPE, (math.ceil(n / 8), k // per)))
+    return {f"{module}.{p}": Expect(f"{module}.{p}", op, dtype, s, FP8_LINEAR) for p, op, dtype, s in parts}
+
+
+def extra_buffer_expects(
+    cfg: dict, headers: dict[str, ShardHeader], expects: dict[str, Expect], names: TensorNames = DEEPSEEK_NAMES
+) -> dict[str, Expect]:
     """Known extra buffers of real checkpoints (a layer's rotary inv_freq) that the shard `headers`
     hold and `expects` lacks: copied 1-D tensors of any length, for the layers the config has."""
     layers = ModelLayout.of(cfg).all_layers
     out: dict[str, Expect] = {}
     for hd in headers.values():
         for name, info in hd.tensors.items():
-            layer = extra_buffer_layer(name)
+            deepseek = names.to_deepseek(name)
+            layer = extra_buffer_layer(deepseek) if deepseek else None
             if layer is not None and layer < layers and len(info.shape) == 1 and name not in expects:
                 out.setdefault(name, Expect(name, COPY, None, info.shape))
     return out
 
 
+def other_part_expects(names: TensorNames, headers: dict[str, ShardHeader], has_vision: bool) -> dict[str, Expect]:
+    """The tensors of another part of the model (a vision tower or encoder) that the config
+    declares: copies, each as its header says (their values are still checked)."""
+    if not has_vision:
+        return {}
+    return {
+        name: Expect(name, COPY, info.dtype, info.shape)
+        for hd in headers.values()
+        for name, info in hd.tensors.items()
+        if names.is_extra(name)
+    }
+
+
 def expects_from_plan(plan: Plan) -> dict[str, Expect]:
     kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
+    names = plan.source.names
+
+    def kind(name: str) -> str:
+        deepseek = names.to_deepseek(f"{module_of(name)}.weight")
+        return kinds.get(deepseek, OTHER) if deepseek else OTHER
+
     return {
-        t.name: Expect(
-            t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file
-        )
+        t.name: Expect(t.name, t.op, t.dtype, t.shape, kind(t.name), t.source, job.file)
         for job in plan.shards
         for t in job.tensors
     }

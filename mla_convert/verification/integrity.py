@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from mla_convert.constants import COMPLETE, CONFIG_NAME, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.constants import COMPLETE, MANIFEST_NAME, MLA_DIR_NAME
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, Tally
@@ -21,7 +21,8 @@ from mla_runtime.format import MlaManifest, layer_file_name
 def check_source_identity(
     root: Path, src: SourceCheckpoint, plan: Plan, fingerprint: str, manifest: dict, tally: Tally
 ) -> None:
-    """The output was converted from this source, and its config.json is what the source implies."""
+    """The output was converted from this source, and its config (config.json, or params.json) is
+    what the source implies."""
     tally.expect(
         src.fingerprint() == fingerprint,
         SOURCE,
@@ -31,7 +32,7 @@ def check_source_identity(
         found=fingerprint,
     )
     try:
-        config = json.loads((root / CONFIG_NAME).read_text())
+        config = json.loads((root / plan.config_name).read_text())
     except (OSError, ValueError):
         return  # reported by the structure checks
     keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
@@ -39,7 +40,7 @@ def check_source_identity(
         not keys,
         SOURCE,
         "config",
-        CONFIG_NAME,
+        plan.config_name,
         expected="the source's config with the conversion's quantization_config",
         found=f"differs in {keys}",
     )

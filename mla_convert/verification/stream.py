@@ -19,7 +19,7 @@ import torch
 
 from mla_convert.io.read_ahead import will_need
 from mla_convert.io.tensors import TORCH_DTYPES
-from mla_convert.plan.ops import CHANNEL_FP8_OPS, COPY, FP8_SCALE, TO_BF16
+from mla_convert.plan.ops import CHANNEL_FP8_OPS, COPY_OPS, FP8_SCALE, INT4_TO_BF16, TO_BF16
 from mla_convert.verification.against_source import SourceComparisons
 from mla_convert.verification.buffers import Lease, ReadBuffers, thread_buffers
 from mla_convert.verification.mla import MlaChecks
@@ -171,7 +171,9 @@ class _FileChecks:
                     self._drop(w_info.name)
         elif job.op == TO_BF16 and job.source is not None:
             self.source.bf16(info, t, job)
-        elif job.op == COPY and job.source is not None:
+        elif job.op == INT4_TO_BF16 and job.source is not None:
+            self.source.int4_bf16(info, t, job)
+        elif job.op in COPY_OPS and job.source is not None:
             self.source.copy(info, t, job)
         return False
 

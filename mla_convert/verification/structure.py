@@ -12,22 +12,35 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import BF16, CHANNEL_FP8, CHANNEL_SCALE_SUFFIX, CONFIG_NAME, FP8_E4M3, INDEX_NAME
+from mla_convert.constants import (
+    BF16,
+    CHANNEL_FP8,
+    CHANNEL_SCALE_SUFFIX,
+    CONFIG_NAME,
+    FP8_E4M3,
+    INDEX_NAME,
+    INT4_PACKED,
+    MISTRAL_INDEX_NAME,
+)
 from mla_convert.errors import SourceError
 from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import module_of
 from mla_convert.source.family import FP8_LINEAR, LINEAR, SUPPORTED_ARCHITECTURES, FamilyError, ModelLayout
+from mla_convert.source.mistral import is_mistral_dir
+from mla_convert.source.model_config import ModelConfig, read_model_config
+from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 from mla_convert.verification.expects import (
     Expect,
-    ct_ignored,
     expects_from_config,
     expects_from_plan,
     extra_buffer_expects,
+    other_part_expects,
 )
 from mla_convert.verification.mla_manifest import check_mla_manifest
+from mla_convert.verification.quant_config import FP8, IGNORED, INT4, claimed, config_problems
 from mla_convert.verification.report import STRUCTURE, Tally
-from mla_runtime.format import MlaDims, MlaManifest
+from mla_runtime.format import MlaDims, MlaManifest, kv_b_layer_index
 from mla_runtime.safetensors_file import ShardHeader
 
 
@@ -35,7 +48,10 @@ from mla_runtime.safetensors_file import ShardHeader
 class Structure:
     """What the header pass learned; the streaming pass works from it."""
 
-    config: dict | None = None
+    config: dict | None = None  # the text model's config in config.json's names
+    model: ModelConfig | None = None  # how the directory describes the model (its config file, names)
+    names: TensorNames = DEEPSEEK_NAMES
+    index_name: str = INDEX_NAME
     dims: MlaDims | None = None
     weight_map: dict[str, str] = field(default_factory=dict)
     headers: dict[str, ShardHeader] = field(default_factory=dict)  # model shards that parsed
@@ -48,27 +64,34 @@ class Structure:
 def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Structure:
     """Run every header-only check, recording results in `tally`; return what the data pass needs."""
     lay = Structure()
-    lay.config = _check_config(root, fmt, tally)
+    lay.model = _check_config(root, fmt, tally)
+    if lay.model is not None:
+        lay.config, lay.names, lay.index_name = lay.model.text, lay.model.names, lay.model.index_name
+    elif is_mistral_dir(root):
+        lay.index_name = MISTRAL_INDEX_NAME
     _check_index(root, lay, tally)
     if lay.config is None:
         return lay
+    config_file = lay.model.file
     lay.dims = MlaDims.from_model_config(lay.config)
     try:
         if plan is not None:
             lay.expects = expects_from_plan(plan)
         else:
-            ignore = (lay.config.get("quantization_config") or {}).get("ignore") or []
-            lay.expects = expects_from_config(lay.config, fmt, [str(x) for x in ignore])
-            lay.expects |= extra_buffer_expects(lay.config, lay.headers, lay.expects)
+            lay.expects = expects_from_config(lay.config, fmt, lay.model.quantization, lay.names)
+            lay.expects |= extra_buffer_expects(lay.config, lay.headers, lay.expects, lay.names)
+            lay.expects |= other_part_expects(lay.names, lay.headers, lay.model.vision)
     except (KeyError, TypeError, FamilyError) as e:
         tally.fail(
-            STRUCTURE, "config", CONFIG_NAME, expected="every dimension of its architecture", found=f"missing {e}"
+            STRUCTURE, "config", config_file, expected="every dimension of its architecture", found=f"missing {e}"
         )
         return lay
     _check_tensor_set(lay, tally)
     if fmt == CHANNEL_FP8:
         _check_quantized_modules(lay, tally)
-    lay.mla_layers = sorted(int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight"))
+    lay.mla_layers = sorted(
+        i for n in lay.expects if (d := lay.names.to_deepseek(n)) and (i := kv_b_layer_index(d)) is not None
+    )
     lay.mla_manifest, lay.mla_headers = check_mla_manifest(root, lay.dims, lay.mla_layers, fmt, fingerprint, tally)
     return lay
 
@@ -88,81 +111,62 @@ def _load_json(root: Path, rel: str, check: str, what: str, tally: Tally) -> obj
     return _UNREADABLE
 
 
-def _check_config(root: Path, fmt: str, tally: Tally) -> dict | None:
-    cfg = _load_json(root, CONFIG_NAME, "config", "config.json", tally)
-    if cfg is _UNREADABLE:
+def _check_config(root: Path, fmt: str, tally: Tally) -> ModelConfig | None:
+    """The directory's model description (config.json, nested, or params.json): a supported
+    architecture with its dims, and the quantization_config the format implies."""
+    try:
+        model = read_model_config(root)
+    except SourceError as e:
+        name = CONFIG_NAME if not is_mistral_dir(root) else "params.json"
+        missing = not (root / name).exists()
+        found = "missing" if missing else str(e).replace(f"{root / name}: ", "")
+        tally.fail(STRUCTURE, "config", name, expected=name if missing else "valid JSON", found=found)
         return None
-    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
     if not tally.expect(
-        isinstance(archs, list) and any(a in SUPPORTED_ARCHITECTURES for a in archs),
+        model.architecture in SUPPORTED_ARCHITECTURES,
         STRUCTURE,
         "config",
-        CONFIG_NAME,
+        model.file,
         expected=f"architectures containing one of {', '.join(SUPPORTED_ARCHITECTURES)}",
-        found=repr(archs),
+        found=repr(model.raw.get("architectures")),
     ):
         return None
     try:
-        ModelLayout.of(cfg)
-        problem = None if isinstance(cfg.get("vocab_size"), int) else "config lacks integer vocab_size"
+        ModelLayout.of(model.text)
+        problem = None if isinstance(model.text.get("vocab_size"), int) else "config lacks integer vocab_size"
     except FamilyError as e:
-        problem = str(e)
+        problem = f"{model.where()}{e}"
     if not tally.expect(
-        problem is None, STRUCTURE, "config", CONFIG_NAME, expected="integer MLA and model dims", found=problem
+        problem is None, STRUCTURE, "config", model.file, expected="integer MLA and model dims", found=problem
     ):
         return None
-    qc = cfg.get("quantization_config")
+    qc = model.quantization
     if fmt == BF16:
         tally.expect(
-            qc is None,
+            not model.quant_at,
             STRUCTURE,
             "quantization_config",
-            CONFIG_NAME,
+            model.file,
             expected="none (bf16 output)",
             found=repr(qc)[:200],
         )
-        return cfg
-    problems = _channel_fp8_config_problems(qc)
+        return model
+    problems = config_problems(qc)
     tally.expect(
         not problems,
         STRUCTURE,
         "quantization_config",
-        CONFIG_NAME,
-        expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations",
+        model.file,
+        expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations"
+        " (and an INT4 source's pack-quantized group)",
         found="; ".join(problems),
     )
-    return cfg
-
-
-def _channel_fp8_config_problems(qc) -> list[str]:
-    if not isinstance(qc, dict):
-        return [f"quantization_config is {qc!r}"]
-    out = []
-    if qc.get("quant_method") != "compressed-tensors":
-        out.append(f"quant_method {qc.get('quant_method')!r}")
-    if qc.get("format") != "float-quantized":
-        out.append(f"format {qc.get('format')!r}")
-    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-    if not groups:
-        out.append("no config_groups")
-    for g in groups:
-        w, a = g.get("weights") or {}, g.get("input_activations") or {}
-        want_w = {"type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False, "symmetric": True}
-        want_a = {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True}
-        out += [f"weights.{k} {w.get(k)!r}" for k, val in want_w.items() if w.get(k) != val]
-        out += [f"input_activations.{k} {a.get(k)!r}" for k, val in want_a.items() if a.get(k) != val]
-        if "Linear" not in (g.get("targets") or []):
-            out.append(f"targets {g.get('targets')!r} lack 'Linear'")
-    if not isinstance(qc.get("ignore", []), list):
-        out.append("ignore is not a list")
-    if "fp8_dtype_flavor" in qc:  # the weights are float8_e4m3fn for every target; only the range differs
-        out.append(f"fp8_dtype_flavor {qc['fp8_dtype_flavor']!r} claims another encoding than float8_e4m3fn")
-    return out
+    return model
 
 
 def _check_index(root: Path, lay: Structure, tally: Tally) -> None:
     """The index and the shard headers agree exactly; headers are sane; total_size is right."""
-    index = _read_index(root, tally)
+    index = _read_index(root, lay.index_name, tally)
     if index is None:
         return
     lay.weight_map = index["weight_map"]
@@ -172,18 +176,18 @@ def _check_index(root: Path, lay: Structure, tally: Tally) -> None:
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
     actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
     if len(lay.headers) == len(set(lay.weight_map.values())):
-        tally.expect(total == actual, STRUCTURE, "total_size", INDEX_NAME, expected=actual, found=total)
+        tally.expect(total == actual, STRUCTURE, "total_size", lay.index_name, expected=actual, found=total)
 
 
-def _read_index(root: Path, tally: Tally) -> dict | None:
+def _read_index(root: Path, index_name: str, tally: Tally) -> dict | None:
     """The safetensors index, if it parses and has a weight_map of tensor -> file name."""
-    index = _load_json(root, INDEX_NAME, "index", "the safetensors index", tally)
+    index = _load_json(root, index_name, "index", "the safetensors index", tally)
     if index is _UNREADABLE:
         return None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         tally.fail(
-            STRUCTURE, "index", INDEX_NAME, expected="a weight_map of tensor -> file name", found=repr(weight_map)[:200]
+            STRUCTURE, "index", index_name, expected="a weight_map of tensor -> file name", found=repr(weight_map)[:200]
         )
         return None
     return index
@@ -194,7 +198,7 @@ def _read_shard_headers(root: Path, lay: Structure, tally: Tally) -> None:
     for rel in sorted(set(lay.weight_map.values())):
         if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
             tally.fail(
-                STRUCTURE, "index", INDEX_NAME, expected="shard file names inside the directory", found=repr(rel)
+                STRUCTURE, "index", lay.index_name, expected="shard file names inside the directory", found=repr(rel)
             )
             continue
         try:
@@ -268,43 +272,59 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
         )
     for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
         if name not in lay.expects:
-            why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else "not implied by config.json"
+            why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else f"not implied by {lay.model.file}"
             tally.fail(
                 STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why
             )
 
 
 def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
-    """quantization_config agrees with the tensors: a linear it quantizes holds an FP8 weight and a
-    channel scale; a linear it ignores holds neither."""
-    ignore = [str(x) for x in ((lay.config.get("quantization_config") or {}).get("ignore") or [])]
-    modules = {module_of(n) for n, e in lay.expects.items() if e.kind in (FP8_LINEAR, LINEAR) and n.endswith(".weight")}
+    """quantization_config agrees with the tensors: a linear it gives channel FP8 holds an FP8
+    weight and a channel scale, one it gives the INT4 group holds packed INT4 tensors, one it
+    ignores holds a 16-bit weight; an ignore entry by name names a linear."""
+    qc = lay.model.quantization or {}
+    ignore = [str(x) for x in (qc.get("ignore") or [])]
+    modules = {
+        module_of(n)
+        for n, e in lay.expects.items()
+        if e.kind in (FP8_LINEAR, LINEAR) and n.endswith((".weight", f".{INT4_PACKED}"))
+    }
+    served = {lay.names.config_module(m) for m in modules}
     for module in sorted(modules):
-        w = _info(lay, f"{module}.weight")
-        if w is None:
+        actual = _stored_scheme(lay, module)
+        if actual is None:
             continue  # missing: reported by the tensor set check
-        actual = w.dtype == FP8_E4M3 and _info(lay, module + CHANNEL_SCALE_SUFFIX) is not None
-        claimed = not ct_ignored(module, ignore)
+        said = claimed(lay.names.config_module(module), qc)
         tally.expect(
-            claimed == actual,
+            said == actual,
             STRUCTURE,
             "quantization_config",
-            CONFIG_NAME,
+            lay.model.file,
             module,
-            expected=f"{'quantized' if actual else 'in the ignore list'} (weight is {w.dtype})",
-            found="quantized per quantization_config" if claimed else "in the ignore list",
+            expected=f"{actual} as stored",
+            found=f"{said} per quantization_config",
         )
     for entry in ignore:
         if not entry.startswith("re:"):
             tally.expect(
-                entry in modules,
+                entry in served,
                 STRUCTURE,
                 "quantization_config",
-                CONFIG_NAME,
+                lay.model.file,
                 entry,
                 expected="ignore entries that name linear modules",
                 found="no such module",
             )
+
+
+def _stored_scheme(lay: Structure, module: str) -> str | None:
+    """FP8, INT4 or IGNORED (16-bit) as the headers hold `module`; None when it is missing."""
+    if _info(lay, f"{module}.{INT4_PACKED}") is not None:
+        return INT4
+    w = _info(lay, f"{module}.weight")
+    if w is None:
+        return None
+    return FP8 if w.dtype == FP8_E4M3 and _info(lay, module + CHANNEL_SCALE_SUFFIX) is not None else IGNORED
 
 
 def _info(lay: Structure, name: str):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mla_convert.constants import CHANNEL_SCALE_SUFFIX, MLA_DIR_NAME, SIGNED_ZERO
-from mla_convert.plan.ops import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8
+from mla_convert.plan.ops import CHANNEL_FP8_OPS, FP8_SCALE, INT4_TO_BF16, TO_BF16, TO_FP8
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_convert.verification.report import Tally
@@ -30,8 +30,9 @@ class TensorJob:
     op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE
     scale: Ref | None = None  # channel FP8: its channel scale, when it does not follow it in this file
     scale_name: str | None = None  # channel FP8: the name of its channel scale
-    source: Ref | None = None  # with --source: the source tensor
-    source_scale: Ref | None = None  # with --source, block-FP8 sources: the block scale_inv
+    source: Ref | None = None  # with --source: the source tensor (an INT4 weight's weight_packed)
+    source_scale: Ref | None = None  # with --source, block-FP8 sources: the block scale (INT4: its scales)
+    group_size: int | None = None  # with --source, INT4_TO_BF16: columns per scale
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,20 @@ def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None) -
         return None
     exp = lay.expects[name]
     scale_name = name.rsplit(".", 1)[0] + CHANNEL_SCALE_SUFFIX if exp.op in CHANNEL_FP8_OPS else None
-    source = source_scale = None
+    source = source_scale = group = None
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
         source = _src_ref(src, exp.source)
         if exp.op in (TO_FP8, TO_BF16):
             source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
-    return TensorJob(exp.op, _out_ref(lay, scale_name) if scale_name else None, scale_name, source, source_scale)
+        if exp.op == INT4_TO_BF16:
+            w = src.int4[exp.source.rsplit(".", 1)[0]]
+            source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
+    scale = _out_ref(lay, scale_name) if scale_name else None
+    return TensorJob(exp.op, scale, scale_name, source, source_scale, group)
 
 
 def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None) -> MlaJob:
-    kv_b = kv_b_name(layer)
+    kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)

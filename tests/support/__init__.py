@@ -7,7 +7,8 @@ Where things live, and how a test gets them:
   `fake_hub` fixture (a started hub, `huggingface_hub` pointed at it, stopped afterwards);
   tests of the hub itself may also build one (`from support.fake_hub import FakeHub`).
 - `reference.py`: the slow, obviously correct numerics (`dequant_block`, `decode_e8m0`,
-  `channel_fp8`, `seed_split`, `gaudi_load_time_channel_fp8`, `e4m3_error_bound`, `same_bits`).
+  `channel_fp8`, `seed_split`, `gaudi_load_time_channel_fp8`, `e4m3_error_bound`, `same_bits`,
+  `int4_dequant`).
   Tests take the `reference` fixture (this module) and call `reference.dequant_block(...)` and so on.
 - `checkpoints.py`: `load_json`, `load_all` (every tensor of a sharded checkpoint) and
   `tree_hashes` (sha256 of every file under a directory), each a fixture of the same name;

@@ -85,3 +85,22 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def int4_dequant(packed: torch.Tensor, scale: torch.Tensor, cols: int) -> torch.Tensor:
+    """Pack-quantized INT4 element by element, from the format's definition: column j of row i is
+    nibble j % 8 of int32 word j // 8 (the lowest nibble the lowest column), stored as value + 8;
+    its value times scale[i, j // (cols / scale columns)], in float64 (exact), returned in float32."""
+    rows, groups = scale.shape[0], scale.shape[1]
+    per = cols // groups
+    words = packed.tolist()
+    scales = scale.double().tolist()
+    out = []
+    for i in range(rows):
+        row = []
+        for j in range(cols):
+            word = words[i][j // 8] & 0xFFFFFFFF  # as an unsigned 32-bit pattern
+            code = (word >> (4 * (j % 8))) & 0xF
+            row.append((code - 8) * scales[i][j // per])
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64).to(torch.float32)

@@ -5,7 +5,9 @@
 Writes OUT_DIR/result.json (greedy token ids per prompt, the top LOGPROBS log-probabilities of each
 generated token, the plugin's summary in this process) and
 OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them; rank r > 0
-prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND. Run in a
+prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND,
+MLA_TEST_SKIP_TOKENIZER=1 (token ids in and out only: a model whose tokenizer the engine cannot
+build, e.g. a tiny Mistral-native one with a stand-in tekken.json). Run in a
 subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
 leak between runs. Not a test module: the vLLM tests drive it through `run_engine_process` and
 `engine_env` below, and import its PROMPTS and MAX_TOKENS (this module imports nothing beyond the
@@ -73,8 +75,10 @@ def main(model_dir: str, out_dir: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    no_tokenizer = os.environ.get("MLA_TEST_SKIP_TOKENIZER") == "1"
     llm = LLM(
         model=model_dir, dtype=os.environ.get("MLA_TEST_DTYPE", "bfloat16"), enforce_eager=True,
+        skip_tokenizer_init=no_tokenizer,
         max_model_len=128, max_num_seqs=4, seed=0, trust_remote_code=False,
         tensor_parallel_size=int(os.environ.get("MLA_TEST_TP", "1")),
         # The reference CPU MLA backend keeps W_UK_T / W_UV on the layer. On an AMX machine vLLM would
@@ -85,7 +89,8 @@ def main(model_dir: str, out_dir: str) -> None:
         # native PyTorch path is right, so the comparison with transformers uses that.
         compilation_config={"custom_ops": ["all", "-rotary_embedding"]},
     )  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS,
+                            detokenize=not no_tokenizer)  # fmt: skip
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     # per prompt, per generated token: {token id: logprob} of the top LOGPROBS (and the chosen one)

@@ -75,9 +75,10 @@ def quant_config_from(quantization_config: dict | None):
 def build_and_load(model_dir: str | Path | None, quantization_config: dict | None,
                    kv_b: dict[int, dict[str, torch.Tensor]], shape: MlaShape, *, tp_rank: int = 0,
                    tp_size: int = 1, act_dtype: torch.dtype = torch.bfloat16,
-                   device: str | torch.device = "cpu") -> LoadedModel:  # fmt: skip
+                   device: str | torch.device = "cpu", prefix: str = "model") -> LoadedModel:  # fmt: skip
     """Steps 1-5 of the module docstring for the layers in `kv_b` ({layer: {tensor suffix: full
-    checkpoint tensor}}, e.g. {"weight": ..., "weight_scale_inv": ...})."""
+    checkpoint tensor}}, e.g. {"weight": ..., "weight_scale_inv": ...}). `prefix`: the text model's
+    module path (vLLM's `language_model.model` inside a multimodal wrapper)."""
     from vllm_gaudi.attention.oot_mla import HPUMLAAttention
     from vllm_gaudi.extension.runtime import get_config
     from vllm_gaudi.v1.worker.hpu_model_runner import HPUModelRunner
@@ -98,17 +99,17 @@ def build_and_load(model_dir: str | Path | None, quantization_config: dict | Non
     per_head = shape.qk_nope_head_dim + shape.v_head_dim
     with torch.device(device):
         for index in sorted(kv_b):
-            prefix = f"model.layers.{index}.self_attn"
+            attn = f"{prefix}.layers.{index}.self_attn"
             block = nn.Module()
             block.kv_b_proj = ColumnParallelLinear(
                 shape.kv_lora_rank, shape.num_heads * per_head, quant_config=quant_config,
-                prefix=f"{prefix}.kv_b_proj", params_dtype=act_dtype, tp_rank=tp_rank, tp_size=tp_size,
+                prefix=f"{attn}.kv_b_proj", params_dtype=act_dtype, tp_rank=tp_rank, tp_size=tp_size,
             )  # fmt: skip
             block.attn = HPUMLAAttention(
                 num_heads=shape.num_heads // tp_size, scale=1.0, qk_nope_head_dim=shape.qk_nope_head_dim,
                 qk_rope_head_dim=shape.qk_rope_head_dim, v_head_dim=shape.v_head_dim, q_lora_rank=None,
                 kv_lora_rank=shape.kv_lora_rank, kv_b_proj=block.kv_b_proj, quant_config=quant_config,
-                prefix=f"{prefix}.attn", vllm_config=vllm_config,
+                prefix=f"{attn}.attn", vllm_config=vllm_config,
             )  # fmt: skip
             model.layers.append(block)
             layers[index] = block.attn

@@ -92,6 +92,7 @@ class ColumnParallelLinear(LinearBase):
         if output_size % tp_size:
             raise ValueError(f"{output_size} output rows do not split between {tp_size} ranks")
         self.prefix = prefix
+        self.quant_config = quant_config
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.input_size_per_partition = input_size
         self.output_size_per_partition = output_size // tp_size

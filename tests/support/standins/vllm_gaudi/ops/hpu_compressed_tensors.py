@@ -1,13 +1,18 @@
 """Stand-in for vllm_gaudi/ops/hpu_compressed_tensors.py, for compressed-tensors checkpoints with
-channel-FP8 weights (this tool's default output):
+channel-FP8 weights (this tool's default output) or block-FP8 ones (Mistral-Large-3's FP8_BLOCK):
 
 - `HPUCompressedTensorsConfig`: `from_config` (the Gaudi2 `fp8_dtype_flavor` check) and
   `get_quant_method` (a KV-cache method for MLA attention layers, the HPU linear method for
   quantized linears, unquantized for ignored ones). The parsing it inherits from upstream's
-  CompressedTensorsConfig is reduced to what channel FP8 needs;
+  CompressedTensorsConfig keeps every group's targets (a target -> scheme map) and upstream's
+  matching order (`find_matched_target`: ignore first, a name or `re:` target, then a class-name
+  target such as "Linear"), reduced to what an MLA layer's kv_b_proj needs;
 - `HPUCompressedTensorsLinearMethod` and the `HPUCompressedTensorsW8A8Fp8` scheme it installs:
-  parameters (Gaudi2 loader wrapper), `process_weights_after_loading` (weight stored transposed),
-  `apply_weights` (the FP8 GEMM that upstream's identity-matrix dequant runs through);
+  parameters (Gaudi2 loader wrapper; a float32 block-scale grid for the block strategy),
+  `process_weights_after_loading` (channel: weight stored transposed; block: `weight_scale`
+  aliased to `weight_scale_inv`, then `fp8_block_linear_postprocess_weights`, which requantizes to
+  channel FP8 under VLLM_HPU_FORCE_CHANNEL_FP8), `apply_weights` (the FP8 GEMM that upstream's
+  identity-matrix dequant runs through);
 - `HPUCompressedTensorsKVCacheMethodForMLA.process_weights_after_loading`, which deletes the layer's
   `_k_scale` / `_v_scale` / `_q_scale` before the MLA layer's own method runs.
 """
@@ -21,20 +26,33 @@ from torch import nn
 from vllm_upstream import BaseKVCacheMethod, LinearBase, MLAAttention, QuantizeMethodBase, UnquantizedLinearMethod
 
 import vllm_gaudi.extension.ops as hpu_ops
+from vllm_gaudi import envs
 from vllm_gaudi.extension.runtime import get_config
 
 GAUDI2_NATIVE_FP8_FORMAT = "float8_e4m3fnuz"
 
 
-class HPUCompressedTensorsW8A8Fp8:
-    """Channel strategy only (`strategy: channel`, dynamic per-token activations)."""
+def _hpu_weight_scale_alias(layer: nn.Module, scale_name: str, hpu_scale_name: str) -> None:
+    """Register the layer's `scale_name` also as `hpu_scale_name` (block quantization: HPU ops read
+    `weight_scale_inv`), unless that exists already."""
+    if hasattr(layer, hpu_scale_name) or not hasattr(layer, scale_name):
+        return
+    scale = getattr(layer, scale_name)
+    scale = scale.data if isinstance(scale, nn.Parameter) else scale
+    layer.register_parameter(hpu_scale_name, nn.Parameter(scale, requires_grad=False))
 
-    def __init__(self, strategy: str, is_static_input_scheme: bool = False):
-        if strategy != "channel" or is_static_input_scheme:
-            raise NotImplementedError("stand-in: channel FP8 weights with dynamic activations only")
+
+class HPUCompressedTensorsW8A8Fp8:
+    """Channel or block strategy (`strategy: channel` / `block` with its `block_structure`),
+    dynamic activations."""
+
+    def __init__(self, strategy: str, is_static_input_scheme: bool = False, weight_quant: dict | None = None):
+        if strategy not in ("channel", "block") or is_static_input_scheme:
+            raise NotImplementedError("stand-in: channel or block FP8 weights with dynamic activations only")
         self.strategy = strategy
         self.is_static_input_scheme = is_static_input_scheme
-        self.weight_block_size = None
+        self.weight_quant = weight_quant or {}
+        self.weight_block_size = self.weight_quant.get("block_structure") if strategy == "block" else None
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, weight_loader=None, **_):  # fmt: skip
@@ -50,11 +68,22 @@ class HPUCompressedTensorsW8A8Fp8:
                               requires_grad=False)  # fmt: skip
         weight.output_dim, weight.weight_loader = 0, weight_loader
         layer.register_parameter("weight", weight)
-        scale = nn.Parameter(torch.full((rows, 1), torch.finfo(torch.float32).min), requires_grad=False)
+        if self.strategy == "block":  # BlockQuantScaleParameter: float32, one per block
+            layer.weight_block_size = self.weight_block_size
+            bn, bk = self.weight_block_size
+            shape = ((rows + bn - 1) // bn, (input_size_per_partition + bk - 1) // bk)
+        else:
+            shape = (rows, 1)
+        scale = nn.Parameter(torch.full(shape, torch.finfo(torch.float32).min), requires_grad=False)
         scale.output_dim, scale.weight_loader = 0, weight_loader
         layer.register_parameter("weight_scale", scale)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.strategy == "block":  # "Needed for models like Mistral-Large-3-675B"
+            _hpu_weight_scale_alias(layer, "weight_scale", "weight_scale_inv")
+            layer.quant_config.weight_block_size = self.weight_block_size
+            hpu_ops.fp8_block_linear_postprocess_weights(layer, envs.VLLM_HPU_FORCE_CHANNEL_FP8)
+            return
         layer.weight_scale = nn.Parameter(layer.weight_scale.data, requires_grad=False)
         layer.weight = nn.Parameter(layer.weight.t(), requires_grad=False)  # [K, N], a transposed view
         layer.input_scale = None
@@ -149,12 +178,16 @@ def _ignored(prefix: str, ignore: list[str]) -> bool:
     return False
 
 
+def _is_equal_or_regex_match(name: str, target: str) -> bool:
+    return re.match(target[3:], name) is not None if target.startswith("re:") else name == target
+
+
 class HPUCompressedTensorsConfig:
-    def __init__(self, ignore: list[str], weights: dict, input_activations: dict | None):
+    def __init__(self, ignore: list[str], target_scheme_map: dict[str, dict]):
         self.ignore = list(ignore)
-        self.weights = weights
-        self.input_activations = input_activations or {}
+        self.target_scheme_map = target_scheme_map  # target -> {"weights", "input_activations"}, in group order
         self.kv_cache_scheme = None
+        self.weight_block_size = None  # set by a block scheme's process_weights_after_loading
 
     @classmethod
     def _update_scale_adjustment_if_needed(cls, config: dict) -> None:
@@ -168,20 +201,35 @@ class HPUCompressedTensorsConfig:
     @classmethod
     def from_config(cls, config: dict) -> HPUCompressedTensorsConfig:
         cls._update_scale_adjustment_if_needed(config)
-        groups = list(config.get("config_groups", {}).values())
-        if len(groups) != 1:
-            raise NotImplementedError("stand-in: one config group")
-        return cls(config.get("ignore", []), groups[0]["weights"], groups[0].get("input_activations"))
+        # Upstream's _quantization_scheme_map_from_config: every group's targets in order; a target
+        # listed by two groups takes the later group's scheme.
+        target_scheme_map = {}
+        for group in config.get("config_groups", {}).values():
+            for target in group.get("targets") or []:
+                target_scheme_map[target] = {"weights": group.get("weights"),
+                                             "input_activations": group.get("input_activations")}  # fmt: skip
+        return cls(config.get("ignore", []), target_scheme_map)
+
+    def _matched_target(self, prefix: str, layer: nn.Module) -> str | None:
+        """Upstream's find_matched_target for an unfused layer: the first name or regex target,
+        else the first target the layer's class name contains (case-insensitive, "Linear")."""
+        for target in self.target_scheme_map:
+            if _is_equal_or_regex_match(prefix, target):
+                return target
+        cls_name = type(layer).__name__.lower()
+        return next((t for t in self.target_scheme_map if t.lower() in cls_name), None)
 
     def get_quant_method(self, layer: nn.Module, prefix: str):
         if isinstance(layer, MLAAttention):
             return HPUCompressedTensorsKVCacheMethodForMLA(self)
         if isinstance(layer, LinearBase):
-            if _ignored(prefix, self.ignore):
+            target = None if _ignored(prefix, self.ignore) else self._matched_target(prefix, layer)
+            if target is None:
                 return UnquantizedLinearMethod()
-            w = self.weights
+            scheme = self.target_scheme_map[target]
+            w, a = scheme["weights"], scheme.get("input_activations") or {}
             if (w.get("type"), w.get("num_bits")) != ("float", 8):
-                raise NotImplementedError(f"stand-in: weights {w}")
-            layer.scheme = HPUCompressedTensorsW8A8Fp8(w.get("strategy"), not self.input_activations.get("dynamic"))
+                raise NotImplementedError(f"stand-in: weights {w} for {prefix}")
+            layer.scheme = HPUCompressedTensorsW8A8Fp8(w.get("strategy"), not a.get("dynamic"), w)
             return HPUCompressedTensorsLinearMethod(self)
         return None
