@@ -41,7 +41,10 @@ from mla_convert.settings import Options, RunSettings
 from mla_convert.source.family import architectures_help
 
 DEFAULT_R1 = "deepseek-ai/DeepSeek-R1"
-EPILOG = "Supported architectures (detected from config.json, or from params.json for Mistral's own layout):\n\n" + architectures_help()
+EPILOG = (
+    "Supported architectures (detected from config.json, or from params.json for Mistral's own layout):\n\n"
+    + architectures_help()
+)
 R1_HELP = (
     "The convert command with DeepSeek-R1 (deepseek-ai/DeepSeek-R1) as the default SOURCE; any supported "
     "checkpoint may be given instead. A Hub source is planned from its file list and shard headers first: the "
