@@ -18,7 +18,8 @@ possibly more than once. `register()` arranges for two methods to be wrapped (id
 Where the artifacts are: $MLA_RUNTIME_DIR, else `<served model dir>/mla` when it exists. Other
 environment variables: MLA_RUNTIME_DISABLE=1 (do nothing), MLA_RUNTIME_FALLBACK=1 (on a mismatch,
 warn and let vLLM recompute instead of failing), MLA_RUNTIME_VERIFY=sha256 (hash each layer file
-before use), MLA_RUNTIME_CHECK=0 (skip the per-layer spot check against the served kv_b_proj).
+before use), MLA_RUNTIME_CHECK=0 (skip the per-layer spot check against the served kv_b_proj,
+spot_check.py).
 
 One INFO line per process, starting with `mla_runtime:`, says how many layers were loaded from
 where and how long it took. Imports only torch and the standard library (and vLLM's own modules,
@@ -41,6 +42,7 @@ import torch
 from . import envs
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
+from .spot_check import spot_check
 
 # A child of vLLM's logger, so the line goes wherever vLLM's own log lines go.
 logger = logging.getLogger("vllm.mla_runtime")
@@ -50,14 +52,6 @@ ENV_DIR, ENV_FALLBACK = envs.DIR, envs.FALLBACK  # named in messages
 UPSTREAM_MODULE = "vllm.model_executor.layers.attention.mla_attention"
 GAUDI_MODULE = "vllm_gaudi.attention.oot_mla"
 _WRAPPED = "__mla_runtime_wrapped__"
-# Relative difference above which one head of the served kv_b_proj and the artifacts are judged to
-# come from different checkpoints. Channel-FP8 requantization stays far below (a few %); unrelated
-# weights are near sqrt(2).
-SPOT_CHECK_TOLERANCE = 0.25
-# Columns of that head compared: few enough elements that torch runs the check on one thread (its
-# parallel grain is 32768 elements), so a busy host does not stretch it, and still thousands of
-# values, so the verdict does not change.
-SPOT_CHECK_COLUMNS = 64
 
 
 # --------------------------------------------------------------------------- registration
@@ -232,6 +226,7 @@ class _Source:
     outcomes: dict[str, str] = field(default_factory=dict)  # layer name -> loaded | fallback | not-used
     seconds: float = 0.0
     spot_checked: int = 0
+    bound_use: float = 0.0  # the largest share of the spot check's allowance used
     tp: tuple[int, int] = (0, 1)
     expected: int | None = None
     logged: bool = False
@@ -272,8 +267,11 @@ class _Source:
         )  # fmt: skip
         device = layer.kv_b_proj.weight.device
         w_uk_t, w_uv = arts.load_layer(index, tp_rank=tp_rank, tp_size=tp_size, device=device, dtype=dtype)
-        if self.check and spot_check(layer.kv_b_proj, w_uk_t, w_uv, where=f"layer {index} ({arts.layer_path(index)})"):
-            self.spot_checked += 1
+        if self.check:
+            checked = spot_check(layer.kv_b_proj, w_uk_t, w_uv, where=f"layer {index} ({arts.layer_path(index)})")
+            if checked is not None:
+                self.spot_checked += 1
+                self.bound_use = max(self.bound_use, checked.bound_use)
         return w_uk_t, w_uv
 
     def done(self, layer, outcome: str) -> None:
@@ -290,7 +288,8 @@ class _Source:
         counts = {k: sum(1 for v in self.outcomes.values() if v == k) for k in ("loaded", "fallback", "not-used")}
         return {
             "where": self.where, "layers": len(self.outcomes), **counts, "seconds": self.seconds,
-            "spot_checked": self.spot_checked, "tp_rank": self.tp[0], "tp_size": self.tp[1],
+            "spot_checked": self.spot_checked, "bound_use": self.bound_use, "tp_rank": self.tp[0],
+            "tp_size": self.tp[1],
         }  # fmt: skip
 
     def summary_line(self) -> str:
@@ -391,73 +390,6 @@ def summary() -> list[dict]:
 def reset() -> None:
     """Forget the per-process state (tests)."""
     _sources.clear()
-
-
-# --------------------------------------------------------------------------- spot check
-
-
-def _dequantized_rows(
-    kv_b_proj, rows: slice, num_cols: int, num_rows: int, cols: int | None = None
-) -> torch.Tensor | None:
-    """fp32 rows of kv_b_proj's weight [num_rows, num_cols] as [rows, cols] (default all columns),
-    for the layouts known here (the checkpoint's [N, K] or a transposed [K, N] view, as vLLM's FP8
-    linears may keep it); None for any other layout."""
-    cols = num_cols if cols is None else min(cols, num_cols)
-    w = getattr(kv_b_proj, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device.type == "meta":
-        return None
-    # A transposed view is recognised by its strides first: a rank with as many rows as kv_lora_rank
-    # (2 heads of 256 against L=512) has a square weight, whose shape says nothing.
-    transposed_view = not w.is_contiguous() and w.T.is_contiguous()
-    if transposed_view or (tuple(w.shape) == (num_cols, num_rows) and num_rows != num_cols):
-        w = w.T
-    if tuple(w.shape) != (num_rows, num_cols):
-        return None
-    if w.dtype in (torch.bfloat16, torch.float16, torch.float32):
-        return w[rows, :cols].float()
-    if w.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        return None
-    scale = getattr(kv_b_proj, "weight_scale", None)
-    if scale is None:
-        scale = getattr(kv_b_proj, "weight_scale_inv", None)
-    if not isinstance(scale, torch.Tensor):
-        return None
-    part = w[rows, :cols].float()
-    if scale.numel() == w.shape[0]:  # per output channel: [N], [N, 1]
-        return part * scale.reshape(-1)[rows].float().unsqueeze(1)
-    block = getattr(kv_b_proj, "weight_block_size", None)
-    if scale.dim() == 2 and block:
-        bn, bk = int(block[0]), int(block[1])
-        if scale.shape[0] * bn < w.shape[0] or scale.shape[1] * bk < w.shape[1]:
-            return None
-        grid = scale.float()[rows.start // bn : -(-rows.stop // bn)].repeat_interleave(bn, 0)
-        grid = grid[rows.start % bn : rows.start % bn + part.shape[0]].repeat_interleave(bk, 1)[:, :cols]
-        return part * grid
-    return None
-
-
-def spot_check(kv_b_proj, w_uk_t: torch.Tensor, w_uv: torch.Tensor, *, where: str) -> bool:
-    """Compare the first local head of the served kv_b_proj (its first SPOT_CHECK_COLUMNS columns)
-    with the artifacts.
-
-    Returns False when the weight's layout is not one this check knows (nothing compared); raises
-    ArtifactError when they clearly come from different checkpoints.
-    """
-    heads, p, l = w_uk_t.shape
-    v = w_uv.shape[2]
-    c = min(SPOT_CHECK_COLUMNS, l)
-    served = _dequantized_rows(kv_b_proj, slice(0, p + v), l, heads * (p + v), cols=c)
-    if served is None:
-        return False
-    ours = torch.cat([w_uk_t[0, :, :c].float(), w_uv[0, :c, :].float().T], dim=0).to(served.device)
-    rel = float((served - ours).norm() / ours.norm().clamp_min(1e-30))
-    if not rel <= SPOT_CHECK_TOLERANCE:
-        raise ArtifactError(
-            f"{where}: W_UK_T/W_UV do not match the served kv_b_proj (relative difference {rel:.3f} on the "
-            f"first head of this rank): the artifacts were computed from another checkpoint; use the "
-            f"{MLA_DIR_NAME}/ directory written with this model (or {ENV_FALLBACK}=1 to recompute)"
-        )
-    return True
 
 
 __all__ = ["register", "reset", "spot_check", "summary", "wrap_gaudi", "wrap_upstream"]

@@ -275,6 +275,80 @@ def test_gaudi3_range_checkpoints_load_on_gaudi2(gaudi, monkeypatch, models, key
         assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
 
 
+# --------------------------------------------------------------------------- the spot check's bound
+
+# (model directory key, VLLM_HPU_FORCE_CHANNEL_FP8, device): every way this tool's outputs and the
+# block-FP8 source reach the MLA layer, on Gaudi3 and on Gaudi2 (which halves codes, doubles scales).
+SERVING = {
+    "block-fp8 force-channel": ("src", "true", "gaudi3"),
+    "block-fp8 no force-channel": ("src", "false", "gaudi3"),
+    "channel-fp8": ("channel-fp8", None, "gaudi3"),
+    "bf16": ("bf16", None, "gaudi3"),
+    "gaudi2 block-fp8 force-channel": ("src", "true", "gaudi2"),
+    "gaudi2 channel-fp8 (gaudi3 output)": ("channel-fp8", None, "gaudi2"),
+    "gaudi2 channel-fp8 --target gaudi2": ("channel-fp8-gaudi2", None, "gaudi2"),
+}
+
+
+def exact_kv_b(models) -> dict[int, torch.Tensor]:
+    """The fp32 dequant of the block-FP8 source's kv_b_proj, which every output's artifacts hold."""
+    from support.reference import dequant_block
+
+    return {i: dequant_block(t["weight"], t["weight_scale_inv"]) for i, t in kv_b_tensors(models["src"]).items()}
+
+
+def sibling_artifacts(models, key: str, where: Path, rel: float = 0.01, seed: int = 7) -> Path:
+    """Artifacts of a sibling fine-tune: each kv_b_proj off by `rel` (relative Frobenius) in random
+    directions, same shapes and so the same source fingerprint (it covers headers only)."""
+    gen = torch.Generator().manual_seed(seed)
+    sibling = {}
+    for i, x in exact_kv_b(models).items():
+        noise = torch.randn(x.shape, generator=gen)
+        sibling[i] = x + noise * (rel * x.norm() / noise.norm())
+    mla = models["bf16" if key == "src" else key] / "mla"
+    fingerprint = json.loads((mla / "manifest.json").read_text())["source_fingerprint"]
+    return write_artifacts(where / "mla", sibling, DIMS, fingerprint=fingerprint)
+
+
+@pytest.mark.parametrize(("case", "device_type"), [(case, device) for case, (_, _, device) in SERVING.items()])
+def test_spot_check_passes_every_serving_path_within_the_derived_bound(gaudi, monkeypatch, models, case):
+    """Real requantized weights (vllm-gaudi's force-channel requantization, ~2.6 %; Gaudi2's halved
+    codes and doubled scales) use at most 0.6 of the allowance: the derived bound, 0.0750 |a| + 2^-9 s,
+    against the 2^-3 |a| + 2^-7 s allowed (mla_runtime/spot_check.py)."""
+    from mla_runtime import spot_check
+
+    key, force, _ = SERVING[case]
+    serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=artifacts_for(models, key))
+    (summary,) = plugin.summary()
+    assert summary["loaded"] == summary["spot_checked"] == LAYERS
+    limit = max(spot_check.DERIVED_REL / spot_check.SPOT_REL, spot_check.DERIVED_ABS / spot_check.SPOT_ABS)
+    assert limit == pytest.approx(0.6, abs=1e-3)
+    assert summary["bound_use"] <= limit, summary["bound_use"]
+    print(f"{case}: bound use {summary['bound_use']:.3f}")
+
+
+@pytest.mark.parametrize(("case", "device_type"), [(case, device) for case, (_, _, device) in SERVING.items()])
+def test_sibling_artifacts_one_percent_apart_are_refused(gaudi, monkeypatch, models, tmp_path, caplog, case):
+    key, force, _ = SERVING[case]
+    sibling = sibling_artifacts(models, key, tmp_path / "sibling")
+    with pytest.raises(ArtifactError, match=r"layer 0 \(.*layer-000\.safetensors\): .* another checkpoint") as e:
+        serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=sibling)
+    outside = int(str(e.value).split(": ", 2)[2].split(" of ")[0])
+    assert outside > 100, str(e.value)  # of 16,384 values compared: not a close call
+    print(f"{case}: {outside} outside, {str(e.value).split('relative difference ')[1].split(')')[0]}")
+
+    monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
+    with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
+        fell_back = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=sibling)
+    monkeypatch.delenv("MLA_RUNTIME_FALLBACK")
+    assert plugin.summary()[0]["fallback"] == LAYERS
+    assert sum("MLA_RUNTIME_FALLBACK=1" in r.getMessage() for r in caplog.records) == 1
+    ref = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force)
+    for i in range(LAYERS):  # vLLM's own values, as without the plugin
+        assert torch.equal(fell_back.layers[i].W_UK_T, ref.layers[i].W_UK_T)
+        assert torch.equal(fell_back.layers[i].W_UV, ref.layers[i].W_UV)
+
+
 # --------------------------------------------------------------------------- refusals and switches
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from mla_runtime import ArtifactError, plugin
+from mla_runtime import ArtifactError, plugin, spot_check
 from mla_runtime.format import MlaDims
 from support.artifacts import write_artifacts
 
@@ -149,3 +149,48 @@ def test_a_failing_hook_does_not_break_the_import(monkeypatch, caplog, tmp_path)
         import fake_vllm_mod_without_class as mod
     assert mod.X == 1
     assert any("cannot hook fake_vllm_mod_without_class (AttributeError" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- the spot check's arithmetic
+
+
+def test_spot_check_compares_value_by_value():
+    ours = torch.tensor([[1.0, -2.0, 0.0, 0.5]])
+    ok = spot_check.compare(ours * (1 + 2**-4), None, ours)  # 2^-4 relative: inside 2^-3
+    assert ok.outside == 0 and ok.bound_use == pytest.approx(0.5)
+    one_off = ours.clone()
+    one_off[0, 2] = 1e-6  # a zero artifact, an unquantized weight: nothing is allowed
+    assert spot_check.compare(one_off, None, ours).outside == 1
+    scale = torch.full_like(ours, 2.0)  # ... but an FP8 code's subnormal rounding is, up to 2^-7 s
+    assert spot_check.compare(one_off, scale, ours).outside == 0
+    nan = ours.clone()
+    nan[0, 0] = float("nan")
+    assert spot_check.compare(nan, None, ours).outside == 1
+    assert spot_check.compare(ours, None, ours).bound_use == 0.0
+
+
+@pytest.mark.parametrize(
+    "layout", ["bf16", "per-channel [N, 1]", "per-channel [N]", "per-tensor", "block", "transposed"]
+)
+def test_spot_check_reads_the_served_layouts(layout):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 512, generator=gen) * 0.02
+    kv_b = torch.nn.Module()
+    if layout == "bf16":
+        kv_b.weight = torch.nn.Parameter(x.to(torch.bfloat16), requires_grad=False)
+    elif layout == "block":
+        s = x.view(4, 128, 4, 128).abs().amax(dim=(1, 3)) / 448
+        q = (x.view(4, 128, 4, 128) / s[:, None, :, None]).view(512, 512).to(torch.float8_e4m3fn)
+        kv_b.weight = torch.nn.Parameter(q, requires_grad=False)
+        kv_b.weight_scale_inv, kv_b.weight_block_size = s, [128, 128]
+    else:
+        s = x.abs().amax() / 448 if layout == "per-tensor" else x.abs().amax(dim=1, keepdim=True) / 448
+        q = (x / s).to(torch.float8_e4m3fn)
+        kv_b.weight = torch.nn.Parameter(q.T if layout == "transposed" else q, requires_grad=False)
+        kv_b.weight_scale = s.reshape(-1) if layout == "per-channel [N]" else s
+    w_uk_t = x.view(2, 256, 512)[:, :128].to(torch.bfloat16)
+    w_uv = x.view(2, 256, 512)[:, 128:].transpose(1, 2).to(torch.bfloat16)
+    got = spot_check.spot_check(kv_b, w_uk_t, w_uv, where="layer 0")
+    assert got is not None and got.compared == 256 * 64 and got.outside == 0 and got.bound_use <= 0.6
+    with pytest.raises(ArtifactError, match=r"layer 0: .* values of this rank's first head lie outside"):
+        spot_check.spot_check(kv_b, w_uk_t * 1.2, w_uv, where="layer 0")
