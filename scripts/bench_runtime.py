@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from mla_runtime import artifacts as artifacts_mod
 from mla_runtime.artifacts import head_range, open_artifacts
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
-from mla_runtime.plugin import spot_check
+from mla_runtime.spot_check import spot_check
 
 R1 = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 BLOCK = 128
