@@ -42,8 +42,8 @@ from the same derivation is about 7.5 %, and vllm-gaudi's force-channel requanti
 measures 2.6 %. Artifacts of a sibling fine-tune whose kv_b_proj differs by 1 % then land near
 2.8 %, inside it. Per value the sibling is plain: wherever |x| is small, a 1 % (of the head's
 scale) difference is many times 2^-3 |x|, and thousands of values are compared. What no check that
-admits FP8 rounding can see is a difference smaller than the rounding at every value (a
-checkpoint scaled by less than 12 %, say); the source fingerprint (headers) is the other check.
+admits FP8 rounding can see is a difference smaller than the rounding at every value (a copy of
+the checkpoint scaled by a few percent, say); the source fingerprint (headers) is the other check.
 
 Cost: 16,384 values of kv_b_proj (and its scales) and of the artifacts, few enough that torch runs
 the arithmetic on one thread (its parallel grain is 32,768 elements).
