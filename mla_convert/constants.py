@@ -57,10 +57,16 @@ DEMO_MARKER_NAME = ".mla-convert-demo.json"  # the demo's record of the files it
 # The conversion manifest's status: 'incomplete' from before the first output file until the last.
 COMPLETE, INCOMPLETE = "complete", "incomplete"
 
+# --- the model card and the upload to the Hub ---------------------------------------------------
+
+CARD_NAME = "README.md"  # the output's model card (with --no-card: the source's README, unchanged)
+CARD_METADATA_KEY = "mla_convert"  # the card's own metadata entry: tool version, format, source, fingerprint
+GITATTRIBUTES_NAME = ".gitattributes"  # the Hub's own file in a new repo: never uploaded, never deleted
+
 __all__ = [
-    "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
+    "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CARD_METADATA_KEY", "CARD_NAME", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
     "CONFIG_NAME", "DEMO_MARKER_NAME", "FLOAT_DTYPES", "FLOAT_WEIGHT_DTYPES", "FORMATS", "FP8_E4M3", "FP8_MAX",
-    "GAUDI2", "GAUDI3", "INCOMPLETE", "INDEX_NAME", "JOURNAL_NAME", "KERNELS_AUTO", "KERNEL_MODES", "MANIFEST_NAME",
+    "GAUDI2", "GAUDI3", "GITATTRIBUTES_NAME", "INCOMPLETE", "INDEX_NAME", "JOURNAL_NAME", "KERNELS_AUTO", "KERNEL_MODES", "MANIFEST_NAME",
     "MLA_DIR_NAME", "MLA_MANIFEST_NAME", "PARTIAL_SUFFIX", "PROBE_NAME", "SIGNED_ZERO", "SINGLE_FILE_NAME",
     "STAGING_DIR_NAME", "TARGETS", "TOOL_NAME", "WRITE_AUTO", "WRITE_BUFFERED", "WRITE_DIRECT", "WRITE_MODES",
 ]  # fmt: skip

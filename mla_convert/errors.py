@@ -19,6 +19,10 @@ class VerificationError(ConvertError):
     """Verification could not run (not a conversion output, unreadable input)."""
 
 
+class UploadError(ConvertError):
+    """An upload to the Hub was refused or failed (the directory, the token, the repo, the network)."""
+
+
 def network_errors() -> tuple[type[BaseException], ...]:
     """The HTTP clients' own transport errors (no network, DNS, a refused or dropped connection),
     which huggingface_hub lets through from some calls; only from client modules already imported."""

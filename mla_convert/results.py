@@ -5,6 +5,8 @@ CLI prints for `--json`. Standard library only.
   free-space numbers only).
 - `VerifyReport`: what `mla_convert.verify()` checked, with every failure (`Failure`) and the
   tensors furthest from their source (`TensorStats`).
+- `DemoResult`: the demo's conversion and its verification, and where it left its files.
+- `UploadResult`: what `mla-convert upload` sent to the Hub (a dry run: what it would send).
 """
 
 from __future__ import annotations
@@ -154,3 +156,49 @@ class VerifyReport:
             "bytes_read": self.bytes_read,
             "seconds": self.seconds,
         }
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    conversion: ConversionResult
+    report: VerifyReport  # the conversion verified against its tiny source
+    demo_dir: str
+    demo_bytes: int  # what the demo left on disk: the source and its conversion
+
+    def to_json(self) -> dict:
+        """The conversion's --json, with the verdict and the demo's directory."""
+        groups = self.report.groups.values()
+        verdict = {
+            "ok": self.report.ok,
+            "checks": sum(g.checked for g in groups),
+            "failed": sum(g.failed for g in groups),
+            "seconds": self.report.seconds,
+        }
+        return self.conversion.to_json() | {"verify": verdict, "demo_dir": self.demo_dir, "demo_bytes": self.demo_bytes}
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    dir: str
+    repo: str
+    revision: str
+    url: str  # the branch on the Hub
+    dry_run: bool
+    files: int  # the manifest's files and the manifest: what the branch holds once done
+    bytes: int
+    uploaded_files: int  # sent by this run (a dry run: to send, nothing being known of the Hub)
+    uploaded_bytes: int
+    skipped_files: int  # on the branch already, with the same sha256
+    skipped_bytes: int
+    commits: tuple[str, ...] = ()  # the commit ids this run made, in order
+    deleted: tuple[str, ...] = ()  # files of another model the last commit removed (--overwrite)
+    created: tuple[str, ...] = ()  # "repo", "branch": what --create made
+    verified: str | None = None  # what was checked before the upload, or why not
+    seconds: float | None = None
+    plan: tuple[dict, ...] = ()  # each commit's files, {"commit": n, "path", "size"}, in upload order
+
+    def to_json(self) -> dict:
+        out = _present(self)
+        for key in ("commits", "deleted", "created", "plan"):
+            out[key] = [*getattr(self, key)]
+        return out

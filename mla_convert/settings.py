@@ -26,8 +26,14 @@ class Options:
     format: str = CHANNEL_FP8  # FORMATS
     target: str = GAUDI3  # TARGETS: the FP8 range
     ignore: tuple[str, ...] = ()  # regexes (re.match) on module names to leave unquantized (bf16)
+    card: bool = True  # README.md is the output's own model card (False: the source's README, unchanged)
 
     def __post_init__(self):
+        if not isinstance(self.card, bool):
+            raise ConvertError(f"card {self.card!r}: expected True or False")
+        if isinstance(self.ignore, str) or not all(isinstance(p, str) for p in self.ignore):
+            raise ConvertError(f"ignore {self.ignore!r}: expected a sequence of regular expressions")
+        object.__setattr__(self, "ignore", tuple(self.ignore))  # a list given is kept as a tuple
         if self.format not in FORMATS:
             raise ConvertError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
         if self.target not in TARGETS:
@@ -43,7 +49,7 @@ class Options:
         return FP8_MAX[self.target]
 
     def as_dict(self) -> dict:
-        return {"format": self.format, "target": self.target, "ignore": list(self.ignore)}
+        return {"format": self.format, "target": self.target, "ignore": list(self.ignore), "card": self.card}
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from .format import (
     w_uk_t_name,
     w_uv_name,
 )
-from .safetensors_file import DTYPE_SIZES, HeaderError, ShardHeader, TensorInfo, file_sha256, pread_exact, read_header
+from .safetensors_file import DTYPE_SIZES, HeaderError, ShardHeader, TensorInfo, file_digest, pread_exact, read_header
 
 
 def head_range(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -206,7 +206,7 @@ class MlaArtifacts:
                     f"{where}: tensor {name!r} has shape {info.shape}, expected {shape} from the manifest's dims"
                 )
         if sha256 if sha256 is not None else self.verify == "sha256":
-            _, digest = file_sha256(path)
+            digest = file_digest(path).sha256
             if digest != entry.sha256:
                 raise ArtifactError(
                     f"{where}: sha256 {digest} differs from the manifest's {entry.sha256}; the artifact is "

@@ -15,6 +15,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 # safetensors dtype string -> bytes per element
 DTYPE_SIZES: dict[str, int] = {
@@ -188,15 +189,20 @@ def encode_header(specs: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[
     return struct.pack("<Q", len(raw)) + raw
 
 
-def file_sha256(path: str | Path, chunk: int = HASH_CHUNK) -> tuple[int, str]:
-    """(size, sha256 hex digest) of a whole file, read front to back."""
+class FileDigest(NamedTuple):
+    size: int  # bytes read
+    sha256: str  # hex digest
+
+
+def file_digest(path: str | Path, chunk: int = HASH_CHUNK) -> FileDigest:
+    """The size and sha256 of a whole file, read front to back."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
             size += len(block)
-    return size, h.hexdigest()
+    return FileDigest(size, h.hexdigest())
 
 
 def pread_exact(fd: int, buf, offset: int) -> None:

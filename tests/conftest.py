@@ -60,6 +60,13 @@ def load_all():
 
 
 @pytest.fixture(scope="session")
+def conversion_hashes():
+    """conversion_hashes(root) -> tree_hashes(root) without the card, the manifest without its `source`:
+    for the same conversion made from a Hub repo and from a local directory."""
+    return checkpoints.conversion_hashes
+
+
+@pytest.fixture(scope="session")
 def tree_hashes():
     """tree_hashes(root) -> {relative path: sha256} of every file under root."""
     return checkpoints.tree_hashes

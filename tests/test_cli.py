@@ -182,6 +182,7 @@ def test_summary_of_a_bf16_conversion_shows_no_fp8_max_and_the_next_steps(tiny_s
     assert "FP8 max 448" in r.stdout
 
 
+@pytest.mark.slow
 def test_summary_after_resume_says_what_was_kept(tiny_src, tmp_path, run_cli):
     from support.checkpoints import SHARD2
 
@@ -223,6 +224,7 @@ def test_paths_stay_whole_in_80_columns(tiny_src, tmp_path, monkeypatch):
     assert f"checked: {out}" in r.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_demo_says_where_its_files_are(tmp_path):
     r = run("demo", "--out", tmp_path / "demo")
     assert r.exit_code == 0, r.stderr
@@ -238,6 +240,7 @@ PROGRESS_LINE = re.compile(
 )
 
 
+@pytest.mark.slow
 def test_progress_lines_when_stderr_is_not_a_terminal(big_tensors, tmp_path, run_cli):
     src, _ = big_tensors
     env = {"MLA_CONVERT_PROGRESS_INTERVAL": "0.05", "MLA_CONVERT_KERNELS": "native"}
@@ -256,6 +259,7 @@ def test_progress_lines_when_stderr_is_not_a_terminal(big_tensors, tmp_path, run
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_on_a_terminal_a_status_line_then_a_bar_that_reaches_100_percent(tiny_src, tmp_path):
     import os
     import pty

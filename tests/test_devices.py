@@ -179,6 +179,7 @@ def test_conversion_on_a_device_that_passes_writes_the_cpu_bytes(
     assert tree_hashes(tmp_path / "o") == tree_hashes(converted[FP8])
 
 
+@pytest.mark.slow
 def test_each_process_checks_the_device_once_before_it_writes(
     tiny_src, converted, tmp_path, device_kernels, monkeypatch, tree_hashes
 ):
@@ -224,5 +225,5 @@ def test_what_verify_holds_a_device_to(
     differing = [rel for rel, h in tree_hashes(out).items() if h != cpu[rel]]
     assert any(rel.endswith(".safetensors") and not rel.startswith("mla/") for rel in differing)
     report = verify(out, source=tiny_src)
-    found = {(f["group"], f["check"]) for g in report["groups"].values() for f in g["failures"]}
+    found = {(f.group, f.check) for f in report.failures()}
     assert found == ({("source", "bf16-exact")} if fmt == BF16 else set())

@@ -135,6 +135,7 @@ def read_only_mount(base: Path):
         subprocess.run(["umount", str(ro)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["new", "empty"])
 def test_read_only_out_is_one_line(tiny_src, tmp_path, run_cli, where):
     with read_only_mount(tmp_path) as ro:
@@ -157,6 +158,7 @@ def without_root_override():
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
+@pytest.mark.slow
 def test_unwritable_out_is_one_line(tiny_src, tmp_path, run_cli):
     """A directory the process may not write into: its mode alone for a user; as root, the child
     first gives up the capabilities that let root write anywhere."""
@@ -303,16 +305,19 @@ def test_overwrite_refuses_an_earlier_output_holding_a_file_of_the_users(tiny_sr
     assert tree_hashes(out) == before  # nothing deleted
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_an_interrupted_output(tiny_src, converted, tmp_path, run_cli, tree_hashes):
-    """Killed after its first shard: that shard is not yet in the journal, and still the tool's."""
+    """Killed while its second shard is written: the first is not yet in the journal (its commit, in
+    the background, may or may not have renamed it), and still the tool's."""
     out = tmp_path / "out"
     r = run_cli("convert", tiny_src, "--out", out, "--quiet", crash_at=f"shard-write:{SHARD2}")
-    assert r.returncode == -9 and (out / SHARD1).exists()
+    assert r.returncode == -9 and ((out / SHARD1).exists() or (out / f".{SHARD1}.partial").exists())
     r = run_cli("convert", tiny_src, "--out", out, "--quiet", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
+@pytest.mark.slow
 def test_demo_overwrite_replaces_only_an_earlier_demo(tmp_path):
     root = tmp_path / "demo"
     assert runner.invoke(app, ["demo", "--out", str(root), "--quiet"]).exit_code == 0

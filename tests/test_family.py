@@ -87,10 +87,10 @@ def kv_b_value(src: dict, cfg: dict, layer: int, reference) -> torch.Tensor:
     return reference.dequant_block(src[name], scale, block_of(cfg)) if scale is not None else src[name].float()
 
 
-def ok(report: dict) -> bool:
-    failures = [f["message"] for g in report["groups"].values() for f in g["failures"]]
+def ok(report) -> bool:
+    failures = [f.line() for f in report.failures()]
     assert not failures, "\n".join(failures[:10])
-    return report["ok"]
+    return report.ok
 
 
 # --- each member's tiny checkpoint has its member's structure ----------------------------------------
@@ -267,7 +267,7 @@ def test_member_verifies(family_checkpoints, member, fmt, with_source):
     report = verify(family_checkpoints.converted(member, fmt), src)
     assert ok(report)
     if with_source:  # every tensor compared
-        assert report["groups"]["source"]["checked"] >= report["tensors"]
+        assert report.groups["source"].checked >= report.tensors
 
 
 # --- verify knows the family, and nothing more ---------------------------------------------------------
@@ -296,8 +296,8 @@ def _add_tensor(out: Path, name: str, tensor: torch.Tensor) -> None:
     (out / "mla-convert-manifest.json").write_text(json.dumps(man))
 
 
-def _structure_failures(report: dict) -> list[dict]:
-    return report["groups"]["structure"]["failures"]
+def _structure_failures(report) -> list:
+    return list(report.groups["structure"].failures)
 
 
 @pytest.mark.parametrize(
@@ -312,8 +312,8 @@ def test_a_tensor_the_family_does_not_explain_fails(family_checkpoints, tmp_path
     out = _copy(family_checkpoints.converted("glm-5", BF16), tmp_path)
     _add_tensor(out, name, torch.ones(32, dtype=torch.bfloat16))
     report = verify(out)
-    assert not report["ok"]
-    assert [f["tensor"] for f in _structure_failures(report) if f["check"] == "unexpected-tensor"] == [name]
+    assert not report.ok
+    assert [f.tensor for f in _structure_failures(report) if f.check == "unexpected-tensor"] == [name]
 
 
 def test_an_inv_freq_buffer_is_accepted_for_any_member(family_checkpoints, tmp_path):
@@ -326,7 +326,7 @@ def test_kimi_without_source_checks_its_inv_freq_values(family_checkpoints, tmp_
     out = _copy(family_checkpoints.converted("kimi-k2", BF16), tmp_path)
     _add_tensor(out, "model.layers.0.self_attn.rotary_emb.inv_freq", torch.full((56,), math.nan).bfloat16())
     report = verify(out)
-    assert any(f["check"] == "nan-inf" for f in report["groups"]["values"]["failures"])
+    assert any(f.check == "nan-inf" for f in report.groups["values"].failures)
 
 
 # --- sources: block sizes, E8M0 scales, mixed, BF16 with --ignore, a bf16 output again -----------

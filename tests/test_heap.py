@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 CHILD = """
 import resource, sys, torch
 from mla_convert.process.heap import keep_freed_pages
@@ -25,6 +27,7 @@ def _page_faults(mode: str) -> int:
     return int(r.stdout)
 
 
+@pytest.mark.slow
 def test_freed_buffers_are_reused_without_page_faults():
     on, off = _page_faults("on"), _page_faults("off")
     # glibc's default: each round maps fresh pages (~20 x 43 MB / 4 KiB = 220k faults at most);

@@ -36,10 +36,10 @@ def fetches(hub, filename: str) -> int:
     return sent // hub.file_info(REPO, filename)["size"]
 
 
-def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path, tree_hashes):
+def test_convert_from_repo_id_matches_local_conversion(hub, converted, tmp_path, conversion_hashes):
     summary = convert(REPO, tmp_path / "out", Options())
     assert summary.status == "complete"
-    assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
+    assert conversion_hashes(tmp_path / "out") == conversion_hashes(converted["channel-fp8"])
     assert all(fetches(hub, s) == 1 for s in shards(converted["channel-fp8"]))
 
 
@@ -53,8 +53,11 @@ def eight_shards(tmp_path_factory):
     return src, base / "local"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
-def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_shards, tmp_path, workers, tree_hashes):
+def test_stream_converts_with_bounded_disk_and_deletes_shards(
+    fake_hub, eight_shards, tmp_path, workers, conversion_hashes
+):
     hub, (tiny_src, local) = fake_hub, eight_shards
     hub.add_repo(REPO, tiny_src)
     out = tmp_path / "out"
@@ -77,7 +80,7 @@ def test_stream_converts_with_bounded_disk_and_deletes_shards(fake_hub, eight_sh
     finally:
         done.set()
         t.join()
-    assert tree_hashes(out) == tree_hashes(local)
+    assert conversion_hashes(out) == conversion_hashes(local)
     assert not (out / ".mla-convert-source").exists()
     sizes = sorted(((tiny_src / s).stat().st_size for s in shards(tiny_src)), reverse=True)
     bound = sum(sizes[: workers + 2])  # the jobs in flight, one prefetched, and a partner scale's shard
@@ -97,12 +100,12 @@ def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream, tree_hashes):
+def test_corrupted_shard_is_refetched_once(hub, converted, tmp_path, stream, conversion_hashes):
     # The first whole download is bad, the second good (the plan first reads the header by two
     # range requests, which the fault also counts).
     hub.corrupt(REPO, SHARD2, times=3)
     convert(REPO, tmp_path / "out", Options(), stream=stream)
-    assert tree_hashes(tmp_path / "out") == tree_hashes(converted["channel-fp8"])
+    assert conversion_hashes(tmp_path / "out") == conversion_hashes(converted["channel-fp8"])
     assert fetches(hub, SHARD2) == 2
 
 
@@ -119,7 +122,7 @@ def test_persistently_corrupted_shard_is_refused_not_converted(hub, tmp_path, st
 
 @pytest.mark.slow
 def test_interrupted_stream_resumes_without_downloading_converted_shards(
-    hub, converted, tmp_path, run_cli, tree_hashes
+    hub, converted, tmp_path, run_cli, conversion_hashes
 ):
     out = tmp_path / "out"
     r = run_cli("deepseek-r1", REPO, "--out", out, "--stream", "--quiet", crash_at=f"after-job:{SHARD2}")
@@ -129,18 +132,20 @@ def test_interrupted_stream_resumes_without_downloading_converted_shards(
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["resumed_jobs"] == 2
     assert fetches(hub, SHARD1) == 1  # converted before the crash: not fetched again
-    assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
+    assert conversion_hashes(out) == conversion_hashes(converted["channel-fp8"])
 
 
-def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path, tree_hashes):
+def test_offline_uses_the_cached_snapshot(hub, converted, tmp_path, tree_hashes, conversion_hashes):
     convert(REPO, tmp_path / "first", Options())  # populates the cache
     hub.set_offline()
     hub.reset_requests()
     convert(REPO, tmp_path / "offline", Options())
     assert hub.count() == 0
-    assert tree_hashes(tmp_path / "offline") == tree_hashes(converted["channel-fp8"])
+    assert conversion_hashes(tmp_path / "offline") == conversion_hashes(converted["channel-fp8"])
+    assert tree_hashes(tmp_path / "offline") == tree_hashes(tmp_path / "first")  # the same repo and commit
 
 
+@pytest.mark.slow
 def test_offline_with_nothing_cached_is_a_clear_error(hub, tmp_path, run_cli):
     hub.set_offline()
     r = run_cli("deepseek-r1", REPO, "--out", tmp_path / "out", "--quiet")

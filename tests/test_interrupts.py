@@ -208,6 +208,7 @@ def test_verify_stops_within_a_second_and_says_it_changed_nothing(big_tensors, t
     assert tree_hashes(converted) == before
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_stalled_stream_download_stops_at_once(fake_hub, tiny_src, tmp_path):
     """A --stream download that hangs (a stalled connection) does not hold up the exit: the
     command says it was interrupted and ends, leaving the staging directory to a --resume."""

@@ -70,6 +70,7 @@ def _every_byte(rows: int, cols: int) -> torch.Tensor:
     return (torch.arange(rows * cols) % 256).to(torch.uint8).reshape(rows, cols).view(torch.float8_e4m3fn)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scale",
     [1.0, 0.5, 3.0e-3, 1.7e-6, 2.0**-20, 7.5e4, -0.25],  # tiny scales push rows into e4m3's subnormals
@@ -94,6 +95,7 @@ def test_native_every_byte_every_rounding_case(fast, scale, reference):
     assert reference.same_bits(k.to_bf16(w, s), x.to(torch.bfloat16))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.integers(1, 300),
@@ -122,6 +124,7 @@ def _every_bf16(rows: int) -> torch.Tensor:
     return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(rows, -1)
 
 
+@pytest.mark.slow
 def test_native_bf16_quantize_every_pattern(fast, reference):
     """Every bf16 value, in rows of one exponent and shuffled across rows: native equals eager bit
     for bit (NaN and Inf rows included); rows without them equal the slow reference."""
@@ -252,6 +255,7 @@ def test_a_native_build_that_disagrees_is_not_used(fresh_native, monkeypatch):
     assert k.name == "eager" and "differed from eager" in k.reason
 
 
+@pytest.mark.slow
 def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
     lib = native.build()
     assert lib.parent == fresh_native and lib.suffix == ".so"
@@ -285,6 +289,7 @@ def test_one_compiled_graph_serves_every_shape():
     assert graphs["unique_graphs"] == before
 
 
+@pytest.mark.slow
 def test_native_kernels_use_torch_thread_count(fast, reference):
     """Rows are split over torch.get_num_threads() threads; results do not depend on the split."""
     w, s = quantize_block_fp8(torch.randn(700, 300))

@@ -5,10 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.io import read_ahead
 from mla_convert.io.read_ahead import plan_startup_reads, read_ahead_in_background
-from mla_convert.verification.order import FILE_THREADS, first_files, largest_first
+from mla_convert.verification.order import files_at_once, first_files
 
 
 def test_startup_reads_take_turns_between_the_files_read_at_once():
@@ -36,15 +38,28 @@ def test_read_ahead_asks_for_the_planned_ranges(tmp_path, monkeypatch):
     assert sorted(asked) == sorted((off, n) for _, off, n in plan_startup_reads([300, 100, 0], 3, 600))
 
 
-def test_first_files_are_the_ones_verify_starts_with(converted):
-    out = converted["channel-fp8"]
-    listed = json.loads((out / MANIFEST_NAME).read_text())["files"]
-    sizes = {rel: (out / rel).stat().st_size for rel in sorted(listed)}
-    want = [out / rel for rel in largest_first(sizes)[:FILE_THREADS]]
-    assert first_files(out, workers=1) == want
-    assert max(sizes.values()) == want[0].stat().st_size
-    assert len(first_files(out, workers=3)) == 3
-    assert first_files(out / "no-such-dir", workers=1) == []
+def test_first_files_are_the_largest_listed_files_present_largest_first(tmp_path):
+    """Sizes on disk decide (the manifest's are not read), a listed file that is gone is skipped,
+    files of one size keep the manifest's sorted order, and files it does not list are not read."""
+    sizes = {"a.safetensors": 500, "mla/layer-000.safetensors": 400, "c.json": 400, "d.txt": 100}
+    for rel, size in sizes.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(bytes(size))
+    (tmp_path / "unlisted.bin").write_bytes(bytes(10_000))
+    listed = {rel: {"size": 1, "sha256": ""} for rel in [*sizes, "gone.safetensors"]}
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"files": listed}))
+    order = [tmp_path / rel for rel in ("a.safetensors", "c.json", "mla/layer-000.safetensors", "d.txt")]
+    for workers in (1, 3, 8):
+        assert first_files(tmp_path, workers) == order[: files_at_once(workers)]
+
+
+@pytest.mark.parametrize("manifest", [None, "{", '{"files": 3}', '{"status": "complete"}', "[]"])
+def test_first_files_are_none_without_a_readable_manifest(tmp_path, manifest):
+    (tmp_path / "a.safetensors").write_bytes(bytes(10))
+    if manifest is not None:
+        (tmp_path / MANIFEST_NAME).write_text(manifest)
+    assert first_files(tmp_path, workers=1) == []
+    assert first_files(tmp_path / "no-such-dir", workers=1) == []
 
 
 def test_the_read_ahead_runs_before_torch_is_imported():

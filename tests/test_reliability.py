@@ -50,6 +50,7 @@ def test_sigkill_then_resume_is_byte_identical(tiny_src, converted, tmp_path, po
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
+@pytest.mark.slow
 def test_resume_redoes_a_damaged_finished_shard(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     out = tmp_path / "out"
     assert run_cli("deepseek-r1", tiny_src, "--out", out, "--quiet").returncode == 0
@@ -62,6 +63,7 @@ def test_resume_redoes_a_damaged_finished_shard(tiny_src, converted, tmp_path, r
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_options_or_source(src_copy, tmp_path, run_cli):
     out = tmp_path / "out"
     r = run_cli("deepseek-r1", src_copy, "--out", out, "--quiet", crash_at=f"after-job:{SHARD1}")
@@ -76,6 +78,7 @@ def test_resume_refuses_other_options_or_source(src_copy, tmp_path, run_cli):
     assert_not_complete(out, killed=True)
 
 
+@pytest.mark.slow
 def test_determinism_across_runs_is_covered_with_resume(tiny_src, converted, tmp_path, run_cli, tree_hashes):
     """Resume on an already complete directory verifies it and changes nothing."""
     out = tmp_path / "out"

@@ -426,6 +426,7 @@ def test_register_is_idempotent(gaudi):
     assert gaudi_hook.hook(oot_mla) is False
 
 
+@pytest.mark.slow
 def test_accuracy_script_runs_every_path(tmp_path):
     """scripts/accuracy_runtime.py (the README's accuracy table) at a small size, in its own process."""
     import subprocess

@@ -233,6 +233,7 @@ def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, torch_read
     ]
 
 
+@pytest.mark.slow
 def test_table_and_parallel_workers(converted, tiny_src):
     res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(tiny_src), "--workers", "2"])
     assert res.exit_code == 0, res.stderr
@@ -510,9 +511,9 @@ def test_w_uv_of_two_layers_swapped(out, tiny_src):
 def test_artifact_damage_is_located_across_head_chunks(out, tiny_src, monkeypatch, with_source):
     """The artifact comparisons run a few heads at a time; a damaged element in a later chunk is
     counted once and reported at its place in the whole tensor."""
-    from mla_convert.verification import stream as verify_stream
+    from mla_convert.verification import mla as verify_mla
 
-    monkeypatch.setattr(verify_stream, "HEADS_PER_CHUNK", 1)
+    monkeypatch.setattr(verify_mla, "HEADS_PER_CHUNK", 1)
 
     def damage(t):
         w = t[w_uv_name(1)]
@@ -651,7 +652,7 @@ def test_demo_verifies_its_output(tmp_path):
     res = runner.invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--json"])
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)
-    assert summary.verify["ok"] and summary.verify["failed"] == 0 and summary.verify["checks"] > 1000
+    assert summary["verify"]["ok"] and summary["verify"]["failed"] == 0 and summary["verify"]["checks"] > 1000
 
 
 def test_report_lists_tolerances_and_counts(converted):
@@ -714,7 +715,7 @@ def test_files_are_verified_two_at_a_time_with_the_same_report(out, tiny_src, mo
     import threading
     import time
 
-    from mla_convert.verification import api as verify_mod
+    from mla_convert.verification import runners as verify_mod
 
     rewrite(out / mla_rel(1), lambda t: t[w_uv_name(1)].mul_(2))
     fix_hash(out, mla_rel(1))
@@ -747,10 +748,10 @@ def test_read_buffers_are_reused_in_turn_unless_leased(monkeypatch):
     weight, an MLA artifact) is never written again, and is reused once the lease is released."""
     import io
 
-    from mla_convert.verification.stream import _ReadBuffers
+    from mla_convert.verification.buffers import ReadBuffers
 
     f = io.BytesIO(bytes(range(256)) * 8)
-    bufs = _ReadBuffers()
+    bufs = ReadBuffers()
     a = bufs.read(f, 256)
     bufs.lease(a, "a")  # held for good
     kept = bytes(a)
@@ -765,7 +766,7 @@ def test_read_buffers_are_reused_in_turn_unless_leased(monkeypatch):
     e = bufs.read(f, 100)
     assert e.obj is c.obj and bytes(e) == bytes(range(72, 172)), "a released buffer is reused"
     assert bytes(d) == bytes(range(128, 256)) + bytes(range(72)), "the other slot was left alone"
-    monkeypatch.setattr(_ReadBuffers, "REUSE_BYTES", 64)
+    monkeypatch.setattr(ReadBuffers, "REUSE_BYTES", 64)
     big = bufs.read(f, 100)  # over REUSE_BYTES: memory of its own; its lease holds no slot
     assert big.obj is not d.obj and big.obj is not e.obj and bytes(big) == bytes(range(172, 256)) + bytes(range(16))
     bufs.lease(big, "big")
@@ -788,14 +789,14 @@ def test_a_weight_waiting_for_its_scale_keeps_its_buffer(fp8_out, tiny_src):
 def test_read_buffers_belong_to_a_thread_and_outlive_a_file():
     import threading
 
-    from mla_convert.verification.stream import _thread_buffers
+    from mla_convert.verification.buffers import thread_buffers
 
-    mine = _thread_buffers()
+    mine = thread_buffers()
     other = []
-    t = threading.Thread(target=lambda: other.append(_thread_buffers()))
+    t = threading.Thread(target=lambda: other.append(thread_buffers()))
     t.start()
     t.join()
-    assert _thread_buffers() is mine and other[0] is not mine
+    assert thread_buffers() is mine and other[0] is not mine
 
 
 def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
@@ -803,7 +804,7 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
     file system, a signal) is continued, so the rows are still exact."""
     import os
 
-    from mla_convert.verification.stream import Ref, _Reader
+    from mla_convert.verification.rows import Ref, RowReader
 
     t = torch.randn(37, 11)
     path = tmp_path / "source.bin"
@@ -815,7 +816,7 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
         return real(fd, [memoryview(buffers[0])[:7]], offset)
 
     monkeypatch.setattr(os, "preadv", at_most_7_bytes)
-    reader = _Reader()
+    reader = RowReader()
     try:
         ref = Ref(str(path), "w", 13, "F32", (37, 11))
         assert torch.equal(reader.rows(ref), t)
@@ -826,13 +827,13 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
 
 
 def test_a_truncated_source_file_names_the_file_and_tensor(tmp_path):
-    from mla_convert.verification.stream import Ref, _Reader, _ReadError
+    from mla_convert.verification.rows import ReadError, Ref, RowReader
 
     path = tmp_path / "source.bin"
     path.write_bytes(b"\0" * 100)
-    reader = _Reader()
+    reader = RowReader()
     try:
-        with pytest.raises(_ReadError, match=rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"):
+        with pytest.raises(ReadError, match=rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"):
             reader.rows(Ref(str(path), "w", 13, "BF16", (6, 10)))
     finally:
         reader.close()

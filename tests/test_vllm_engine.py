@@ -44,7 +44,7 @@ from mla_convert.settings import Options
 from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 HEADS = 8
 LAYERS = 3  # decoder layers vLLM builds (the MTP layer is not loaded without speculative decoding)

@@ -33,7 +33,7 @@ from mla_convert.settings import Options
 from support.artifacts import read_artifacts
 from support.vllm_engine_run import engine_env, plugin_lines, run_engine_process
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 EXPERTS = r"model\.layers\.\d+\.mlp\.experts\."
 KV_B = r"model\.layers\.\d+\.self_attn\.kv_b_proj"

@@ -34,7 +34,7 @@ from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from support.vllm_engine_run import engine_env
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 420  # engine start on 2 shared cores, with margin

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 STANDIN = importlib.util.spec_from_file_location(
     "vllm_upstream_conformance", __file__.rsplit("/", 1)[0] + "/support/standins/vllm_upstream.py"

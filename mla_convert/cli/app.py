@@ -1,5 +1,5 @@
 """The mla-convert command line: the Typer app, its commands (one module each: convert_cmd,
-verify_cmd, demo_cmd), and `main`. Each command parses options, calls one library function and
+verify_cmd, demo_cmd, upload_cmd), and `main`. Each command parses options, calls one library function and
 prints the result; errors become one line on stderr and an exit code (cli.errors)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from mla_convert.cli import convert_cmd, demo_cmd, verify_cmd
+from mla_convert.cli import convert_cmd, demo_cmd, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED
 from mla_convert.cli.startup import still_working
 from mla_convert.process import interrupts
@@ -88,6 +88,7 @@ app.command("convert", epilog=convert_cmd.EPILOG)(convert_cmd.convert)
 app.command("deepseek-r1", help=convert_cmd.R1_HELP, epilog=convert_cmd.EPILOG)(convert_cmd.deepseek_r1)
 app.command("demo")(demo_cmd.demo)
 app.command("verify")(verify_cmd.verify)
+app.command("upload")(upload_cmd.upload)
 
 
 def main() -> None:

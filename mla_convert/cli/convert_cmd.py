@@ -20,6 +20,7 @@ from mla_convert.cli.options import (
     IgnoreOpt,
     JsonOpt,
     KernelsOpt,
+    NoCardOpt,
     OutOpt,
     OverwriteOpt,
     QuietOpt,
@@ -55,6 +56,7 @@ def convert(
     format: FormatOpt = Options.format,
     target: TargetOpt = Options.target,
     ignore: IgnoreOpt = None,
+    no_card: NoCardOpt = not Options.card,
     revision: RevisionOpt = RunSettings.revision,
     stream: StreamOpt = RunSettings.stream,
     workers: WorkersOpt = RunSettings.workers,
@@ -72,9 +74,9 @@ def convert(
     with errors_to_exit(functools.partial(_interrupted, out)), console.reporter(quiet, "converting") as report:
         report.status("starting (loading torch)")
         start_heavy_process()
-        from mla_convert.conversion.pipeline import convert as run_conversion
+        from mla_convert import api
 
-        options = Options(format=format, target=target, ignore=tuple(ignore or ()))
+        options = Options(format=format, target=target, ignore=tuple(ignore or ()), card=not no_card)
         settings = RunSettings(
             workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
             stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,
@@ -87,7 +89,7 @@ def convert(
             disable_progress_bars()
             if quiet:  # its retry warnings too: errors only
                 logging.set_verbosity_error()
-        summary = run_conversion(source, out, options, settings).to_json()
+        summary = api.convert(source, out, options=options, settings=settings).to_json()
     report_summary(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
 
 

@@ -34,7 +34,8 @@ def demo(
     with errors_to_exit("demo interrupted; run it again with --overwrite, or remove its directory"):
         from mla_convert.demo.run import run_demo
 
-        summary, report = run_demo(out, Options(format=format, target=target), overwrite, member)
+        result = run_demo(out, Options(format=format, target=target), overwrite, member)
+    summary, report = result.to_json(), result.report.to_json()
     report_summary(summary, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
     if not (json_out or quiet):
         where = shlex.quote(summary["demo_dir"])

@@ -41,6 +41,15 @@ TargetOpt = Annotated[
         help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240).",
     ),
 ]
+NoCardOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-card",
+        help="Keep the source's README.md as it is, instead of the output's own model card (Hub metadata naming the "
+        "source as base model, what was converted and how, serving, verification, the source's card below it). "
+        "Recorded in the manifest: a --resume must match it.",
+    ),
+]
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", min=1, help="Shards converted in parallel (processes).")]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print a machine-readable JSON summary on stdout (progress stays on stderr).")

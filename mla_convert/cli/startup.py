@@ -33,11 +33,12 @@ def start_heavy_process() -> None:
 
 # Threads that an interrupted command leaves to finish on their own (by name prefix, in the
 # module that starts them): verify's file readers (each on its tensor: seconds, on R1's largest)
-# and a --stream download (minutes). Their memory is their own and nothing they do is left to
+# a --stream download and an upload's file transfers (minutes). Their memory is their own and nothing they do is left to
 # finalize, so the process ends as soon as it has said why, without waiting for them.
 _LEFT_RUNNING = {
-    "mla_convert.verification.api": "FILE_THREADS_NAME",
+    "mla_convert.verification.runners": "FILE_THREADS_NAME",
     "mla_convert.source.hub": "DOWNLOAD_THREAD_NAME",
+    "mla_convert.publish.upload": "UPLOAD_THREAD_NAME",  # each on one file's upload (minutes)
 }
 
 

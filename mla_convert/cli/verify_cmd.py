@@ -34,10 +34,10 @@ def verify(
     with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
         progress.status("starting (loading torch)")
         start_heavy_process()
-        from mla_convert.verification.api import verify as run_verify
+        from mla_convert import api
 
         progress.status(f"reading the headers in {dir}")
-        report = run_verify(dir, source, workers=workers, progress_factory=progress.progress_factory)
+        report = api.verify(dir, source=source, workers=workers, progress_factory=progress.progress_factory).to_json()
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

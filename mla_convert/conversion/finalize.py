@@ -1,14 +1,25 @@
-"""The last stage of a conversion: side files, config.json, the index and the MLA manifest, each
-written atomically and hashed; then the conversion manifest marks the output complete."""
+"""The last stage of a conversion: side files, config.json, the index, the MLA manifest and the
+model card (README.md, which takes the place of the source's: output.card), each written
+atomically and hashed; then the conversion manifest marks the output complete."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mla_convert.constants import COMPLETE, CONFIG_NAME, INDEX_NAME, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
+from mla_convert.constants import (
+    CARD_NAME,
+    COMPLETE,
+    CONFIG_NAME,
+    INDEX_NAME,
+    MLA_DIR_NAME,
+    MLA_MANIFEST_NAME,
+    TOOL_NAME,
+)
 from mla_convert.conversion.crash_points import crash_point
 from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
+from mla_convert.output.card import write_card
+from mla_convert.output.card_facts import CardFacts, SourceRef, source_ref
 from mla_convert.output.manifest import write_manifest
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.source.checkpoint import checked_member
@@ -16,16 +27,20 @@ from mla_convert.version import __version__
 from mla_runtime.format import LayerEntry, MlaManifest
 
 
-def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
-    """Side files, config, index, MLA manifest, then the manifest 'complete' with every file of
-    `files` (the shard jobs' files; the ones written here are added)."""
+def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRef | None = None) -> None:
+    """Side files, config, index, MLA manifest, the card, then the manifest 'complete' with every
+    file of `files` (the shard jobs' files; the ones written here are added). `origin`: where the
+    source came from (default: its directory), for the card and the manifest."""
     src = plan.source
+    origin = origin or source_ref(src.root)
 
     def record(rel: str, w: WrittenFile) -> None:
         files[rel] = {"size": w.size, "sha256": w.sha256}
 
+    card = plan.options.card
     for rel in src.side_files:
-        record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
+        if not (card and rel == CARD_NAME):  # the card takes the source's README's place
+            record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
     record(CONFIG_NAME, write_bytes_atomic(out_dir / CONFIG_NAME, _json_bytes(plan.config)))
     weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
     total = sum(job.out_bytes for job in plan.shards)
@@ -45,8 +60,24 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict]) -> None:
     rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
     crash_point("mla-manifest")
     record(rel, write_bytes_atomic(out_dir / rel, manifest.to_json().encode()))
+    if card:
+        source_card = checked_member(src.root, CARD_NAME, "side file") if CARD_NAME in src.side_files else None
+        record(CARD_NAME, write_card(out_dir, card_facts(plan, origin), source_card))
     crash_point("final-manifest")
-    write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files)
+    write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files, origin.as_dict())
+
+
+def card_facts(plan: Plan, origin: SourceRef) -> CardFacts:
+    src, options = plan.source, plan.options
+    summary = plan.summary()
+    return CardFacts(
+        source=origin, fingerprint=src.fingerprint(), version=__version__, format=options.format,
+        target=options.target, fp8_max=options.fp8_max, ignore=options.ignore, architecture=src.layout.architecture,
+        model_type=str(src.config.get("model_type")), layers=src.layout.layers, mtp_layers=src.layout.mtp_layers,
+        heads=src.dims.num_heads, mla_layers=len(plan.mla_layers), shards=len(plan.shards),
+        tensors=summary["tensors_out"], model_bytes=summary["bytes_out_model"], mla_bytes=summary["bytes_out_mla"],
+        ignored_modules=len(plan.ignored_modules),
+    )  # fmt: skip
 
 
 def _json_bytes(obj: dict) -> bytes:

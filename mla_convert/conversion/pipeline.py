@@ -31,6 +31,7 @@ from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
 from mla_convert.kernels import native
 from mla_convert.output import preflight
+from mla_convert.output.card_facts import SourceRef, source_ref
 from mla_convert.output.journal import Journal
 from mla_convert.output.manifest import write_manifest
 from mla_convert.output.out_dir import check_location
@@ -100,6 +101,7 @@ class _Conversion:
         self.summary: dict = {}
         self.download_bytes: int | None = None  # a Hub source to download first: what is not in the cache
         self.cache: Path | None = None
+        self.origin: SourceRef | None = None  # where the source came from, for the card and the manifest
 
     @property
     def streaming(self) -> bool:
@@ -110,6 +112,8 @@ class _Conversion:
     def open_source(self, cleanup: contextlib.ExitStack) -> None:
         s = self.settings
         self.src, self.repo = open_planned_source(self.source, s.revision, s.stream, cleanup, self.status)
+        repo = self.repo
+        self.origin = source_ref(self.src.root, repo.repo_id, repo.commit) if repo else source_ref(self.src.root)
         if self.repo is None:  # on disk: its scales are read now, before anything is written
             check_scale_values(self.src)
 
@@ -216,7 +220,7 @@ class _Conversion:
 
     def finalize(self) -> None:
         src = self.plan.source
-        finalize(self.plan, self.out_dir, self.files)
+        finalize(self.plan, self.out_dir, self.files, self.origin)
         Journal(self.out_dir).remove()
         if self.streaming:
             hub.remove_staging(src.root)

@@ -14,6 +14,8 @@ from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import ConvertError, OutputError
 from mla_convert.io.files import files_under
 from mla_convert.output import out_dir as out
+from mla_convert.output.card import record_verification
+from mla_convert.results import DemoResult
 from mla_convert.settings import Options
 from mla_convert.source.family import MEMBERS
 from mla_convert.verification.api import verify
@@ -25,12 +27,10 @@ SOURCE_DIR = "source"
 
 def run_demo(
     out_dir: str | Path | None, options: Options, overwrite: bool = False, member: str = MEMBERS[0]
-) -> tuple[dict, dict]:
+) -> DemoResult:
     """Write the tiny checkpoint of `member` (family.MEMBERS) to `out_dir`/source (default: a new
-    temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source.
-
-    Returns (the conversion summary with 'verify', 'demo_dir' and 'demo_bytes' entries, the verify report).
-    """
+    temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source;
+    the result goes into the converted model's card."""
     if member not in MEMBERS:
         raise ConvertError(f"--family {member!r}: expected one of {', '.join(MEMBERS)}")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
@@ -38,17 +38,11 @@ def run_demo(
     src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))
     written = [f"{SOURCE_DIR}/{rel}" for rel in files_under(src)]
     (root / MARKER).write_text(json.dumps({"source_files": written}, indent=1) + "\n")
-    summary = convert(src, root / f"converted-{options.format}", options).to_json()
-    report = verify(summary["out"], src)
-    summary["verify"] = {
-        "ok": report["ok"],
-        "checks": sum(g["checked"] for g in report["groups"].values()),
-        "failed": sum(g["failed"] for g in report["groups"].values()),
-        "seconds": report["seconds"],
-    }
-    summary["demo_dir"] = str(root)
-    summary["demo_bytes"] = sum(os.lstat(root / rel).st_size for rel in files_under(root))
-    return summary, report
+    conversion = convert(src, root / f"converted-{options.format}", options)
+    report = verify(conversion.out, src)
+    record_verification(conversion.out, report)  # the card says what verify found
+    demo_bytes = sum(os.lstat(root / rel).st_size for rel in files_under(root))
+    return DemoResult(conversion, report, str(root), demo_bytes)
 
 
 def _prepare(root: Path, overwrite: bool) -> None:

@@ -181,8 +181,12 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
             'mla-convert copies such files unchanged and never imports or runs them."""\n'
         )
     weights = "block-FP8" if spec.weights == "fp8" else "BF16"
+    # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
+    # the converted model's card takes over.
     (out_dir / "README.md").write_text(
-        f"Synthetic {spec.architecture} ({spec.model_type}) {weights} checkpoint written by mla-convert.\n"
+        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
+        f"# Synthetic {spec.architecture}\n\n"
+        f"A synthetic {spec.architecture} ({spec.model_type}) {weights} checkpoint written by mla-convert.\n"
     )
     (out_dir / "figures").mkdir(exist_ok=True)
     (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 from mla_convert.constants import COMPLETE, JOURNAL_NAME, MANIFEST_NAME, PARTIAL_SUFFIX
 from mla_convert.errors import OutputError
 from mla_convert.output.manifest import read_manifest
-from mla_runtime.safetensors_file import file_sha256
+from mla_runtime.safetensors_file import file_digest
 
 JobFiles = list[tuple[str, int, str]]  # a job's files: (relative path, size, sha256)
 
@@ -25,9 +25,11 @@ class Journal:
         self.path = Path(out_dir) / JOURNAL_NAME
 
     def record(self, job_file: str, files: JobFiles) -> None:
-        line = json.dumps({"job": job_file, "files": [list(f) for f in files]}) + "\n"
+        line = (json.dumps({"job": job_file, "files": [list(f) for f in files]}) + "\n").encode()
         try:
-            with open(self.path, "a") as f:
+            with open(self.path, "ab+") as f:
+                if f.seek(0, os.SEEK_END) and os.pread(f.fileno(), 1, f.tell() - 1) != b"\n":
+                    line = b"\n" + line  # after a torn last line (killed mid-append): a line of its own
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
@@ -35,11 +37,14 @@ class Journal:
             raise OutputError(f"{self.path}: cannot record progress: {e.strerror or e}") from e
 
     def entries(self) -> dict[str, JobFiles]:
-        """Job file -> its files; a torn last line (killed mid-append) is ignored."""
+        """Job file -> its files; a torn last line (killed mid-append) is ignored, and a journal
+        that cannot be read (not a file) records nothing: a resume then redoes those jobs."""
         out: dict[str, JobFiles] = {}
-        if not self.path.exists():
+        try:
+            text = self.path.read_bytes().decode(errors="replace")
+        except OSError:
             return out
-        for line in self.path.read_text().splitlines():
+        for line in text.splitlines():
             try:
                 entry = json.loads(line)
                 out[entry["job"]] = [(str(r), int(n), str(h)) for r, n, h in entry["files"]]
@@ -72,6 +77,10 @@ def check_resumable(out_dir: Path, options: dict, fingerprint: str) -> dict:
         ) from e
     if manifest is None:
         raise OutputError(f"{out_dir}: no {MANIFEST_NAME}; this is not an mla-convert output and cannot be resumed")
+    if not isinstance(manifest, dict):
+        raise OutputError(
+            f"{out_dir / MANIFEST_NAME}: not an mla-convert manifest; cannot resume, start over with --overwrite"
+        )
     recorded = manifest.get("options", {})
     diffs = [f"{k} recorded {recorded.get(k)!r}, requested {v!r}" for k, v in options.items() if recorded.get(k) != v]
     if diffs:
@@ -102,6 +111,6 @@ def resumable_jobs(out_dir: Path, manifest: dict, job_outputs: dict[str, list[st
 
 def _intact(path: Path, size: int, sha: str) -> bool:
     try:
-        return path.stat().st_size == size and file_sha256(path) == (size, sha)
+        return path.stat().st_size == size and file_digest(path) == (size, sha)
     except OSError:
         return False

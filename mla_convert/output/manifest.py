@@ -14,7 +14,10 @@ from mla_convert.io.files import write_bytes_atomic
 from mla_convert.version import __version__
 
 
-def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: dict[str, dict]) -> bytes:
+def manifest_bytes(
+    status: str, options: dict, source_fingerprint: str, files: dict[str, dict], source: dict | None = None
+) -> bytes:
+    """`source`: where the source came from (output.card.SourceRef.as_dict), recorded once known."""
     doc = {
         "tool": TOOL_NAME,
         "version": __version__,
@@ -23,11 +26,15 @@ def manifest_bytes(status: str, options: dict, source_fingerprint: str, files: d
         "source_fingerprint": source_fingerprint,
         "files": {k: files[k] for k in sorted(files)},
     }
+    if source is not None:
+        doc["source"] = source
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def write_manifest(out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict]) -> None:
-    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files))
+def write_manifest(
+    out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict], source: dict | None = None
+) -> None:
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files, source))
 
 
 def read_manifest(out_dir: Path) -> dict | None:

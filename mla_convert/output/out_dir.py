@@ -133,9 +133,7 @@ def earlier_output(out_dir: Path, writes: Iterable[str]) -> Earlier:
             f"{out_dir}: --overwrite would delete {some(foreign)}, which mla-convert did not write; "
             "move it out of --out first (only an earlier output's own files are replaced)"
         )
-    nbytes = sum(_size(out_dir / rel) for rel in own)
-    staged = out_dir / STAGING_DIR_NAME
-    nbytes += sum(_size(staged / rel) for rel in files_under(staged)) if staged.is_dir() else 0
+    nbytes = sum(_size(out_dir / rel) for rel in own)  # the staging directory's files among them
     return Earlier(out_dir, tuple(rel for rel in own if Path(rel).parts[0] != STAGING_DIR_NAME), nbytes)
 
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from mla_convert.constants import (
+    CARD_NAME,
     CHANNEL_FP8,
     CHANNEL_SCALE_SUFFIX,
     CONFIG_NAME,
@@ -78,7 +79,13 @@ class Plan:
     def writes(self) -> set[str]:
         """Every file the conversion writes, relative to --out."""
         files = {rel for rels in self.job_outputs().values() for rel in rels}
-        return files | set(self.source.side_files) | {CONFIG_NAME, INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"}
+        card = {CARD_NAME} if self.options.card else set()  # also where the source has no README of its own
+        return (
+            files
+            | set(self.source.side_files)
+            | card
+            | {CONFIG_NAME, INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"}
+        )
 
     def ops(self) -> tuple[str, ...]:
         """The converting ops the plan uses, in CONVERTING_OPS' order (what the kernels must run)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from mla_convert.constants import CONFIG_NAME, INDEX_NAME, SINGLE_FILE_NAME
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
-from mla_runtime.safetensors_file import ShardHeader, file_sha256
+from mla_runtime.safetensors_file import ShardHeader, file_digest
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
     size = path.stat().st_size
     if expected.size is not None and size != expected.size:
         return f"size {size}, the Hub lists {expected.size}"
-    if expected.sha256 and (got := file_sha256(path)[1]) != expected.sha256:
+    if expected.sha256 and (got := file_digest(path).sha256) != expected.sha256:
         return f"sha256 {got[:16]}..., the Hub lists {expected.sha256[:16]}..."
     return None
 

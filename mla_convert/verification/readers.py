@@ -141,9 +141,11 @@ def _native_readers() -> Fp8Readers:
         native.library()
     except Exception as e:  # no compiler, a failed build or load
         detail = str(e) if isinstance(e, native.NativeUnavailable) else first_line(e)
-        raise _Unusable(f"native library unavailable ({detail})") from None
-    every_byte = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8).view(torch.float8_e4m3fn)
-    rows = every_byte.reshape(3, 256)[:, torch.randperm(256)][:, :100]
+        raise _Unusable(f"native library unavailable ({detail})") from e
+    codes = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
+    every_byte = codes.view(torch.float8_e4m3fn)
+    # The columns are shuffled as uint8 codes, the same bytes: torch's CPU indexing takes float8 only from 2.10.
+    rows = codes.reshape(3, 256)[:, torch.randperm(256)][:, :100].view(torch.float8_e4m3fn)
     checks = {
         "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
         "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
@@ -157,7 +159,7 @@ def _native_readers() -> Fp8Readers:
         try:
             ok = agrees()
         except Exception as e:
-            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from None
+            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from e
         if not ok:
             raise _Unusable(f"native {what} disagreed with torch on the probe")
     return Fp8Readers(

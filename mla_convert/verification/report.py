@@ -1,13 +1,16 @@
 """The verification report: check groups, failures that name file and tensor, and worst-tensor stats.
 
 A `Tally` is filled by every part of `verify` (the header pass in the main process, each file's
-streaming pass in a worker) and merged; `as_report` turns the merged tally into the dict that the
-CLI prints as a table or as JSON.
+streaming pass in a worker, through a `FileTally` that names the file) and merged; `as_report`
+turns the merged tally into the VerifyReport (mla_convert.results) that the CLI prints as a
+table or, `to_json()`, as JSON.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from mla_convert.results import CheckGroup, Failure, TensorStats, VerifyReport
 
 STRUCTURE, INTEGRITY, VALUES, SOURCE, MLA = GROUPS = ("structure", "integrity", "values", "source", "mla")
 GROUP_TITLES = {
@@ -19,33 +22,6 @@ GROUP_TITLES = {
 }
 MAX_LISTED = 50  # failures listed per group (all are counted)
 MAX_WORST = 5  # worst converted tensors kept for the report
-
-
-@dataclass(frozen=True)
-class Failure:
-    group: str
-    check: str  # short id of the check, e.g. "sha256", "nan", "fp8-bound"
-    file: str | None = None  # relative to the verified directory (or to --source)
-    tensor: str | None = None
-    expected: str = ""
-    found: str = ""
-
-    def line(self) -> str:
-        where = " ".join(x for x in (self.file, repr(self.tensor) if self.tensor else None) if x)
-        return f"[{self.group}/{self.check}] {where or '-'}: expected {self.expected}; found {self.found}"
-
-
-@dataclass(frozen=True)
-class TensorStats:
-    """How far one converted tensor is from the exact fp32 dequant of its source tensor."""
-
-    file: str
-    tensor: str
-    op: str  # "fp8" | "bf16"
-    max_abs_err: float
-    rel_err: float  # ||converted - exact||_2 / ||exact||_2
-    cosine: float
-    bound_use: float  # max over elements of |err| / allowed error (<= 1 passes)
 
 
 @dataclass
@@ -84,24 +60,45 @@ class Tally:
             self.add_stats(s)
 
 
-def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> dict:
-    """The full report: exit_code 0 when every check that ran passed, 1 otherwise."""
+@dataclass
+class FileTally:
+    """One file's checks, recorded in `tally` under the file's name."""
+
+    tally: Tally
+    rel: str  # the file, relative to the verified directory
+
+    def expect(self, cond: bool, group: str, check: str, tensor=None, *, expected="", found="") -> bool:
+        return self.tally.expect(cond, group, check, self.rel, tensor, expected=expected, found=found)
+
+    def fail(self, group: str, check: str, tensor=None, *, expected="", found="") -> None:
+        self.tally.fail(group, check, self.rel, tensor, expected=expected, found=found)
+
+    def verdict(self, bad, group: str, check: str, tensor, expected: str, total: int, what: str = "") -> None:
+        """Record one check over a tensor: it passed when `bad` (a bounds.Mismatches, over `total`
+        elements) counted none."""
+        self.expect(not bad.count, group, check, tensor, expected=expected, found=what + bad.text(total))
+
+    def stats(self, tensor: str, op: str, st) -> None:
+        """How far a converted tensor is from its source (`st`: a bounds.ErrorStats over it)."""
+        self.tally.add_stats(TensorStats(self.rel, tensor, op, st.max_abs, st.rel_err, st.cosine, st.bound_use))
+
+
+def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> VerifyReport:
+    """The full report (`info`: its header fields): exit_code 0 when every check that ran passed,
+    1 otherwise."""
     groups = {}
     for g in GROUPS:
         fails = [f for f in tally.failures if f.group == g]
-        groups[g] = {
-            "title": GROUP_TITLES[g],
-            "checked": tally.checked[g],
-            "failed": len(fails),
-            "skipped": skipped.get(g),
-            "failures": [asdict(f) | {"message": f.line()} for f in fails[:MAX_LISTED]],
-            "failures_not_listed": max(0, len(fails) - MAX_LISTED),
-        }
+        groups[g] = CheckGroup(
+            title=GROUP_TITLES[g],
+            checked=tally.checked[g],
+            failed=len(fails),
+            skipped=skipped.get(g),
+            failures=tuple(fails[:MAX_LISTED]),
+            failures_not_listed=max(0, len(fails) - MAX_LISTED),
+        )
     ok = not tally.failures
-    return info | {
-        "ok": ok,
-        "exit_code": 0 if ok else 1,
-        "groups": groups,
-        "worst_tensors": [asdict(s) for s in tally.worst],
-        "bytes_read": tally.bytes_read,
-    }
+    return VerifyReport(
+        **info, ok=ok, exit_code=0 if ok else 1, groups=groups, worst_tensors=tuple(tally.worst),
+        bytes_read=tally.bytes_read,
+    )  # fmt: skip

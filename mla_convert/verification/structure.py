@@ -1,71 +1,34 @@
 """verify, header pass: what a converted directory must contain, checked without reading tensor data.
 
-The expected tensor set comes from the plan of `--source` when one is given (exact: names, dtypes,
-shapes, files), else from what the family member's config implies for the recorded format
-(family.implied_tensors), plus the known extra buffers of real checkpoints that are present.
+The config, the index and every shard header, the tensor set against the expected one (expects),
+quantization_config against the tensors, and the MLA manifest with the artifact headers
+(mla_manifest). What the pass learned (Structure) is what the data pass works from.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import (
-    BF16,
-    CHANNEL_FP8,
-    CHANNEL_SCALE_SUFFIX,
-    CONFIG_NAME,
-    FLOAT_WEIGHT_DTYPES,
-    FP8_E4M3,
-    INDEX_NAME,
-    MLA_DIR_NAME,
-    MLA_MANIFEST_NAME,
-)
+from mla_convert.constants import BF16, CHANNEL_FP8, CHANNEL_SCALE_SUFFIX, CONFIG_NAME, FP8_E4M3, INDEX_NAME
 from mla_convert.errors import SourceError
 from mla_convert.io.headers import read_header
-from mla_convert.plan.ops import COPY, FP8_SCALE, TO_BF16, TO_FP8
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import module_of
-from mla_convert.source.family import (
-    FP8_LINEAR,
-    LINEAR,
-    OTHER,
-    SUPPORTED_ARCHITECTURES,
-    FamilyError,
-    ModelLayout,
-    extra_buffer_layer,
-    implied_tensors,
+from mla_convert.source.family import FP8_LINEAR, LINEAR, SUPPORTED_ARCHITECTURES, FamilyError, ModelLayout
+from mla_convert.verification.expects import (
+    Expect,
+    ct_ignored,
+    expects_from_config,
+    expects_from_plan,
+    extra_buffer_expects,
 )
-from mla_convert.verification.report import MLA, STRUCTURE, Tally
-from mla_runtime.format import (
-    ARTIFACT_ST_DTYPE,
-    ArtifactError,
-    MlaDims,
-    MlaManifest,
-    layer_file_name,
-    w_uk_t_name,
-    w_uv_name,
-)
-from mla_runtime.format import (
-    read_manifest as read_mla_manifest,
-)
+from mla_convert.verification.mla_manifest import check_mla_manifest
+from mla_convert.verification.report import STRUCTURE, Tally
+from mla_runtime.format import MlaDims, MlaManifest
 from mla_runtime.safetensors_file import ShardHeader
-
-
-@dataclass(frozen=True)
-class Expect:
-    """One tensor the converted model must hold."""
-
-    name: str
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight) or FP8_SCALE
-    dtype: str | None  # safetensors dtype; None: any of FLOAT_WEIGHT_DTYPES
-    shape: tuple[int, ...]
-    kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
-    source: str | None = None  # with --source: the source tensor it derives from
-    file: str | None = None  # with --source: the output shard the plan puts it in
 
 
 @dataclass
@@ -82,63 +45,6 @@ class Structure:
     mla_headers: dict[int, ShardHeader] = field(default_factory=dict)
 
 
-# --- what a family member's config implies --------------------------------------------------------
-
-
-def ct_ignored(module: str, ignore: list[str]) -> bool:
-    """compressed-tensors semantics: 're:PATTERN' entries match with re.match, others by exact name."""
-    for entry in ignore:
-        if entry.startswith("re:"):
-            try:
-                if re.match(entry[3:], module):
-                    return True
-            except re.error:
-                continue
-        elif entry == module:
-            return True
-    return False
-
-
-def expects_from_config(cfg: dict, fmt: str, ignore: list[str]) -> dict[str, Expect]:
-    out: dict[str, Expect] = {}
-    for name, (shape, kind) in implied_tensors(cfg).items():
-        module = module_of(name)
-        if kind != FP8_LINEAR:
-            out[name] = Expect(name, COPY, None, shape, kind)
-        elif fmt == BF16 or ct_ignored(module, ignore):
-            out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
-        else:
-            out[name] = Expect(name, TO_FP8, FP8_E4M3, shape, kind)
-            scale = module + CHANNEL_SCALE_SUFFIX
-            out[scale] = Expect(scale, FP8_SCALE, "F32", (shape[0], 1), kind)
-    return out
-
-
-def _add_extra_buffers(lay: Structure) -> None:
-    """Known extra buffers of real checkpoints (a layer's rotary inv_freq), where present: copied
-    1-D tensors of any length, for the layers the config has."""
-    layers = ModelLayout.of(lay.config).all_layers
-    for hd in lay.headers.values():
-        for name, info in hd.tensors.items():
-            layer = extra_buffer_layer(name)
-            if layer is not None and layer < layers and len(info.shape) == 1 and name not in lay.expects:
-                lay.expects[name] = Expect(name, COPY, None, info.shape)
-
-
-def expects_from_plan(plan: Plan) -> dict[str, Expect]:
-    kinds = {n: k for n, (_, k) in implied_tensors(plan.source.config).items()}
-    return {
-        t.name: Expect(
-            t.name, t.op, t.dtype, t.shape, kinds.get(f"{module_of(t.name)}.weight", OTHER), t.source, job.file
-        )
-        for job in plan.shards
-        for t in job.tensors
-    }
-
-
-# --- the header pass ------------------------------------------------------------------------------
-
-
 def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Structure:
     """Run every header-only check, recording results in `tally`; return what the data pass needs."""
     lay = Structure()
@@ -153,7 +59,7 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
         else:
             ignore = (lay.config.get("quantization_config") or {}).get("ignore") or []
             lay.expects = expects_from_config(lay.config, fmt, [str(x) for x in ignore])
-            _add_extra_buffers(lay)
+            lay.expects |= extra_buffer_expects(lay.config, lay.headers, lay.expects)
     except (KeyError, TypeError, FamilyError) as e:
         tally.fail(
             STRUCTURE, "config", CONFIG_NAME, expected="every dimension of its architecture", found=f"missing {e}"
@@ -163,7 +69,7 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
     if fmt == CHANNEL_FP8:
         _check_quantized_modules(lay, tally)
     lay.mla_layers = sorted(int(n.split(".")[2]) for n in lay.expects if n.endswith(".self_attn.kv_b_proj.weight"))
-    _check_mla_manifest(root, lay, fmt, fingerprint, tally)
+    lay.mla_manifest, lay.mla_headers = check_mla_manifest(root, lay.dims, lay.mla_layers, fmt, fingerprint, tally)
     return lay
 
 
@@ -342,7 +248,7 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
     for name, exp in lay.expects.items():
         rel = lay.weight_map.get(name)
         if rel is None:
-            tally.fail(STRUCTURE, "missing-tensor", None, name, expected=_describe(exp), found="not in the index")
+            tally.fail(STRUCTURE, "missing-tensor", None, name, expected=exp.describe(), found="not in the index")
             continue
         if exp.file is not None:
             tally.expect(
@@ -351,14 +257,13 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
         info = lay.headers[rel].tensors.get(name) if rel in lay.headers else None
         if info is None:
             continue  # reported by the index/header checks
-        dtype_ok = info.dtype in FLOAT_WEIGHT_DTYPES if exp.dtype is None else info.dtype == exp.dtype
         tally.expect(
-            dtype_ok and info.shape == exp.shape,
+            exp.admits(info),
             STRUCTURE,
             "dtype-shape",
             rel,
             name,
-            expected=_describe(exp),
+            expected=exp.describe(),
             found=f"{info.dtype}{list(info.shape)}",
         )
     for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
@@ -367,10 +272,6 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
             tally.fail(
                 STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why
             )
-
-
-def _describe(exp: Expect) -> str:
-    return f"{exp.dtype or '/'.join(FLOAT_WEIGHT_DTYPES)}{list(exp.shape)}"
 
 
 def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
@@ -409,81 +310,3 @@ def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
 def _info(lay: Structure, name: str):
     rel = lay.weight_map.get(name)
     return lay.headers[rel].tensors.get(name) if rel in lay.headers else None
-
-
-def _check_mla_manifest(root: Path, lay: Structure, fmt: str, fingerprint: str, tally: Tally) -> None:
-    mla_root = root / MLA_DIR_NAME
-    try:
-        man = read_mla_manifest(mla_root)
-    except ArtifactError as e:
-        tally.fail(
-            STRUCTURE,
-            "mla-manifest",
-            f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
-            expected="a valid MLA manifest",
-            found=str(e),
-        )
-        return
-    lay.mla_manifest = man
-    rel_manifest = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
-    tally.expect(man.dims == lay.dims, STRUCTURE, "mla-manifest", rel_manifest, expected=lay.dims, found=man.dims)
-    tally.expect(
-        man.layer_ids() == lay.mla_layers,
-        STRUCTURE,
-        "mla-manifest",
-        rel_manifest,
-        expected=f"layers {lay.mla_layers}",
-        found=f"layers {man.layer_ids()}",
-    )
-    tally.expect(
-        man.source_fingerprint == fingerprint,
-        MLA,
-        "fingerprint",
-        rel_manifest,
-        expected=f"source fingerprint {fingerprint} (the conversion manifest's)",
-        found=man.source_fingerprint,
-    )
-    producer_fmt = man.producer.get("format")
-    if producer_fmt is not None:
-        tally.expect(
-            producer_fmt == fmt, STRUCTURE, "mla-manifest", rel_manifest, expected=f"format {fmt}", found=producer_fmt
-        )
-    for entry in man.layers:
-        if tally.expect(
-            entry.file == layer_file_name(entry.layer),
-            STRUCTURE,
-            "mla-manifest",
-            rel_manifest,
-            expected=layer_file_name(entry.layer),
-            found=entry.file,
-        ):
-            _check_mla_layer_file(root, lay, entry.layer, man.dims, tally)
-
-
-def _check_mla_layer_file(root: Path, lay: Structure, layer: int, dims: MlaDims, tally: Tally) -> None:
-    """One layer's artifact file holds W_UK_T and W_UV, bf16 in their shapes, and nothing else; its
-    header goes into lay.mla_headers."""
-    rel = f"{MLA_DIR_NAME}/{layer_file_name(layer)}"
-    try:
-        hd = read_header(root / rel)
-    except SourceError as e:
-        tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=str(e).split(": ", 1)[-1])
-        return
-    lay.mla_headers[layer] = hd
-    want = {
-        w_uk_t_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uk_t_shape()),
-        w_uv_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uv_shape()),
-    }
-    for name, (dtype, shape) in want.items():
-        t = hd.tensors.get(name)
-        tally.expect(
-            t is not None and (t.dtype, t.shape) == (dtype, shape),
-            STRUCTURE,
-            "mla-artifact",
-            rel,
-            name,
-            expected=f"{dtype}{list(shape)}",
-            found="missing" if t is None else f"{t.dtype}{list(t.shape)}",
-        )
-    for name in sorted(set(hd.tensors) - set(want)):
-        tally.fail(STRUCTURE, "mla-artifact", rel, name, expected="only W_UK_T and W_UV", found="extra tensor")

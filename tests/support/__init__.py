@@ -12,6 +12,9 @@ Where things live, and how a test gets them:
 - `checkpoints.py`: `load_json`, `load_all` (every tensor of a sharded checkpoint) and
   `tree_hashes` (sha256 of every file under a directory), each a fixture of the same name;
   `SHARD1`, `SHARD2`, two shard names of the tiny checkpoint, are imported.
+- `edits.py`: `edit_json`, `edit_header` (a safetensors header changed, its data kept),
+  `rewrite_shard`, `drop_tensor` and `shard_of`, for tests that damage a private copy of a
+  checkpoint (`src_copy`); imported.
 - `cli_runner.py`: `run_cli`, the real CLI in a child process; the `run_cli` fixture.
 - `standins/vllm_gaudi/`: a stand-in of vllm-gaudi (see its README). The `vllm_gaudi_standin`
   fixture puts it on `sys.path` for one test and takes it off again.

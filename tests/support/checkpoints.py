@@ -1,7 +1,7 @@
 """Reading checkpoint directories in tests: JSON files, every tensor, a hash of every file; and the
 tiny checkpoint's shard names.
 
-Tests get `load_json`, `load_all` and `tree_hashes` as fixtures (tests/conftest.py); a test module's
+Tests get `load_json`, `load_all`, `tree_hashes` and `conversion_hashes` as fixtures (tests/conftest.py); a test module's
 own module-level helpers, which fixtures cannot reach, import them from here.
 """
 
@@ -40,3 +40,22 @@ def tree_hashes(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
+
+
+# What names where a conversion's source came from: the model card (its base_model) and the
+# conversion manifest (its `source`, and the card's sha256 among its files).
+_PROVENANCE = ("README.md", "mla-convert-manifest.json")
+
+
+def conversion_hashes(root: Path) -> dict[str, str]:
+    """tree_hashes of a conversion but for the card, with the manifest counted without what names the
+    source's location: for conversions of the same checkpoint reached two ways (a Hub repo id and a
+    local directory), which must agree in everything else (tests/test_card.py checks the cards)."""
+    hashes = {rel: h for rel, h in tree_hashes(root).items() if rel not in _PROVENANCE}
+    manifest = load_json(root / "mla-convert-manifest.json")
+    manifest.pop("source", None)
+    manifest["files"].pop("README.md", None)
+    hashes["mla-convert-manifest.json, its source left out"] = hashlib.sha256(
+        json.dumps(manifest, sort_keys=True).encode()
+    ).hexdigest()
+    return hashes

@@ -9,6 +9,10 @@ threads). It implements only what `huggingface_hub` 2.4 uses to resolve, list an
     HEAD/GET /{repo_id}/resolve/{rev}/{path}                    hf_hub_download / snapshot_download (Range too)
     GET  /api/agent-harnesses                                   best-effort telemetry lookup (empty registry)
 
+and, for uploads (fake_hub_upload.py, which lists them with what it checks): create_repo, create_branch,
+validate-yaml (ModelCard.validate), preupload, the LFS batch API with basic and multipart transfers and
+verify, and NDJSON commits, which become commits of the repo that the endpoints above then serve.
+
 Files matching `lfs_patterns` (default `*.safetensors`) are LFS files: the listings carry
 `lfs: {oid: <sha256>, size, pointerSize}` (model_info's siblings: `lfs: {sha256, size, pointerSize}`) and
 resolve answers `ETag`/`X-Linked-Etag: "<sha256>"` and `X-Linked-Size`. Other files are plain git blobs whose
@@ -55,7 +59,9 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import pytest
 
-__all__ = ["ENV_UNSET", "FakeHub", "RequestRecord"]
+from support.fake_hub_upload import UPLOAD_ACTIONS, CommitRecord, Dropped, UploadEndpoints
+
+__all__ = ["ENV_UNSET", "CommitRecord", "FakeHub", "RequestRecord"]
 
 _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
@@ -122,7 +128,9 @@ class RequestRecord:
     path: str  # URL path, percent-decoded, without the query
     query: dict[str, list[str]]
     status: int
-    kind: str  # "info" | "tree" | "paths-info" | "resolve" | "other"
+    kind: str  # "info" | "tree" | "paths-info" | "resolve" | "other", or an upload's (fake_hub_upload.py)
+    # ("create", "branch", "validate-yaml", "preupload", "lfs-batch", "lfs-upload", "lfs-part", "lfs-complete",
+    # "lfs-verify", "commit"); status -1: a dropped connection
     repo_id: str | None = None
     revision: str | None = None  # as asked (branch name or sha)
     filename: str | None = None  # resolve only
@@ -227,14 +235,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.server.hub._handle(self, "POST")
 
+    def do_PUT(self):
+        self.server.hub._handle(self, "PUT")
+
 
 # --------------------------------------------------------------------------------------------- FakeHub
 
 
-class FakeHub:
+class FakeHub(UploadEndpoints):
     """A fake Hugging Face Hub serving model repos from local directories. See the module docstring.
 
     `repos`: {repo_id: (directory, commit_sha or None)}, each served as branch "main" (see `add_repo`).
+    Uploads: an LFS object above `multipart_threshold` bytes goes in parts of `chunk_size`.
     """
 
     def __init__(
@@ -245,6 +257,8 @@ class FakeHub:
         tree_page_size: int = 1000,
         tree_expand_page_size: int = 50,
         host: str = "127.0.0.1",
+        multipart_threshold: int = 2 * 1024 * 1024,
+        chunk_size: int = 1024 * 1024,
     ):
         self.lfs_patterns = tuple(lfs_patterns)
         self.tree_page_size = tree_page_size  # the Hub's caps: 1000 entries a page, 50 with expand=True
@@ -257,13 +271,15 @@ class FakeHub:
         self._lock = threading.RLock()
         self._corrupt: dict[tuple[str, str], tuple[bytes | None, _Countdown]] = {}
         self._advertised: dict[tuple[str, str], str] = {}
-        self._fail: dict[tuple[str, str | None], list[tuple[str | None, int, _Countdown]]] = {}
+        self._fail: dict[tuple[str, str | None], list[tuple[str | None, int, _Countdown, str | None]]] = {}
         self._truncate: dict[tuple[str, str], tuple[int | None, _Countdown]] = {}
         self._stall: dict[tuple[str, str], _Countdown] = {}
         self._unstall = threading.Event()  # set by stop(): stalled answers end with the server
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._monkeypatch: pytest.MonkeyPatch | None = None
+        classes = {"HubError": _HubError, "Repo": _Repo, "Commit": _Commit, "File": _File}
+        self._init_upload(classes, multipart_threshold, chunk_size)
         for repo_id, (directory, sha) in (repos or {}).items():
             self.add_repo(repo_id, directory, sha)
 
@@ -409,14 +425,22 @@ class FakeHub:
             self._advertised[(repo_id, path)] = sha256
 
     def fail(
-        self, repo_id: str, path: str | None = None, *, status: int = 500, times: int = 1, method: str | None = "GET"
+        self,
+        repo_id: str,
+        path: str | None = None,
+        *,
+        status: int = 500,
+        times: int = 1,
+        method: str | None = "GET",
+        message: str | None = None,
     ) -> None:
         """Answer the next `times` requests for file `path` of `repo_id` (resolve), or for any request about the
         repo when `path` is None, with HTTP `status`; `method` "GET"/"HEAD"/"POST" or None for any.
         How the client reacts: a file GET is retried only on 408/429 (a 5xx raises HfHubHTTPError); a failed
-        HEAD falls back to the cache, else is retried with backoff (sleeps of 1 s and up) on 5xx."""
+        HEAD falls back to the cache, else is retried with backoff (sleeps of 1 s and up) on 5xx. `message`: the
+        X-Error-Message (default "Injected failure N")."""
         with self._lock:
-            self._fail.setdefault((repo_id, path), []).append((method, status, _Countdown(times)))
+            self._fail.setdefault((repo_id, path), []).append((method, status, _Countdown(times), message))
 
     def truncate(self, repo_id: str, path: str, *, at: int | None = None, times: int = 1) -> None:
         """On the next `times` GETs of `path`, announce the full Content-Length but close the connection after
@@ -587,6 +611,8 @@ class FakeHub:
         try:
             if split.path == "/api/agent-harnesses":
                 return self._send_json(h, rec, 200, {"standardEnvVars": [], "harnesses": {}})
+            if self._upload_route(h, rec, method, raw_segs, body):
+                return
             if len(raw_segs) > 3 and raw_segs[1] == "api" and raw_segs[2] == "models":
                 return self._api(h, rec, method, raw_segs[3:], query, body)
             if "resolve" in raw_segs[2:]:
@@ -599,6 +625,9 @@ class FakeHub:
             if e.commit:
                 headers["X-Repo-Commit"] = e.commit
             self._send_json(h, rec, e.status, {"error": e.message}, headers)
+        except Dropped:
+            self._record(rec, -1)  # a lost connection: no answer at all
+            self._close(h)
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
 
@@ -635,9 +664,9 @@ class FakeHub:
     def _check_fail(self, rec: RequestRecord, method: str, path: str | None) -> None:
         with self._lock:
             for key in ((rec.repo_id, path), (rec.repo_id, None)) if path is not None else ((rec.repo_id, None),):
-                for m, status, countdown in self._fail.get(key, []):
+                for m, status, countdown, message in self._fail.get(key, []):
                     if (m is None or m == method) and countdown.take():
-                        raise _HubError(status, None, f"Injected failure {status}")
+                        raise _HubError(status, None, message or f"Injected failure {status}")
 
     # -- /api/models/...
 
@@ -645,6 +674,8 @@ class FakeHub:
         rec.kind = next((k for k in ("tree", "paths-info") if k in segs[1:3]), "info")  # until parsed for real
         repo, rest = self._repo(rec, segs, h)
         self._check_fail(rec, method, None)
+        if method == "POST" and rest and rest[0] in UPLOAD_ACTIONS:
+            return self._upload_api(h, rec, repo, rest, query, body)
         if not rest or rest == [""]:
             if method == "POST":
                 raise _HubError(405, None, "Method not allowed")

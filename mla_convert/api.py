@@ -1,0 +1,97 @@
+"""The library's entry points: `convert`, `verify` and `upload`, keyword-only past their paths, each
+returning a typed result (mla_convert.results). The CLI is a thin shell over these.
+
+    import mla_convert
+
+    result = mla_convert.convert("/data/DeepSeek-R1", "/data/R1-channel-fp8", target="gaudi2", workers=2)
+    report = mla_convert.verify(result.out, source="/data/DeepSeek-R1")
+    assert report.ok, [f.line() for f in report.failures()]
+
+torch is imported when a function is first called, not when mla_convert is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from mla_convert.results import ConversionResult, UploadResult, VerifyReport
+from mla_convert.settings import Options, ProgressFactory, RunSettings
+
+_OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Options))
+_SETTING_FIELDS = frozenset(f.name for f in dataclasses.fields(RunSettings))
+
+
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    options: Options | None = None,
+    settings: RunSettings | None = None,
+    **fields,
+) -> ConversionResult:
+    """Convert the checkpoint `source` (a directory or a Hub repo id) into `out_dir`.
+
+    What to produce is `options` (Options: format, target, ignore), how to run is `settings`
+    (RunSettings: workers, device, kernels, write_io, revision, stream, dry_run, resume,
+    overwrite, ignore_free_space, progress_factory, status, notice); any of those fields may
+    instead be given by name, replacing the field of the object given (or of the default):
+    `convert(src, out, format="bf16", workers=2)`.
+
+    Raises ConvertError (SourceError, OutputError) with a one-line message for anything the caller
+    can act on, its cause chained; after KeyboardInterrupt, `resume=True` finishes the output.
+    """
+    unknown = sorted(set(fields) - _OPTION_FIELDS - _SETTING_FIELDS)
+    if unknown:
+        raise TypeError(f"convert() got unexpected keyword arguments {', '.join(unknown)}")
+    options = dataclasses.replace(options or Options(), **{k: v for k, v in fields.items() if k in _OPTION_FIELDS})
+    settings = dataclasses.replace(
+        settings or RunSettings(), **{k: v for k, v in fields.items() if k in _SETTING_FIELDS}
+    )
+    from mla_convert.conversion.pipeline import convert as run
+
+    return run(source, out_dir, options, settings)
+
+
+def verify(
+    out_dir: str | Path,
+    *,
+    source: str | Path | None = None,
+    workers: int = 1,
+    progress_factory: ProgressFactory | None = None,
+) -> VerifyReport:
+    """Verify `out_dir`, a directory mla-convert wrote, optionally against its `source` (every
+    tensor compared with the exact value of the source's). `report.ok` when every check passed;
+    `report.failures()` names each failure's check, file, tensor, expected and found.
+
+    Raises VerificationError (a ConvertError) when verification cannot run: not an mla-convert
+    output, an unreadable manifest, a `source` that cannot be opened.
+    """
+    from mla_convert.verification.api import verify as run
+
+    return run(out_dir, source, workers=workers, progress_factory=progress_factory)
+
+
+def upload(
+    out_dir: str | Path,
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    private: bool = False,
+    create: bool = False,
+    overwrite: bool = False,
+    skip_verify: bool = False,
+    dry_run: bool = False,
+    progress_factory: ProgressFactory | None = None,
+) -> UploadResult:
+    """Upload `out_dir`, a directory mla-convert wrote, to the Hub model repo `repo_id` (branch
+    `revision`, default main), as `mla-convert upload` does: exactly the files its manifest lists,
+    after verify's structure and integrity checks (`skip_verify`), in commits; the same call after
+    an interruption sends only what the branch does not hold yet. Token: huggingface_hub's own.
+
+    Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails.
+    """
+    from mla_convert.publish.upload import UploadOptions, prepare, run
+
+    options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
+    return run(prepare(out_dir, repo_id, options), progress_factory)

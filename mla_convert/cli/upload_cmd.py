@@ -1,0 +1,118 @@
+"""`mla-convert upload DIR REPO_ID`: a converted directory published on the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mla_convert.cli import console
+from mla_convert.cli.errors import errors_to_exit
+from mla_convert.cli.options import JsonOpt, QuietOpt
+from mla_convert.cli.startup import start_heavy_process
+from mla_convert.units import gb
+
+
+def upload(
+    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")],
+    repo_id: Annotated[str, typer.Argument(metavar="REPO_ID", help="The Hub model repo: OWNER/NAME.")],
+    revision: Annotated[str | None, typer.Option("--revision", help="The branch to commit to (default: main).")] = None,
+    private: Annotated[
+        bool,
+        typer.Option(
+            "--private",
+            help="Make the repo private when --create makes it; an existing public repo is "
+            "refused (the Hub's settings change it).",
+        ),
+    ] = False,
+    create: Annotated[
+        bool, typer.Option("--create", help="Make the repo, and the --revision branch, if missing.")
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="The repo holds another model: replace its files with these, and delete "
+            "those the manifest does not list.",
+        ),
+    ] = False,
+    skip_verify: Annotated[
+        bool,
+        typer.Option(
+            "--skip-verify",
+            help="Upload without verify's structure and integrity checks first (they "
+            "read every file: minutes for DeepSeek-R1).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="List the files and bytes of each commit, in upload order; ask the Hub nothing, upload nothing.",
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Upload a converted directory to a Hub model repo: exactly the files its manifest lists, after verify's
+    structure and integrity checks. Interrupted, the same command resumes.
+
+    Token: huggingface_hub's own (HF_TOKEN, or `hf auth login`). Exit code 0: uploaded; 2: refused or failed
+    (one line says why); 130: interrupted."""
+    state: dict = {}
+    with errors_to_exit(lambda: _interrupted(state)):
+        from mla_convert.publish import upload as publish
+
+        _client_quiet(quiet)
+        if not (dry_run or skip_verify):
+            start_heavy_process()  # verify's checks import torch
+        with console.reporter(quiet, "checking") as checking:
+            options = publish.UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
+            state["job"] = job = publish.prepare(
+                dir, repo_id, options, check_progress=checking.progress_factory, status=checking.status
+            )
+        with console.reporter(quiet, "uploading") as uploading:
+            result = publish.run(job, uploading.progress_factory, uploading.status).to_json()
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+    elif not quiet:
+        _print_result(result)
+
+
+def _client_quiet(quiet: bool) -> None:
+    """huggingface_hub's own bars would draw over ours; with --quiet, its retry warnings go too."""
+    from huggingface_hub.utils import disable_progress_bars, logging
+
+    disable_progress_bars()
+    if quiet:
+        logging.set_verbosity_error()
+
+
+def _interrupted(state: dict) -> str:
+    job = state.get("job")
+    if job is None or not (job.done or job.sent_files):
+        return "upload interrupted before any file was committed; run the same command to upload"
+    return (
+        f"upload interrupted: {len(job.done)} commits with {job.sent_files} files ({gb(job.sent_bytes)}) are on "
+        f"the Hub; run the same command to resume"
+    )
+
+
+def _print_result(r: dict) -> None:
+    out = console.rich_console()
+    if r["dry_run"]:
+        for item in r["plan"]:
+            out.print(f"commit {item['commit']}  {item['size']:>15,}  {item['path']}", highlight=False, markup=False)
+        commits = max((item["commit"] for item in r["plan"]), default=0)
+        rows = [("would upload", f"{r['files']} files, {gb(r['bytes'])}, in {commits} commits, to {r['url']}")]
+    else:
+        sent = f"{r['uploaded_files']} files, {gb(r['uploaded_bytes'])}, in {len(r['commits'])} commits"
+        rows = [("uploaded", sent), ("on the Hub already", f"{r['skipped_files']} files, {gb(r['skipped_bytes'])}")]
+        if r["deleted"]:
+            rows.append(("deleted (--overwrite)", f"{len(r['deleted'])} files of another model"))
+        if r["created"]:
+            rows.append(("created", " and ".join(r["created"])))
+        rows += [("repo", r["url"]), ("commits", ", ".join(c[:12] for c in r["commits"]) or "none: up to date")]
+    console.print_lines(out, [*rows, ("checked", r["verified"])])

@@ -1,0 +1,224 @@
+"""The body of the output's model card (output.card): Markdown, one function per section.
+
+The same conversion gives the same text (no dates, no host names): the card is part of the output,
+and the tests compare whole output trees. The accuracy table is the README's ("Serving with
+vLLM"), from scripts/accuracy_runtime.py.
+"""
+
+from __future__ import annotations
+
+from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.output.card_facts import CardFacts
+from mla_convert.results import VerifyReport
+from mla_convert.units import gb
+
+# The verification section lies between these, so that a verify result can be put in later
+# (output.card.record_verification).
+VERIFY_BEGIN, VERIFY_END = "<!-- mla-convert:verify -->", "<!-- /mla-convert:verify -->"
+SOURCE_HEADING = "# The source's model card"
+
+# README, "Serving with vLLM": relative error of the absorbed weights against the exact value of the
+# source kv_b_proj (scripts/accuracy_runtime.py, R1's kv_b_proj shape, on a CPU).
+ACCURACY_ROWS = (
+    ("DeepSeek's block FP8 (requantized to channel FP8 at every start; artifacts via `MLA_RUNTIME_DIR`)",
+     "2.61 %", "0.17 %"),
+    ("the same with `VLLM_HPU_FORCE_CHANNEL_FP8=false`", "0.23 %", "0.17 %"),
+    ("mla-convert channel FP8", "2.61 %, every weight scaled by 0.998", "0.17 %"),
+    ("mla-convert bf16", "0.17 %", "0.17 %"),
+    ("Gaudi2: block FP8, or channel FP8 of either target", "2.61-2.62 %", "0.17 %"),
+)  # fmt: skip
+
+
+def body(facts: CardFacts, source_text: str | None) -> str:
+    """Every section, then the source's card (when the source has one) under SOURCE_HEADING."""
+    parts = [
+        _title(facts),
+        _conversion(facts),
+        _weights(facts),
+        _artifacts(facts),
+        _serving(facts),
+        _verification(),
+        _not_verified(facts),
+    ]
+    if source_text is not None:
+        parts.append(_source_card(facts, source_text))
+    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+def _format_words(facts: CardFacts) -> str:
+    if facts.format == CHANNEL_FP8:
+        return f"channel FP8 (compressed-tensors) for {facts.target} (FP8 max {facts.fp8_max:g})"
+    return "bf16"
+
+
+def _title(facts: CardFacts) -> str:
+    name = facts.source.base_model.rstrip("/").rsplit("/", 1)[-1]
+    return (
+        f"# {name}, {facts.format}, for vLLM on Intel Gaudi\n\n"
+        f"`{facts.source.base_model}` converted to {_format_words(facts)} by mla-convert {facts.version}, with "
+        f"every MLA layer's `W_UK_T` / `W_UV` precomputed under `{MLA_DIR_NAME}/`, for serving with vLLM "
+        "(vllm-gaudi on Intel Gaudi, or any other vLLM build). The source's own model card is kept at the "
+        "end; it describes the source's weights, not these."
+    )
+
+
+def _conversion(facts: CardFacts) -> str:
+    revision = f" at commit `{facts.source.revision}`" if facts.source.revision else ""
+    mtp = f" + {facts.mtp_layers} MTP" if facts.mtp_layers else ""
+    ignore = ", ".join(f"`{p}`" for p in facts.ignore) or "none"
+    flags = f" --format {facts.format}" + (f" --target {facts.target}" if facts.format == CHANNEL_FP8 else "")
+    flags += "".join(f" --ignore '{p}'" for p in facts.ignore)
+    rows = [
+        ("source", f"`{facts.source.base_model}`{revision}"),
+        ("source fingerprint", f"`{facts.fingerprint}` (sha256 of its config, index and shard headers)"),
+        (
+            "architecture",
+            f"`{facts.architecture}` (`{facts.model_type}`), {facts.layers}{mtp} layers, {facts.heads} attention heads",
+        ),
+        ("format", _format_words(facts)),
+        ("`--ignore`", ignore),
+        ("converted with", f"mla-convert {facts.version}: `mla-convert convert SOURCE --out DIR{flags}`"),
+        (
+            "files",
+            f"{facts.shards} shards, {facts.tensors} tensors, {gb(facts.model_bytes)}; "
+            f"MLA artifacts of {facts.mla_layers} layers, {gb(facts.mla_bytes)}",
+        ),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return (
+        f"## Conversion\n\n| | |\n|---|---|\n{table}\n\n`{MANIFEST_NAME}` records all of it, with every file's sha256."
+    )
+
+
+def _weights(facts: CardFacts) -> str:
+    if facts.format == BF16:
+        return (
+            "## The weights\n\n"
+            "Every block-FP8 weight of the source is stored in bf16, `bf16(fp32(w) * scale)` (bit-exact to "
+            "DeepSeek's own converter), and `config.json` has no `quantization_config`. Every other tensor "
+            "(16-bit linears, embeddings, norms in their own dtype, the router, `lm_head`) is the source's, "
+            "bit for bit; the MTP layer is kept where the source has one."
+        )
+    return (
+        "## The weights\n\n"
+        "Each linear the source holds in block FP8 (and, from a BF16 source, each linear DeepSeek's FP8 "
+        "releases quantize) is `X.weight` float8_e4m3fn [N, K] with `X.weight_scale` float32 [N, 1]: one "
+        f"scale per output row, `max|row| / {facts.fp8_max:g}`, from the exact fp32 value of the source weight, "
+        "rounded to nearest once. `config.json` carries a compressed-tensors `quantization_config` (static "
+        "per-channel FP8 weights, dynamic per-token FP8 activations) whose `ignore` list names the "
+        f"{facts.ignored_modules} modules left in 16 bits. Every other tensor (embeddings, norms in their own "
+        "dtype, the router, `lm_head`) is the source's, bit for bit; the MTP layer is kept where the source "
+        "has one."
+    )
+
+
+def _artifacts(facts: CardFacts) -> str:
+    table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in ACCURACY_ROWS)
+    return (
+        "## MLA artifacts\n\n"
+        f"`{MLA_DIR_NAME}/layer-NNN.safetensors` holds each MLA layer's `W_UK_T` [heads, qk_nope_head_dim, "
+        "kv_lora_rank] and `W_UV` [heads, kv_lora_rank, v_head_dim] in bf16, as vllm-gaudi's `HPUMLAAttention` "
+        "holds them, computed from the exact value of the *source* `kv_b_proj` and rounded once to bf16; "
+        f"`{MLA_DIR_NAME}/manifest.json` lists them with their sha256 and the source fingerprint. `kv_b_proj` "
+        "itself stays (vLLM's prefill uses it).\n\n"
+        "Without them vllm-gaudi computes the absorbed weights from what its linear method left of "
+        "`kv_b_proj`. Relative error against the exact value:\n\n"
+        "| served checkpoint (vllm-gaudi defaults) | computed by vllm-gaudi | from the artifacts |\n"
+        f"|---|---|---|\n{table}\n\n"
+        "From mla-convert's `scripts/accuracy_runtime.py` (R1's `kv_b_proj` shape, synthetic weights), which "
+        "runs vllm-gaudi's loading path as re-implemented at a pinned commit, on a CPU. 0.17 % is bf16 "
+        "rounding alone."
+    )
+
+
+def _serving(facts: CardFacts) -> str:
+    tp = next(t for t in (8, 4, 2, 1) if facts.heads % t == 0)
+    cpu = (
+        " Its CPU build has no FP8 MoE: serve a conversion whose routed experts were left in bf16 "
+        "(`--ignore 'model\\.layers\\.\\d+\\.mlp\\.experts\\.'`)."
+        if facts.format == CHANNEL_FP8
+        else ""
+    )
+    return (
+        "## Serving\n\n"
+        "Install `mla-convert` in vLLM's environment: its vLLM plugin, `mla_runtime`, makes every MLA "
+        "attention layer take `W_UK_T` / `W_UV` from the served directory's `mla/` instead of computing them. "
+        "It reads them from a directory, so download the repo first:\n\n"
+        "```bash\n"
+        "hf download <this repo> --local-dir ./model\n"
+        f"vllm serve ./model --tensor-parallel-size {tp}\n"
+        "```\n\n"
+        f"- **Gaudi (vllm-gaudi)**: install vLLM and vllm-gaudi as their documentation says, then the above. "
+        f"`--tensor-parallel-size` must divide the {facts.heads} heads; each rank reads only its own heads.\n"
+        "- **A Hub id served as is** (`vllm serve <this repo>`): set `MLA_RUNTIME_DIR` to the `mla/` folder of "
+        "the downloaded snapshot.\n"
+        "- **Other vLLM builds**: a GPU build serves it the same way. vLLM's CPU build: `python -m "
+        "vllm.entrypoints.openai.api_server --model ./model --attention-backend CPU_MLA` (its `vllm` command "
+        f"does not start, and `AMX_MLA` would not read the artifacts).{cpu}\n"
+        "- Without the plugin, or with `MLA_RUNTIME_DISABLE=1`, vLLM computes the absorbed weights itself; "
+        "the rest of the checkpoint loads the same.\n\n"
+        "Each process logs one line such as `mla_runtime: loaded W_UK_T/W_UV of 61/61 MLA layers from "
+        ".../mla (TP rank 3 of 8; 61 spot-checked against kv_b_proj)`."
+    )
+
+
+def _verification() -> str:
+    return (
+        "## Verification\n\n"
+        "`mla-convert verify DIR [--source SOURCE]` checks, in groups:\n\n"
+        "- **structure**: config, index and shard headers agree; every tensor the config implies is there "
+        "with its dtype and shape; `quantization_config`; the MLA manifest;\n"
+        f"- **integrity**: every file's size and sha256 as `{MANIFEST_NAME}` records them, nothing unlisted, "
+        "and this card's metadata naming the recorded source and format;\n"
+        "- **values**: no NaN/Inf, scales finite and > 0, FP8 codes within the target's range;\n"
+        "- **source** (with `--source`): every tensor against the source, 16-bit ones bit-exact, channel FP8 "
+        "within the e4m3 rounding bound;\n"
+        "- **mla**: `W_UK_T` / `W_UV` against the split of `kv_b_proj`, and the absorbed decode path against "
+        "the naive one.\n\n"
+        f"{VERIFY_BEGIN}\n"
+        "**Result**: not run when this card was written (at the end of the conversion). On a download, "
+        "`mla-convert verify ./model` needs no source.\n"
+        f"{VERIFY_END}"
+    )
+
+
+def verify_result(report: VerifyReport) -> str:
+    """The verification section's result, from a report of `mla-convert verify`."""
+    groups = report.groups.values()
+    checks, failed = sum(g.checked for g in groups), sum(g.failed for g in groups)
+    verdict = "PASS" if report.ok else f"FAIL ({failed} of {checks} checks failed)"
+    against = f" against the source `{report.source}`" if report.source else " without the source"
+    rows = "\n".join(
+        f"| {name} | {g.checked} | {g.failed} | {f'skipped: {g.skipped}' if g.skipped else 'fail' if g.failed else 'pass'} |"
+        for name, g in report.groups.items()
+    )
+    return (
+        f"**Result**: {verdict}: `mla-convert verify` ran {checks} checks{against}.\n\n"
+        f"| group | checks | failed | result |\n|---|---|---|---|\n{rows}"
+    )
+
+
+def _not_verified(facts: CardFacts) -> str:
+    gaudi2 = (
+        "\n- For Gaudi2 (`--target gaudi2`): how vllm-gaudi's scale adjustment treats these weights is read "
+        "from its source, not measured."
+        if facts.target == GAUDI2 and facts.format == CHANNEL_FP8
+        else ""
+    )
+    return (
+        "## What was not verified\n\n"
+        "- No Gaudi hardware was used. Serving on Gaudi, and the accuracy figures above, come from "
+        "vllm-gaudi's source read at a pinned commit and run on a CPU with only the Gaudi operations "
+        "replaced by plain torch.\n"
+        "- Model quality (benchmarks, generations) of this conversion was not measured; the evaluation "
+        f"results in the source's card below are the source's.{gaudi2}"
+    )
+
+
+def _source_card(facts: CardFacts, source_text: str) -> str:
+    return (
+        f"---\n\n{SOURCE_HEADING}\n\n"
+        f"Below, unchanged, is the model card of the source, `{facts.source.base_model}`. It describes the "
+        "source's weights, not the converted ones above.\n\n"
+        f"{source_text.strip(chr(10))}"
+    )

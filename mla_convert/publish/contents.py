@@ -1,0 +1,184 @@
+"""What `upload` sends: exactly the files a finished conversion's manifest lists, and the manifest,
+in a fixed order and in commits of bounded size.
+
+The order (docs/design.md, "The model card and the upload"): the model shards, the MLA layer
+files, the other files (tokenizer, code, ...); then, in one last commit, what makes the repo a
+model: config.json, the index, mla/manifest.json, the card and the conversion manifest. Until
+that commit lands the repo holds no config.json, so nothing loads a half-uploaded model.
+
+`read_contents` refuses a directory whose manifest is not a finished conversion's, that lacks a
+file it lists (or holds it at another size), or that holds any file it does not list, hidden
+ones too (a `.partial` file, a journal, a staging directory): the directory is not what was
+converted. It reads sizes only; verify's checks (publish.upload) read the bytes.
+
+COMMIT_BYTES and COMMIT_FILES bound a commit; they are read when the commits are made, so a test
+may lower them (tests/support/upload_cli.py) to get several commits from a tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mla_convert.constants import (
+    CARD_NAME,
+    COMPLETE,
+    CONFIG_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    MLA_DIR_NAME,
+    MLA_MANIFEST_NAME,
+    TOOL_NAME,
+)
+from mla_convert.errors import UploadError
+from mla_convert.output.out_dir import some
+from mla_runtime.safetensors_file import HASH_CHUNK
+
+# A commit carries at most this much (about 8 of R1's 4.3 GB shards) and this many files. Files of
+# a commit that did not land are sent again by the resume, unless the Hub still has their content
+# (its LFS batch API then reports them present, and the client skips them).
+COMMIT_BYTES = 32 * 1024**3
+COMMIT_FILES = 100
+
+LAST = (CONFIG_NAME, INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}", CARD_NAME, MANIFEST_NAME)
+FORBIDDEN_PARTS = (".git", ".cache")  # the Hub refuses paths through these
+
+
+@dataclass(frozen=True)
+class UploadFile:
+    rel: str  # relative to the directory, "/"-separated: also its path in the repo
+    size: int
+    sha256: str  # as the manifest records it (for the manifest itself: computed here)
+
+
+@dataclass(frozen=True)
+class Contents:
+    root: Path
+    manifest: dict
+    files: tuple[UploadFile, ...]  # in upload order, the conversion manifest last
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def by_rel(self) -> dict[str, UploadFile]:
+        return {f.rel: f for f in self.files}
+
+
+def read_contents(out_dir: Path) -> Contents:
+    root = Path(out_dir)
+    if not root.is_dir():
+        raise UploadError(f"{root}: no such directory" if not root.exists() else f"{root}: not a directory")
+    path = root / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError as e:
+        raise UploadError(
+            f"{root}: not an mla-convert output (no {MANIFEST_NAME}); upload a converted directory"
+        ) from e
+    except (OSError, ValueError) as e:
+        raise UploadError(f"{path}: unreadable conversion manifest ({e})") from e
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("tool") != TOOL_NAME
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        raise UploadError(f"{path}: not an mla-convert manifest (no tool/files entries)")
+    if manifest.get("status") != COMPLETE:
+        raise UploadError(
+            f"{root}: the conversion did not finish (manifest status {manifest.get('status')!r}); finish it with "
+            "`mla-convert convert ... --resume` first"
+        )
+    listed = _listed(root, manifest["files"])
+    _check_directory(root, listed)
+    own = UploadFile(MANIFEST_NAME, path.stat().st_size, _sha256(path))
+    return Contents(root, manifest, (*upload_order(listed), own))
+
+
+def _listed(root: Path, files: dict) -> list[UploadFile]:
+    out = []
+    for rel, meta in sorted(files.items()):
+        size, sha = (meta.get("size"), meta.get("sha256")) if isinstance(meta, dict) else (None, None)
+        parts = rel.split("/")
+        if not (isinstance(size, int) and isinstance(sha, str)) or os.path.isabs(rel) or ".." in parts:
+            raise UploadError(
+                f"{root / MANIFEST_NAME}: entry {rel!r} is not a file of the directory with size and sha256"
+            )
+        if any(p in FORBIDDEN_PARTS for p in parts):
+            raise UploadError(f"{root / rel}: the Hub takes no file under a {'/'.join(FORBIDDEN_PARTS)} folder")
+        out.append(UploadFile(rel, size, sha))
+    return out
+
+
+def _check_directory(root: Path, listed: list[UploadFile]) -> None:
+    """Every listed file there at its size, and nothing else (hidden files included)."""
+    on_disk = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            on_disk[os.path.relpath(full, root).replace(os.sep, "/")] = os.lstat(full).st_size
+    expected = {f.rel: f.size for f in listed}
+    unlisted = sorted(set(on_disk) - set(expected) - {MANIFEST_NAME})
+    if unlisted:
+        raise UploadError(
+            f"{root}: holds {some(unlisted)} that its manifest does not list; not uploaded: move "
+            f"{'it' if len(unlisted) == 1 else 'them'} out of the directory (it must be what was converted)"
+        )
+    missing = [rel for rel in expected if rel not in on_disk]
+    if missing:
+        raise UploadError(f"{root}: lacks {some(missing)} that its manifest lists; not uploaded")
+    resized = [rel for rel, size in expected.items() if on_disk[rel] != size]
+    if resized:
+        rel = resized[0]
+        raise UploadError(
+            f"{root / rel}: {on_disk[rel]} bytes, the manifest records {expected[rel]}; not uploaded (the file "
+            "changed after the conversion)"
+        )
+
+
+def upload_order(files: list[UploadFile]) -> list[UploadFile]:
+    """Model shards, MLA layer files, other files, then LAST's (each group by path)."""
+
+    def rank(f: UploadFile) -> tuple:
+        if f.rel in LAST:
+            return (3, LAST.index(f.rel))
+        if f.rel.startswith(f"{MLA_DIR_NAME}/"):
+            return (1, f.rel)
+        return (0 if f.rel.endswith(".safetensors") and "/" not in f.rel else 2, f.rel)
+
+    return sorted(files, key=rank)
+
+
+def commits_of(files: list[UploadFile]) -> list[list[UploadFile]]:
+    """`files` (in upload order) in commits: LAST's files together in the last one, the others in
+    order, at most COMMIT_BYTES (or a single larger file) and COMMIT_FILES in each."""
+    data, last = [f for f in files if f.rel not in LAST], [f for f in files if f.rel in LAST]
+    commits: list[list[UploadFile]] = []
+    for f in data:
+        current = commits[-1] if commits else None
+        if current is None or sum(g.size for g in current) + f.size > COMMIT_BYTES or len(current) >= COMMIT_FILES:
+            commits.append([f])
+        else:
+            current.append(f)
+    return commits + ([last] if last else [])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The git object id of a file's bytes: how the Hub names a file it does not keep in LFS."""
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,207 @@
+"""The Hub's side of `upload`, through huggingface_hub: the token, the repo and its branch, what the
+branch already holds, one file's content sent, one commit; every failure as one UploadError line
+that says what to do, its cause chained.
+
+Token, endpoint and offline mode are huggingface_hub's own (HF_TOKEN or `hf auth login`,
+HF_ENDPOINT, HF_HUB_OFFLINE). Files go up with the client's `preupload_lfs_files` (its LFS or Xet
+transfer, with its own retries of each request) and are committed with `create_commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mla_convert.errors import UploadError, network_errors
+from mla_convert.source.hub import http_error_line
+
+RESUMES = "run the same command again: what is on the Hub already is not sent again"
+QUOTA_WORDS = ("storage", "quota", "limit reached", "exceeded")
+CREATE, READ, WRITE = "create", "read", "write"  # what a request was doing, for a 403's message
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None  # an LFS file's (the Hub keeps it)
+    blob_id: str | None  # the git object id of a file kept in git
+
+
+def check_token() -> None:
+    from huggingface_hub import get_token
+
+    if get_token() is None:
+        raise UploadError(
+            "no Hugging Face token: set HF_TOKEN, or log in with `hf auth login`; uploading needs a token with "
+            "write access to the repo"
+        )
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+class Remote:
+    """One repo and branch on the Hub."""
+
+    def __init__(self, repo_id: str, revision: str):
+        from huggingface_hub import HfApi
+
+        self.repo_id, self.revision = repo_id, revision
+        self.api = HfApi()
+
+    def visibility(self) -> bool | None:
+        """Whether the repo is private; None when there is no such repo (or the token cannot see it)."""
+        from huggingface_hub import errors
+
+        with hub_errors(self.repo_id, READ):
+            try:
+                return bool(self.api.repo_info(self.repo_id).private)
+            except errors.RepositoryNotFoundError:
+                return None
+
+    def files(self) -> dict[str, RemoteFile] | None:
+        """What the branch holds; None when there is no such branch."""
+        from huggingface_hub import errors
+        from huggingface_hub.hf_api import RepoFile
+
+        with hub_errors(self.repo_id, READ):
+            try:
+                entries = list(self.api.list_repo_tree(self.repo_id, revision=self.revision, recursive=True))
+            except errors.RevisionNotFoundError:
+                return None
+        return {
+            e.path: RemoteFile(e.path, e.size, e.lfs.sha256 if e.lfs else None, None if e.lfs else e.blob_id)
+            for e in entries
+            if isinstance(e, RepoFile)
+        }
+
+    def create_repo(self, private: bool) -> None:
+        with hub_errors(self.repo_id, CREATE):
+            self.api.create_repo(self.repo_id, private=private, exist_ok=True)
+
+    def create_branch(self) -> None:
+        with hub_errors(self.repo_id, WRITE):
+            self.api.create_branch(self.repo_id, branch=self.revision, exist_ok=True)
+
+    def validate_card(self, path: Path) -> None:
+        """The card's metadata as the Hub's own validation sees it, before any byte goes up."""
+        from huggingface_hub import ModelCard, errors
+
+        with hub_errors(self.repo_id, READ):
+            try:
+                ModelCard.load(path).validate()
+            except ValueError as e:  # the Hub's 400: its answer is the message
+                if isinstance(e, errors.HfHubHTTPError):
+                    raise
+                raise UploadError(f"{path}: the Hub refuses this model card's metadata ({_card_errors(e)})") from e
+
+    def operation(self, path: Path, rel: str, sha256: str | None):
+        """A file to commit; `sha256`, when already checked, saves the client a reading of the file."""
+        from huggingface_hub import CommitOperationAdd
+
+        op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+        if sha256 is not None:
+            op.upload_info.sha256 = bytes.fromhex(sha256)
+        return op
+
+    def send(self, op) -> None:
+        """One file's content to the Hub's storage, not committed yet (nothing, for a file the Hub
+        keeps in git: its content goes with the commit)."""
+        with hub_errors(self.repo_id, WRITE):
+            self.api.preupload_lfs_files(self.repo_id, additions=[op], revision=self.revision, num_threads=1)
+
+    def commit(self, ops: list, deletions: list[str], message: str) -> str:
+        """Commit `ops` (sent already) and delete `deletions`; returns the commit id."""
+        from huggingface_hub import CommitOperationDelete
+
+        operations = [*ops, *(CommitOperationDelete(path_in_repo=p) for p in deletions)]
+        with hub_errors(self.repo_id, WRITE):
+            info = self.api.create_commit(
+                self.repo_id, operations=operations, commit_message=message, revision=self.revision
+            )
+        return info.oid
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, doing: str):
+    """huggingface_hub's exceptions (and the transport's under them) -> one UploadError line."""
+    try:
+        yield
+    except (KeyboardInterrupt, UploadError):
+        raise
+    except Exception as e:
+        line = classify(e, repo_id, doing)
+        if line is None:
+            raise
+        raise UploadError(line) from e
+
+
+def classify(e: BaseException, repo_id: str, doing: str) -> str | None:
+    """The line for `e`, or for the first error of its cause chain that is known; None if none is."""
+    from huggingface_hub import errors
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, errors.RepositoryNotFoundError):
+            return f"{repo_id}: no such model repo on the Hub, or the token cannot see it; pass --create to make it"
+        if isinstance(e, errors.RevisionNotFoundError):
+            return f"{repo_id}: no such branch on the Hub; pass --create to make it"
+        if isinstance(e, errors.OfflineModeIsEnabled):
+            return "HF_HUB_OFFLINE=1 is set: an upload needs the Hub; unset it"
+        if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+            return _http_line(e, repo_id, doing)
+        if isinstance(e, (ConnectionError, TimeoutError, *network_errors())):
+            return (
+                f"cannot reach the Hub at {endpoint()} ({type(e).__name__}: {_one_line(e)}); check the network, or "
+                f"HF_ENDPOINT and the proxy settings; {RESUMES}"
+            )
+        if isinstance(e, ValueError) and "LFS batch API returned errors" in str(e):
+            return f"{repo_id}: the Hub's storage refused a file ({_one_line(e)}); {RESUMES}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _http_line(e, repo_id: str, doing: str) -> str:
+    status = e.response.status_code
+    server = " ".join((getattr(e, "server_message", None) or "").split())
+    said = f"{status}{': ' + server if server else ''}"
+    namespace = repo_id.split("/")[0]
+    if status == 401:
+        return (
+            f"{repo_id}: the Hub refused the token ({said}): it is not valid, or has expired; set HF_TOKEN to a "
+            "valid token, or log in again with `hf auth login`"
+        )
+    if status in (402, 403, 507) and any(w in server.lower() for w in QUOTA_WORDS):
+        return f"{repo_id}: the Hub refused the upload for lack of storage ({said}); free some or upgrade the plan, then {RESUMES}"
+    if status == 403 and doing == CREATE:
+        return (
+            f"{repo_id}: the token may not create repositories in {namespace} ({said}); it needs write access "
+            f"there: a token with the 'write' role, or a fine-grained one that may create repos in {namespace}"
+        )
+    if status == 403:
+        return (
+            f"{repo_id}: the token may not write to this repo ({said}); it needs write access to it: a token "
+            f"with the 'write' role, or a fine-grained one with write access to {repo_id}'s contents"
+        )
+    if status == 429:
+        return f"{repo_id}: the Hub is limiting the request rate ({said}); wait a few minutes, then {RESUMES}"
+    return f"{repo_id}: Hub request failed: {http_error_line(e)}; {RESUMES}"
+
+
+def _card_errors(e: ValueError) -> str:
+    import json
+
+    try:
+        return "; ".join(str(x.get("message")) for x in json.loads(str(e))["errors"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return _one_line(e)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__

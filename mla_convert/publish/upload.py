@@ -1,0 +1,293 @@
+"""`mla-convert upload DIR REPO_ID`: a finished conversion to one branch of a Hub model repo.
+
+    job = prepare("/data/R1-channel-fp8", "org/R1-channel-fp8", UploadOptions(create=True))  # every check
+    result = run(job)                                                                        # the commits
+
+`prepare` does everything that can refuse the upload before any byte goes up: the directory is
+exactly what its manifest lists (publish.contents); the Hub has the repo and branch (or --create
+will make them), and what the branch holds is either this upload's files already (a resume: they
+are skipped) or another model's (refused unless --overwrite); the Hub accepts the card's
+metadata; and verify's structure and integrity checks pass (every file hashed; --skip-verify).
+
+`run` makes the repo and the branch if asked, then sends the commits of publish.contents in order,
+skipping the files the branch holds at the same sha256: UPLOAD_THREADS files at a time go to the
+Hub's storage (huggingface_hub's preupload_lfs_files: LFS or Xet, each request retried by the
+client), then one create_commit lands them. An interrupted upload is resumed by the same command:
+it lists the branch again and sends only what is not there.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, MANIFEST_NAME
+from mla_convert.errors import UploadError
+from mla_convert.output.out_dir import some
+from mla_convert.publish import contents as C
+from mla_convert.publish import remote as R
+from mla_convert.results import UploadResult
+from mla_convert.settings import MessageFn, ProgressFactory
+from mla_convert.units import gb
+
+UPLOAD_THREADS = 4  # files sent at once
+UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for them (cli.startup)
+TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class UploadOptions:
+    """What the user asked for (the command's options)."""
+
+    revision: str | None = None  # the branch; None: main
+    private: bool = False  # a repo `create` makes is private
+    create: bool = False  # make the repo and the branch if missing
+    overwrite: bool = False  # replace another model's files in the branch
+    skip_verify: bool = False  # no structure and integrity checks first
+    dry_run: bool = False  # the files and the commits; no network, no hashing
+
+
+@dataclass
+class UploadJob:
+    """A prepared upload; `run` fills in `done`, which an interrupted command reports."""
+
+    contents: C.Contents
+    repo_id: str
+    revision: str
+    private: bool
+    dry_run: bool
+    commits: list[list[C.UploadFile]]  # every commit of the upload, in order
+    on_hub: frozenset[str] = frozenset()  # files the branch holds already
+    deletions: tuple[str, ...] = ()  # the other model's files the last commit deletes (--overwrite)
+    missing: tuple[str, ...] = ()  # what --create makes: "repo", "branch"
+    verified: str = ""
+    hashed: bool = False  # verify hashed every file in this run: the manifest's sha256 are the files'
+    done: list[str] = field(default_factory=list)  # the commits made so far
+    deleted: tuple[str, ...] = ()  # what the last commit, once made, deleted
+    sent_files: int = 0
+    sent_bytes: int = 0
+
+    def to_send(self) -> list[list[C.UploadFile]]:
+        return [[f for f in commit if f.rel not in self.on_hub] for commit in self.commits]
+
+
+def prepare(
+    out_dir: str | Path,
+    repo_id: str,
+    options: UploadOptions = UploadOptions(),
+    *,
+    check_progress: ProgressFactory | None = None,
+    status: MessageFn | None = None,
+) -> UploadJob:
+    """Every check, in that order; UploadError (or VerificationError) naming what to do if one fails.
+    A dry run reads the manifest and the sizes only: no network, no hashing. `check_progress`:
+    for verify's reading of every file."""
+    status = status or (lambda message: None)
+    revision = _check_names(repo_id, options.revision)
+    status(f"reading {out_dir}")
+    contents = C.read_contents(Path(out_dir))
+    commits = C.commits_of(list(contents.files))
+    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
+    if options.dry_run:
+        job.verified = "not run (a dry run reads the manifest and the file sizes only)"
+        return job
+    R.check_token()
+    status(f"asking the Hub about {repo_id}")
+    remote = R.Remote(repo_id, revision)
+    _compare_with_hub(job, remote, options.create, options.overwrite)
+    if CARD_NAME in contents.by_rel():
+        remote.validate_card(contents.root / CARD_NAME)
+    if options.skip_verify:
+        job.verified = "skipped (--skip-verify)"
+    else:
+        status(f"checking {out_dir}: structure and integrity")
+        job.verified, job.hashed = _verify(contents.root, check_progress), True
+    return job
+
+
+def _check_names(repo_id: str, revision: str | None) -> str:
+    if not _REPO_ID.match(repo_id or ""):
+        raise UploadError(f"REPO_ID {repo_id!r}: expected OWNER/NAME, a model repo on the Hub")
+    revision = revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise UploadError(f"--revision {revision}: a commit cannot be uploaded to; give a branch name")
+    return revision
+
+
+def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite: bool) -> None:
+    """What the branch holds: this upload's files (skipped), or another model's (refused unless
+    --overwrite, when the last commit deletes what the manifest does not list)."""
+    where = f"{job.repo_id} (branch {job.revision})"
+    private = remote.visibility()
+    if private is None:
+        if not create:
+            raise UploadError(f"{job.repo_id}: no such model repo on the Hub (or the token cannot see it); "
+                              "pass --create to make it")  # fmt: skip
+        job.missing = ("repo",) if job.revision == "main" else ("repo", "branch")
+        return
+    if job.private and not private:
+        raise UploadError(
+            f"{job.repo_id} exists and is public; --private does not change that: make it private on the Hub "
+            "first, or leave out --private"
+        )
+    held = remote.files()
+    if held is None:
+        if not create:
+            raise UploadError(f"{where}: no such branch; pass --create to make it (from main)")
+        job.missing = ("branch",)
+        return
+    local = job.contents.by_rel()
+    on_hub, differ, foreign = set(), [], []
+    for path, rf in sorted(held.items()):
+        f = local.get(path)
+        if path == GITATTRIBUTES_NAME:
+            continue
+        if f is None:
+            foreign.append(path)
+        elif _same(job.contents.root / path, f, rf):
+            on_hub.add(path)
+        else:
+            differ.append(path)
+    if (differ or foreign) and not overwrite:
+        what = "; ".join(
+            x for x in (f"{some(differ)} differ from this directory's" if differ else "",
+                        f"{some(foreign)} not in its manifest" if foreign else "") if x
+        )  # fmt: skip
+        raise UploadError(
+            f"{where} holds another model ({what}); pass --overwrite to replace its files with this directory's "
+            "(what the manifest does not list is deleted), or upload to another repo or --revision"
+        )
+    job.on_hub, job.deletions = frozenset(on_hub), tuple(foreign)
+
+
+def _same(path: Path, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+    if rf.size != f.size:
+        return False
+    if rf.sha256 is not None:
+        return rf.sha256 == f.sha256
+    return rf.blob_id is not None and C.git_blob_sha1(path) == rf.blob_id
+
+
+def _verify(root: Path, progress: ProgressFactory | None) -> str:
+    from mla_convert.verification.api import verify
+
+    report = verify(root, data_checks=False, progress_factory=progress)
+    checks = sum(g.checked for g in report.groups.values())
+    if not report.ok:
+        failures = report.failures()
+        failed = sum(g.failed for g in report.groups.values())
+        raise UploadError(
+            f"{root}: not uploaded: {failed} of {checks} structure and integrity checks failed, the first "
+            f"{failures[0].line()}; `mla-convert verify {root}` lists them (--skip-verify uploads without them)"
+        )
+    return f"structure and integrity: {checks} checks passed in {report.seconds:.1f} s"
+
+
+def run(
+    job: UploadJob, progress_factory: ProgressFactory | None = None, status: MessageFn | None = None
+) -> UploadResult:
+    """The commits of a prepared upload (nothing for a dry run): see the module docstring."""
+    t0 = time.perf_counter()
+    if job.dry_run:
+        return _result(job, None)
+    status = status or (lambda message: None)
+    remote = R.Remote(job.repo_id, job.revision)
+    if "repo" in job.missing:
+        status(f"creating {job.repo_id}")
+        remote.create_repo(job.private)
+    if "branch" in job.missing:
+        remote.create_branch()
+    commits = job.to_send()
+    advance = progress_factory(sum(f.size for c in commits for f in c)) if progress_factory else None
+    for i, files in enumerate(commits, start=1):
+        last = i == len(commits)
+        if not files and not (last and job.deletions):
+            continue
+        status(f"uploading part {i} of {len(commits)} to {job.repo_id}")
+        ops = [
+            remote.operation(
+                job.contents.root / f.rel, f.rel, f.sha256 if job.hashed or f.rel == MANIFEST_NAME else None
+            )
+            for f in files
+        ]
+        _send_all(remote, files, ops, advance)
+        message = (
+            f"mla-convert upload, part {i} of {len(commits)}: {len(files)} files, {gb(sum(f.size for f in files))}"
+        )
+        job.done.append(remote.commit(ops, list(job.deletions) if last else [], message))
+        job.deleted = job.deletions if last else ()
+        job.sent_files += len(files)
+        job.sent_bytes += sum(f.size for f in files)
+    return _result(job, round(time.perf_counter() - t0, 3))
+
+
+def _send_all(remote: R.Remote, files: list[C.UploadFile], ops: list, advance: Callable[[int], None] | None) -> None:
+    """Every file's content to the Hub, UPLOAD_THREADS at a time, on daemon threads. A failure is
+    raised once the other threads have finished the file each was sending (none is left running);
+    an interrupt at once (the command then ends without waiting for them: cli.startup)."""
+    work: queue.Queue = queue.Queue()
+    for item in zip(files, ops, strict=True):
+        work.put(item)
+    done: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                f, op = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                remote.send(op)
+            except BaseException as e:  # handed to the calling thread
+                done.put((f, e))
+                return
+            done.put((f, None))
+
+    threads = [
+        threading.Thread(target=worker, name=f"{UPLOAD_THREAD_NAME} {n}", daemon=True)
+        for n in range(min(UPLOAD_THREADS, len(files)))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for _ in files:
+            while True:
+                try:
+                    f, error = done.get(timeout=TICK_SECONDS)
+                    break
+                except queue.Empty:
+                    if advance:
+                        advance(0)  # time passed: a log line is due every interval even mid-file
+            if error is not None:
+                stop.set()
+                for t in threads:
+                    t.join()
+                raise error
+            if advance:
+                advance(f.size)
+    finally:
+        stop.set()
+
+
+def _result(job: UploadJob, seconds: float | None) -> UploadResult:
+    files = job.contents.files
+    skipped = [f for f in files if f.rel in job.on_hub]
+    sent = [f for c in job.to_send() for f in c]
+    url = f"{R.endpoint()}/{job.repo_id}" + ("" if job.revision == "main" else f"/tree/{job.revision}")
+    plan = tuple({"commit": i, "path": f.rel, "size": f.size} for i, c in enumerate(job.commits, start=1) for f in c)
+    return UploadResult(
+        dir=str(job.contents.root), repo=job.repo_id, revision=job.revision, url=url, dry_run=job.dry_run,
+        files=len(files), bytes=job.contents.bytes,
+        uploaded_files=len(sent) if job.dry_run else job.sent_files,
+        uploaded_bytes=sum(f.size for f in sent) if job.dry_run else job.sent_bytes,
+        skipped_files=len(skipped), skipped_bytes=sum(f.size for f in skipped), commits=tuple(job.done),
+        deleted=job.deleted, created=job.missing if not job.dry_run else (),
+        verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (),
+    )  # fmt: skip

@@ -1,0 +1,91 @@
+"""verify, read buffers: the memory each file thread reads tensors into, reused from tensor to
+tensor and file to file, and the leases that keep a buffer from being written while a check still
+holds the tensor in it."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from dataclasses import dataclass
+
+from mla_runtime.safetensors_file import HASH_CHUNK
+
+
+@dataclass(eq=False)
+class Lease:
+    """A holder's claim on the read buffer a tensor lives in: while the lease is live, the
+    buffer set does not write that buffer again. The holder releases it when it drops the tensor."""
+
+    owner: str  # the tensor kept in the buffer
+    live: bool = True
+
+    def release(self) -> None:
+        self.live = False
+
+
+class ReadBuffers:
+    """Two buffers, used in turn, for the tensors a thread reads: the hash of one runs while the
+    next is read and checked (the stream's background sha256 waits for it before taking the next).
+    They are reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than
+    the copy from the page cache. A buffer under a live lease when its turn comes again (a check
+    keeps an MLA artifact, or a weight whose scale comes later) is left to its holder and replaced.
+    Tensors over REUSE_BYTES (embeddings) get memory of their own, so none is held after its file."""
+
+    REUSE_BYTES = 256 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._slots = [_new_buffer(0), _new_buffer(0)]
+        self._leases: list[list[Lease]] = [[], []]  # per slot: the leases handed out on its buffer
+        self._turn = 0
+
+    def read(self, f, nbytes: int) -> memoryview:
+        """The next `nbytes` of `f` (fewer at the end of the file)."""
+        self._turn ^= 1
+        if nbytes > self.REUSE_BYTES:
+            return _read_into(f, memoryview(_new_buffer(nbytes)))
+        turn = self._turn
+        if any(lease.live for lease in self._leases[turn]) or len(self._slots[turn]) < nbytes:
+            self._slots[turn] = _new_buffer(nbytes)
+        self._leases[turn] = []
+        return _read_into(f, memoryview(self._slots[turn])[:nbytes])
+
+    def lease(self, view: memoryview, owner: str) -> Lease:
+        """Lease the buffer behind `view` (returned by read) to `owner`, until it releases it. A
+        tensor over REUSE_BYTES has memory of its own, which no later read writes anyway."""
+        lease = Lease(owner)
+        for slot, leases in zip(self._slots, self._leases, strict=True):
+            if view.obj is slot:
+                leases.append(lease)
+        return lease
+
+
+_PER_THREAD = threading.local()
+
+
+def thread_buffers() -> ReadBuffers:
+    """This thread's read buffers, made on first use and kept for the next file."""
+    if not hasattr(_PER_THREAD, "buffers"):
+        _PER_THREAD.buffers = ReadBuffers()
+    return _PER_THREAD.buffers
+
+
+def _new_buffer(nbytes: int):
+    """Writable memory for `nbytes`, its pages mapped in one call (MAP_POPULATE) rather than one
+    fault per 4 KB as they are first written; zero-filled like a bytearray, which is the fallback."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if nbytes and populate:
+        try:
+            return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        except OSError:
+            pass
+    return bytearray(nbytes)
+
+
+def _read_into(f, view: memoryview) -> memoryview:
+    pos = 0
+    while pos < len(view):
+        got = f.readinto(view[pos : pos + HASH_CHUNK])
+        if not got:
+            break
+        pos += got
+    return view if pos == len(view) else view[:pos]

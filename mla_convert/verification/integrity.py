@@ -1,0 +1,133 @@
+"""verify, integrity group: the directory as its manifests record it. Every file's size and sha256
+as mla-convert-manifest.json lists them (status complete), no unlisted file, the artifacts as
+mla/manifest.json lists them; and, with --source, that the directory is this source's conversion
+(the recorded fingerprint, the config the source implies, its side files copied)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mla_convert.constants import COMPLETE, CONFIG_NAME, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.plan.planner import Plan
+from mla_convert.source.checkpoint import SourceCheckpoint
+from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, Tally
+from mla_convert.verification.structure import Structure
+from mla_convert.verification.tasks import FileResult
+from mla_runtime.format import MlaManifest, layer_file_name
+
+
+def check_source_identity(
+    root: Path, src: SourceCheckpoint, plan: Plan, fingerprint: str, manifest: dict, tally: Tally
+) -> None:
+    """The output was converted from this source, and its config.json is what the source implies."""
+    tally.expect(
+        src.fingerprint() == fingerprint,
+        SOURCE,
+        "fingerprint",
+        MANIFEST_NAME,
+        expected=f"{src.fingerprint()} (fingerprint of --source)",
+        found=fingerprint,
+    )
+    try:
+        config = json.loads((root / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return  # reported by the structure checks
+    keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
+    tally.expect(
+        not keys,
+        SOURCE,
+        "config",
+        CONFIG_NAME,
+        expected="the source's config with the conversion's quantization_config",
+        found=f"differs in {keys}",
+    )
+    for rel in src.side_files:
+        tally.expect(
+            rel in manifest["files"] and (root / rel).is_file(),
+            INTEGRITY,
+            "side-file",
+            rel,
+            expected="copied from the source",
+            found="missing",
+        )
+
+
+def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[str, FileResult], tally: Tally) -> None:
+    """Every file's size and sha256 as the manifests record them; no file missing or unlisted."""
+    status = manifest.get("status")
+    if not tally.expect(
+        status == COMPLETE,
+        INTEGRITY,
+        "status",
+        MANIFEST_NAME,
+        expected=f"status {COMPLETE!r}",
+        found=f"status {status!r}: the conversion did not finish",
+    ):
+        return
+    files: dict = manifest["files"]
+    _check_listed_files(files, results, tally)
+    _check_unlisted_files(root, files, tally)
+    if lay.mla_manifest is not None:
+        _check_against_mla_manifest(lay.mla_manifest, results, tally)
+    for i in sorted(set(lay.mla_layers) - set(lay.mla_headers)):
+        tally.fail(
+            MLA,
+            "artifact",
+            f"{MLA_DIR_NAME}/{layer_file_name(i)}",
+            f"layer {i}",
+            expected="W_UK_T and W_UV of this layer",
+            found="no readable artifact file",
+        )
+
+
+def _check_listed_files(files: dict, results: dict[str, FileResult], tally: Tally) -> None:
+    """Each file the conversion manifest lists is there, with the recorded size and sha256."""
+    for rel in sorted(files):
+        meta, r = files[rel], results.get(rel)
+        if r is None or r.size is None:
+            tally.fail(INTEGRITY, "missing-file", rel, expected=f"{meta.get('size')} bytes", found="missing")
+        elif r.sha256 is not None:
+            tally.expect(r.size == meta.get("size"), INTEGRITY, "size", rel, expected=meta.get("size"), found=r.size)
+            tally.expect(
+                r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel, expected=meta.get("sha256"), found=r.sha256
+            )
+
+
+def _check_unlisted_files(root: Path, files: dict, tally: Tally) -> None:
+    """No file on disk that the conversion manifest does not list."""
+    for rel in _files_on_disk(root):
+        if rel != MANIFEST_NAME:
+            tally.expect(
+                rel in files,
+                INTEGRITY,
+                "unlisted-file",
+                rel,
+                expected="only files the manifest lists",
+                found="a file the conversion did not write",
+            )
+
+
+def _check_against_mla_manifest(mla_manifest: MlaManifest, results: dict[str, FileResult], tally: Tally) -> None:
+    """Each artifact file read has the size and sha256 the MLA manifest records."""
+    for e in mla_manifest.layers:
+        rel = f"{MLA_DIR_NAME}/{e.file}"
+        r = results.get(rel)
+        if r is not None and r.sha256 is not None:
+            tally.expect(
+                (r.size, r.sha256) == (e.size, e.sha256),
+                INTEGRITY,
+                "mla-manifest",
+                rel,
+                expected=f"{e.size} bytes, sha256 {e.sha256} (mla/manifest.json)",
+                found=f"{r.size} bytes, sha256 {r.sha256}",
+            )
+
+
+def _files_on_disk(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        out += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if not f.startswith(".")]
+    return sorted(out)

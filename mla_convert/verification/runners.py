@@ -1,0 +1,96 @@
+"""verify, running the data pass: every file's task, largest first, on FILE_THREADS threads of
+this process, or in `workers` spawn-started processes. Either way a Ctrl-C ends it at once."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from pathlib import Path
+
+from mla_convert.process.workers import process_pool
+from mla_convert.process.workers import stop as stop_workers
+from mla_convert.settings import ProgressFactory
+from mla_convert.verification.order import FILE_THREADS, largest_first
+from mla_convert.verification.stream import run_file_task
+from mla_convert.verification.tasks import FileResult, FileTask
+
+FILE_THREADS_NAME = "verify-file"
+
+
+class _Stopped(Exception):
+    """Raised in a file thread, between two tensors, once verify was interrupted."""
+
+
+def run_files(
+    tasks: list[FileTask], root: Path, workers: int, progress_factory: ProgressFactory | None
+) -> dict[str, FileResult]:
+    """Each task's result, by file; the progress advances by each file's size as it is read."""
+    sizes = {t.rel: _size(root / t.rel) for t in tasks}
+    advance = progress_factory(sum(sizes.values())) if progress_factory else None
+    results: dict[str, FileResult] = {}
+    if workers <= 1 or len(tasks) <= 1:
+        return _run_in_threads(tasks, sizes, advance)
+    with process_pool(workers) as pool:
+        try:
+            futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
+            for fut in cf.as_completed(futures):
+                task = futures[fut]
+                results[task.rel] = fut.result()
+                if advance:
+                    advance(sizes[task.rel])
+        except BaseException:  # Ctrl-C: the workers only read, so they are stopped where they are
+            stop_workers(pool)
+            raise
+    return results
+
+
+def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
+    """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
+    sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks.
+
+    Interrupted (Ctrl-C in the main thread), it raises at once: the files not started are dropped,
+    and each thread stops after the tensor it is checking (its memory is its own, nothing here
+    waits for it)."""
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def run_one(task: FileTask) -> FileResult:
+        done = 0
+
+        def step(n: int) -> None:
+            nonlocal done
+            if stop.is_set():
+                raise _Stopped
+            done += n
+            if advance:
+                with lock:
+                    advance(n)
+
+        result = run_file_task(task, step)
+        if advance:
+            with lock:
+                advance(max(0, sizes[task.rel] - done))
+        return result
+
+    order = _largest_first(tasks, sizes)
+    pool = cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix=FILE_THREADS_NAME)
+    try:
+        results = {t.rel: r for t, r in zip(order, pool.map(run_one, order), strict=True)}
+    except BaseException:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return {t.rel: results[t.rel] for t in tasks}
+
+
+def _largest_first(tasks: list[FileTask], sizes: dict[str, int]) -> list[FileTask]:
+    by_rel = {t.rel: t for t in tasks}
+    return [by_rel[rel] for rel in largest_first(sizes)]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

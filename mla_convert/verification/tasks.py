@@ -1,0 +1,137 @@
+"""verify, file tasks: what the data pass of one file is asked to check (FileTask, with a TensorJob
+for each tensor that has a role in the conversion and an MlaJob for an artifact file), and what it
+returns (FileResult). Tasks are plain data, which a worker process gets pickled; `file_tasks`
+builds them from what the header pass learned and the source.
+
+A tensor whose header does not match its expectation gets no job (its values are still checked):
+the structure checks have reported it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mla_convert.constants import CHANNEL_SCALE_SUFFIX, MLA_DIR_NAME, SIGNED_ZERO
+from mla_convert.plan.ops import CHANNEL_FP8_OPS, FP8_SCALE, TO_BF16, TO_FP8
+from mla_convert.settings import Options
+from mla_convert.source.checkpoint import SourceCheckpoint
+from mla_convert.verification.report import Tally
+from mla_convert.verification.rows import Ref
+from mla_convert.verification.structure import Structure
+from mla_runtime.format import MlaDims, kv_b_name, layer_file_name
+from mla_runtime.safetensors_file import ShardHeader
+
+
+@dataclass(frozen=True)
+class TensorJob:
+    """What to check for one tensor beyond its values (absent: values only)."""
+
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE
+    scale: Ref | None = None  # channel FP8: its channel scale, when it does not follow it in this file
+    scale_name: str | None = None  # channel FP8: the name of its channel scale
+    source: Ref | None = None  # with --source: the source tensor
+    source_scale: Ref | None = None  # with --source, block-FP8 sources: the block scale_inv
+
+
+@dataclass(frozen=True)
+class MlaJob:
+    layer: int
+    kv_b: Ref | None  # the converted model's kv_b_proj weight
+    kv_b_scale: Ref | None  # ... and its channel scale (channel-FP8 output)
+    source: Ref | None = None  # with --source: the source kv_b_proj and its block scale (none: 16-bit)
+    source_scale: Ref | None = None
+
+
+@dataclass(frozen=True)
+class FileTask:
+    root: str
+    rel: str
+    header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
+    fp8_max: float
+    signed_zero: bool = True  # the target's FP8 weights may hold -0 (constants.SIGNED_ZERO)
+    block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
+    dims: MlaDims | None = None
+    rope_dim: int = 0
+    tensors: dict[str, TensorJob] = field(default_factory=dict)
+    mla: MlaJob | None = None
+
+
+@dataclass
+class FileResult:
+    rel: str
+    size: int | None  # None: the file is missing
+    sha256: str | None
+    tally: Tally
+
+
+def file_tasks(
+    root: Path, lay: Structure, manifest: dict, options: Options, src: SourceCheckpoint | None
+) -> list[FileTask]:
+    """One task for every file the conversion manifest or the index lists, and every artifact file
+    whose header was read, sorted by path."""
+    common = {
+        "root": str(root),
+        "fp8_max": options.fp8_max,
+        "signed_zero": SIGNED_ZERO[options.target],
+        "block": src.block if src else None,
+        "dims": lay.dims,
+        "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
+    }
+    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
+    rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
+    tasks = []
+    for rel in sorted(rels):
+        if rel in lay.headers:
+            jobs = {n: j for n, info in lay.headers[rel].tensors.items() if (j := _tensor_job(n, info, lay, src))}
+            tasks.append(FileTask(rel=rel, header=lay.headers[rel], tensors=jobs, **common))
+        elif rel in mla_files:
+            layer = mla_files[rel]
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src), **common))
+        else:
+            tasks.append(FileTask(rel=rel, header=None, **common))
+    return tasks
+
+
+def _matches(lay: Structure, name: str, info) -> bool:
+    """The header agrees with the expectation (else the structure check failed already)."""
+    exp = lay.expects.get(name)
+    return exp is not None and info is not None and exp.admits(info)
+
+
+def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None) -> TensorJob | None:
+    """What to check for a tensor beyond its values; None for one that does not match its
+    expectation (only its values are checked)."""
+    if not _matches(lay, name, info):
+        return None
+    exp = lay.expects[name]
+    scale_name = name.rsplit(".", 1)[0] + CHANNEL_SCALE_SUFFIX if exp.op in CHANNEL_FP8_OPS else None
+    source = source_scale = None
+    if src is not None and exp.source is not None and exp.op != FP8_SCALE:
+        source = _src_ref(src, exp.source)
+        if exp.op in (TO_FP8, TO_BF16):
+            source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
+    return TensorJob(exp.op, _out_ref(lay, scale_name) if scale_name else None, scale_name, source, source_scale)
+
+
+def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None) -> MlaJob:
+    kv_b = kv_b_name(layer)
+    source = source_scale = None
+    if src is not None and kv_b in src.fp8:
+        source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
+    elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
+        source = _src_ref(src, kv_b)
+    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, f"{kv_b}_scale"), source, source_scale)
+
+
+def _out_ref(lay: Structure, name: str) -> Ref | None:
+    """Where an output tensor lies, if its header matches what it should be."""
+    hd = lay.headers.get(lay.weight_map.get(name, ""))
+    if hd is None or not _matches(lay, name, hd.tensors.get(name)):
+        return None
+    return Ref.of(hd.path, hd, name)
+
+
+def _src_ref(src: SourceCheckpoint, name: str) -> Ref:
+    rel = src.weight_map[name]
+    return Ref.of(src.root / rel, src.headers[rel], name)

@@ -1,0 +1,57 @@
+"""Changing a private copy of a checkpoint on disk, for tests that feed the reader or the output
+checks something wrong: a JSON file edited, a safetensors header edited with its data kept as it
+is, a tensor dropped from its shard (and, if asked, from the index).
+
+Imported (`from support.edits import ...`): the test modules' own module-level helpers use them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+INDEX = "model.safetensors.index.json"
+
+
+def edit_json(path: Path, edit: Callable[[dict], object]) -> None:
+    """Read the JSON file `path`, let `edit` change the parsed object in place, write it back."""
+    data = json.loads(Path(path).read_text())
+    edit(data)
+    Path(path).write_text(json.dumps(data))
+
+
+def edit_header(path: Path, edit: Callable[[dict], object]) -> None:
+    """Let `edit` change the parsed JSON header of the safetensors file `path` in place; the file
+    is written back with the data section byte for byte as it was, the header compact and padded
+    as writers write it (an edit that keeps the header's length keeps the file's size)."""
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    new = json.dumps(header, separators=(",", ":")).encode()
+    new += b" " * (-(8 + len(new)) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+
+
+def shard_of(root: Path, name: str) -> Path:
+    """The shard of the checkpoint in `root` that its index says holds tensor `name`."""
+    return Path(root) / json.loads((Path(root) / INDEX).read_text())["weight_map"][name]
+
+
+def rewrite_shard(path: Path, edit: Callable[[dict], object]) -> None:
+    """Load every tensor of the safetensors file `path`, let `edit` change the {name: tensor} dict
+    in place, and save the file again (the index is left as it is)."""
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def drop_tensor(root: Path, name: str, *, from_index: bool = True) -> None:
+    """Remove tensor `name` from its shard and, unless `from_index` is False, from the index."""
+    rewrite_shard(shard_of(root, name), lambda t: t.pop(name))
+    if from_index:
+        edit_json(Path(root) / INDEX, lambda i: i["weight_map"].pop(name))

@@ -1,0 +1,523 @@
+"""The upload side of `FakeHub` (fake_hub.py): the endpoints huggingface_hub 2.4 calls to create a
+repo or a branch, validate a model card, and commit files with LFS, as that client calls them
+(read from its source: hf_api.create_repo / create_branch / create_commit / preupload_lfs_files,
+_commit_api, lfs, repocard.ModelCard.validate).
+
+    POST /api/repos/create                                 {name, organization, visibility}; 409 + url if it exists
+    POST /api/models/{repo_id}/branch/{branch}             {} or {startingPoint}; 409 if it exists
+    POST /api/validate-yaml                                {content, repoType}: the card's front matter
+    POST /api/models/{repo_id}/preupload/{rev}             {files: [{path, sample, size}]} -> uploadMode, oid
+    POST /{repo_id}.git/info/lfs/objects/batch             LFS batch: no `actions` for an object already stored
+    PUT  /fake-lfs/{oid}                                   a basic transfer (no auth, as a presigned URL)
+    PUT  /fake-lfs/{oid}/part/{n}, POST .../complete       a multipart transfer (ETag per part, then completion)
+    POST /{repo_id}.git/info/lfs/objects/verify            {oid, size}: 404 unless stored
+    POST /api/models/{repo_id}/commit/{rev}                NDJSON: header, file (base64), lfsFile, deletedFile, deletedFolder
+
+The bodies are checked as the real Hub would: an LFS object is stored only when its bytes hash to
+its oid and have its size (a multipart one once its parts, their ETags and the whole check out);
+a commit's `lfsFile` must name a stored object of that size. A commit becomes a new commit of the
+repo, so model_info, the tree, paths-info and resolve (the download side) show it. A new repo
+starts, as on the Hub, with a commit holding `.gitattributes`.
+
+Writes need `Authorization: Bearer TOKEN` with a token registered by `add_token` (401 without
+one or for an unknown one; 403 for a read token, or a write token outside its namespaces, with
+the Hub's kind of message). What a test looks at: `commits` (CommitRecord, in order),
+`lfs_uploads` (the oid of every object stored, once per completed transfer), `tree(repo)`,
+`is_private(repo)`. Faults: `hold_uploads` (PUTs wait, before reading their body, until
+`release_uploads` or the server stops), `drop(kind)` (close the connection without an answer),
+`quota(bytes)` (a 403 storage-limit answer from the LFS batch once the objects would pass it),
+and `fail(..., message=)` of the download side, which upload requests about a repo honour too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import hashlib
+import json
+import re
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+
+LFS_JSON = "application/vnd.git-lfs+json"
+LFS_SIZE = 10 * 1024 * 1024  # the Hub's own threshold: a file this large is always LFS
+RELATIONS = ("adapter", "merge", "quantized", "finetune")  # the Hub's base_model_relation values
+GITATTRIBUTES = (
+    "*.bin filter=lfs diff=lfs merge=lfs -text\n"
+    "*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    "*.pt filter=lfs diff=lfs merge=lfs -text\n"
+    "*tfevents* filter=lfs diff=lfs merge=lfs -text\n"
+)
+_YAML_BLOCK = re.compile(r"^\s*---\r?\n([\S\s]*?)\r?\n---[ \t]*(\r?\n|$)")
+UPLOAD_ACTIONS = ("preupload", "commit", "branch")
+
+
+@dataclass
+class CommitRecord:
+    repo_id: str
+    revision: str
+    sha: str
+    summary: str
+    added: list[str] = field(default_factory=list)  # regular and LFS files, in the order sent
+    lfs: list[str] = field(default_factory=list)  # those of `added` committed as LFS pointers
+    deleted: list[str] = field(default_factory=list)
+
+
+class Dropped(Exception):
+    """Raised to close the connection without an answer (a lost connection)."""
+
+
+@dataclass
+class _Token:
+    write: bool
+    namespaces: frozenset[str] | None  # None: every namespace
+
+
+class UploadEndpoints:
+    """Mixed into FakeHub; needs its `_lock`, `_repos`, `endpoint`, `_record`, `_send_json`, `_send`,
+    `_repo`, `_commit`, `_check_fail`, `_describe`, `_unstall` and the `_HubError`, `_Repo`, `_Commit`,
+    `_File` classes handed to `_init_upload`."""
+
+    def _init_upload(self, classes: dict, multipart_threshold: int, chunk_size: int) -> None:
+        self._cls = classes
+        self.multipart_threshold, self.chunk_size = multipart_threshold, chunk_size
+        self._storage = tempfile.TemporaryDirectory(prefix="fake-hub-", ignore_cleanup_errors=True)
+        self._tokens: dict[str, _Token] = {}
+        self._objects: dict[str, Path] = {}  # LFS oid -> stored bytes
+        self._parts: dict[tuple[str, int], bytes] = {}
+        self.commits: list[CommitRecord] = []
+        self.lfs_uploads: list[str] = []
+        self._held = threading.Event()
+        self._held.set()  # set: PUTs go through
+        self._hold_after = 0  # ... and so do they while fewer objects than this are stored
+        self.puts_waiting = 0
+        self._drops: dict[str, int] = {}
+        self._quota: int | None = None
+
+    # ---- what tests set and read
+
+    def add_token(self, token: str, *, write: bool = True, namespaces: tuple[str, ...] | None = None) -> None:
+        """Accept `token` (Bearer): a write token (in every namespace, or only `namespaces`), or a read one."""
+        with self._lock:
+            self._tokens[token] = _Token(write, None if namespaces is None else frozenset(namespaces))
+
+    def hold_uploads(self, after: int = 0) -> None:
+        """Once `after` more LFS objects are stored, every LFS PUT waits, before reading its body, until
+        `release_uploads()` (or the server stops)."""
+        with self._lock:
+            self._hold_after = len(self.lfs_uploads) + after
+        self._held.clear()
+
+    def release_uploads(self) -> None:
+        self._held.set()
+
+    def drop(self, kind: str, *, times: int = 1) -> None:
+        """Close the connection of the next `times` requests of `kind` (e.g. 'commit', 'lfs-batch')
+        without sending an answer."""
+        with self._lock:
+            self._drops[kind] = self._drops.get(kind, 0) + times
+
+    def quota(self, limit: int | None) -> None:
+        """Refuse (403, the Hub's storage-limit message) an LFS batch whose new objects would take the
+        stored bytes past `limit`; None lifts it."""
+        self._quota = limit
+
+    def tree(self, repo_id: str, revision: str = "main") -> dict[str, str]:
+        """{path: sha256 of its bytes} of every file at `revision`."""
+        with self._lock:
+            repo = self._repos[repo_id]
+            return {p: f.sha256 for p, f in repo.commits[repo.refs[revision]].files.items()}
+
+    def is_private(self, repo_id: str) -> bool:
+        with self._lock:
+            return self._repos[repo_id].private
+
+    # ---- routing (called from FakeHub._handle and FakeHub._api)
+
+    def _upload_route(self, h, rec, method: str, raw_segs: list[str], body: bytes) -> bool:
+        """Requests outside /api/models/...; True when one was handled here."""
+        path = "/".join(raw_segs)
+        if method == "POST" and path == "/api/repos/create":
+            self._create_repo(h, rec, body)
+        elif method == "POST" and path == "/api/validate-yaml":
+            self._validate_yaml(h, rec, body)
+        elif raw_segs[1:2] == ["fake-lfs"]:
+            self._lfs_transfer(h, rec, method, raw_segs[2:], body)
+        elif method == "POST" and len(raw_segs) >= 4 and raw_segs[-4:-1] == ["info", "lfs", "objects"]:
+            prefix = raw_segs[1:-4]  # OWNER, NAME.git
+            if not prefix or not prefix[-1].endswith(".git"):
+                return False
+            prefix[-1] = prefix[-1][: -len(".git")]
+            repo, _ = self._repo(rec, prefix, h)
+            self._write_auth(h, rec, repo.repo_id)
+            self._check_fail(rec, method, None)
+            if raw_segs[-1] == "batch":
+                self._lfs_batch(h, rec, repo, body)
+            elif raw_segs[-1] == "verify":
+                self._lfs_verify(h, rec, body)
+            else:
+                return False
+        else:
+            return False
+        return True
+
+    def _upload_api(self, h, rec, repo, rest: list[str], query, body: bytes) -> None:
+        """POST /api/models/{repo_id}/{preupload|commit|branch}/{rev}."""
+        if len(rest) != 2:
+            raise self._cls["HubError"](404, None, "Not Found")
+        action, rev = rest[0], unquote(rest[1])
+        rec.kind = action
+        self._write_auth(h, rec, repo.repo_id)
+        self._take_drop(action)
+        if action == "branch":
+            return self._create_branch(h, rec, repo, rev, body)
+        commit = self._commit(repo, rec, rest[1])
+        if action == "preupload":
+            return self._preupload(h, rec, repo, commit, body)
+        if query.get("create_pr"):
+            raise self._cls["HubError"](400, None, "FakeHub does not open pull requests")
+        self._commit_files(h, rec, repo, commit, rev, h.headers.get("Content-Type", ""), body)
+
+    # ---- auth and faults
+
+    def _write_auth(self, h, rec, repo_id: str, creating: bool = False) -> None:
+        error = self._cls["HubError"]
+        auth = h.headers.get("Authorization") or ""
+        if not auth.startswith("Bearer "):
+            raise error(401, None, "Invalid username or password.")
+        with self._lock:
+            token = self._tokens.get(auth[len("Bearer ") :])
+        if token is None:
+            raise error(401, None, "Invalid credentials in Authorization header")
+        namespace = repo_id.split("/")[0]
+        if not token.write or (token.namespaces is not None and namespace not in token.namespaces):
+            if creating:
+                raise error(
+                    403, None, f'You don\'t have the rights to create a model under the namespace "{namespace}"'
+                )
+            raise error(403, None, f"You don't have the rights to write to {repo_id}: this token is read-only here")
+
+    def _take_drop(self, kind: str) -> None:
+        with self._lock:
+            if self._drops.get(kind, 0) > 0:
+                self._drops[kind] -= 1
+                raise Dropped(kind)
+
+    @staticmethod
+    def _close(h) -> None:
+        h.close_connection = True
+        try:
+            h.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # ---- repos and branches
+
+    def _create_repo(self, h, rec, body: bytes) -> None:
+        rec.kind = "create"
+        data = _json_object(body, self._cls["HubError"])
+        name, org = data.get("name"), data.get("organization")
+        if not isinstance(name, str) or not name or (data.get("type") not in (None, "model")):
+            raise self._cls["HubError"](400, None, "FakeHub creates model repos from a name")
+        repo_id = f"{org}/{name}" if org else name
+        rec.repo_id = repo_id
+        self._write_auth(h, rec, repo_id, creating=True)
+        self._take_drop("create")
+        url = f"{self.endpoint}/{repo_id}"
+        with self._lock:
+            if repo_id in self._repos:
+                return self._send_json(h, rec, 409, {"error": "You already created this model repo", "url": url})
+            private = data.get("visibility") == "private"
+            token = h.headers["Authorization"][len("Bearer ") :] if private else None
+            repo = self._cls["Repo"](repo_id, private=private, token=token)
+            self._repos[repo_id] = repo
+            attributes = self._store_blob(GITATTRIBUTES.encode())
+            files = {".gitattributes": self._file(".gitattributes", attributes, lfs=False)}
+            sha = self._new_commit(repo, "main", None, files, "initial commit", ([".gitattributes"], [], []))
+        self._send_json(h, rec, 200, {"url": url, "name": repo_id, "id": sha[:24]})
+
+    def _create_branch(self, h, rec, repo, branch: str, body: bytes) -> None:
+        data = _json_object(body or b"{}", self._cls["HubError"])
+        with self._lock:
+            if branch in repo.refs:
+                return self._send_json(h, rec, 409, {"error": "Reference already exists"})
+            start = data.get("startingPoint") or "main"
+            sha = repo.refs.get(start) or (start if start in repo.commits else None)
+            if sha is None:
+                raise self._cls["HubError"](404, "RevisionNotFound", f"Invalid rev id: {start}")
+            repo.refs[branch] = sha
+        self._send_json(h, rec, 200, {})
+
+    # ---- the model card
+
+    def _validate_yaml(self, h, rec, body: bytes) -> None:
+        rec.kind = "validate-yaml"
+        data = _json_object(body, self._cls["HubError"])
+        content = data.get("content") if isinstance(data.get("content"), str) else ""
+        match = _YAML_BLOCK.search(content)
+        if match is None:
+            warning = {"message": "empty or missing yaml metadata in repo card"}
+            return self._send_json(h, rec, 200, {"errors": [], "warnings": [warning]})
+        try:
+            meta = yaml.safe_load(match.group(1))
+        except yaml.YAMLError as e:
+            return self._send_json(h, rec, 400, {"errors": [{"message": f"Invalid YAML: {e}"}], "warnings": []})
+        errors = []
+        if meta is not None and not isinstance(meta, dict):
+            errors.append("the metadata must be a mapping")
+        elif meta and meta.get("base_model_relation") not in (None, *RELATIONS):
+            errors.append(f'"base_model_relation" must be one of {", ".join(RELATIONS)}')
+        status = 400 if errors else 200
+        self._send_json(h, rec, status, {"errors": [{"message": m} for m in errors], "warnings": []})
+
+    # ---- preupload and the LFS protocol
+
+    def _is_lfs(self, path: str, size: int) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        matches = any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(name, p) for p in self.lfs_patterns)
+        return size > 0 and (matches or size >= LFS_SIZE)
+
+    def _preupload(self, h, rec, repo, commit, body: bytes) -> None:
+        error = self._cls["HubError"]
+        files = _json_object(body, error).get("files")
+        if not isinstance(files, list):
+            raise error(400, None, "files: expected a list")
+        out = []
+        for f in files:
+            path, size, sample = f.get("path"), f.get("size"), f.get("sample")
+            if not (isinstance(path, str) and isinstance(size, int) and size >= 0 and isinstance(sample, str)):
+                raise error(400, None, f"bad preupload entry {f!r}")
+            try:
+                if len(base64.b64decode(sample, validate=True)) > 512:
+                    raise error(400, None, f"{path}: sample longer than 512 bytes")
+            except binascii.Error as e:
+                raise error(400, None, f"{path}: sample is not base64") from e
+            lfs = self._is_lfs(path, size)
+            there = commit.files.get(path)
+            oid = None if there is None else there.sha256 if there.lfs else there.git_oid
+            out.append({"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid})
+        self._send_json(h, rec, 200, {"files": out, "commitOid": commit.sha})
+
+    def _lfs_batch(self, h, rec, repo, body: bytes) -> None:
+        rec.kind = "lfs-batch"
+        error = self._cls["HubError"]
+        if LFS_JSON not in (h.headers.get("Content-Type") or "") or LFS_JSON not in (h.headers.get("Accept") or ""):
+            raise error(406, None, f"LFS batch requests are {LFS_JSON}")
+        self._take_drop("lfs-batch")
+        data = _json_object(body, error)
+        objects = data.get("objects")
+        if (
+            data.get("operation") != "upload"
+            or data.get("hash_algo", "sha256") != "sha256"
+            or not isinstance(objects, list)
+        ):
+            raise error(400, None, "expected an upload of sha256 objects")
+        new = 0
+        answers = []
+        for o in objects:
+            oid, size = o.get("oid"), o.get("size")
+            if not (isinstance(oid, str) and re.fullmatch("[0-9a-f]{64}", oid) and isinstance(size, int)):
+                raise error(400, None, f"bad LFS object {o!r}")
+            with self._lock:
+                stored = self._objects.get(oid)
+            if stored is not None and stored.stat().st_size == size:
+                answers.append({"oid": oid, "size": size})  # already there: no actions
+                continue
+            new += size
+            answers.append({"oid": oid, "size": size, "authenticated": True, "actions": self._actions(repo, oid, size)})
+        with self._lock:
+            used = sum(p.stat().st_size for p in self._objects.values())
+        if self._quota is not None and used + new > self._quota:
+            raise error(
+                403, None, "Private repository storage limit reached, please upgrade your plan to increase your "
+                "private storage limit."
+            )  # fmt: skip
+        multipart = any("chunk_size" in a.get("actions", {}).get("upload", {}).get("header", {}) for a in answers)
+        transfer = "multipart" if multipart else "basic"
+        self._send_json(h, rec, 200, {"transfer": transfer, "objects": answers, "hash_algo": "sha256"})
+
+    def _actions(self, repo, oid: str, size: int) -> dict:
+        verify = {"href": f"{self.endpoint}/{repo.repo_id}.git/info/lfs/objects/verify", "header": {}}
+        if size <= self.multipart_threshold:
+            return {"upload": {"href": f"{self.endpoint}/fake-lfs/{oid}?size={size}", "header": {}}, "verify": verify}
+        parts = -(-size // self.chunk_size)
+        header = {"chunk_size": str(self.chunk_size)}
+        header |= {f"{n:05d}": f"{self.endpoint}/fake-lfs/{oid}/part/{n}" for n in range(1, parts + 1)}
+        return {"upload": {"href": f"{self.endpoint}/fake-lfs/{oid}/complete?size={size}", "header": header},
+                "verify": verify}  # fmt: skip
+
+    def _lfs_transfer(self, h, rec, method: str, segs: list[str], body: bytes) -> None:
+        """PUT /fake-lfs/{oid} (basic), PUT /fake-lfs/{oid}/part/{n}, POST /fake-lfs/{oid}/complete."""
+        error = self._cls["HubError"]
+        oid = segs[0] if segs else ""
+        size = int((parse_qs(urlsplit(h.path).query).get("size") or ["-1"])[-1])
+        if method == "PUT" and len(segs) in (1, 3):
+            rec.kind = "lfs-upload" if len(segs) == 1 else "lfs-part"
+            body = self._read_put_body(h)
+            if len(segs) == 3:
+                etag = hashlib.md5(body).hexdigest()
+                with self._lock:
+                    self._parts[(oid, int(segs[2]))] = body
+                return self._send(h, rec, 200, b"", {"ETag": f'"{etag}"'}, method)
+            self._store_object(oid, size, body)
+            return self._send(h, rec, 200, b"", {}, method)
+        if method == "POST" and segs[1:] == ["complete"]:
+            rec.kind = "lfs-complete"
+            if LFS_JSON not in (h.headers.get("Content-Type") or ""):
+                raise error(406, None, f"the completion is {LFS_JSON}")
+            data = _json_object(body, error)
+            parts = data.get("parts") or []
+            chunks = []
+            with self._lock:
+                for n, part in enumerate(parts, start=1):
+                    got = self._parts.get((oid, part.get("partNumber")))
+                    if (
+                        part.get("partNumber") != n
+                        or got is None
+                        or part.get("etag") != f'"{hashlib.md5(got).hexdigest()}"'
+                    ):
+                        raise error(400, None, f"part {n} of {oid}: missing, or not its ETag")
+                    chunks.append(got)
+            self._store_object(oid, size, b"".join(chunks))
+            return self._send_json(h, rec, 200, {})
+        raise error(404, None, "Not Found")
+
+    def _read_put_body(self, h) -> bytes:
+        with self._lock:
+            self.puts_waiting += 1
+        try:
+            while not self._held.wait(0.05) and len(self.lfs_uploads) >= self._hold_after:
+                if self._unstall.is_set():  # the server is stopping
+                    raise Dropped("put")
+        finally:
+            with self._lock:
+                self.puts_waiting -= 1
+        n = int(h.headers.get("Content-Length") or -1)
+        if n < 0:
+            raise self._cls["HubError"](411, None, "Content-Length required")
+        data = h.rfile.read(n)
+        if len(data) < n:
+            raise Dropped("put")  # the client went away mid-body: nothing is stored
+        return data
+
+    def _store_object(self, oid: str, size: int, data: bytes) -> None:
+        if hashlib.sha256(data).hexdigest() != oid or (size >= 0 and len(data) != size):
+            raise self._cls["HubError"](400, None, f"the uploaded bytes do not hash to {oid} / are not {size} bytes")
+        path = Path(self._storage.name) / "lfs" / oid
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        with self._lock:
+            self._objects[oid] = path
+            self.lfs_uploads.append(oid)
+
+    def _lfs_verify(self, h, rec, body: bytes) -> None:
+        rec.kind = "lfs-verify"
+        data = _json_object(body, self._cls["HubError"])
+        with self._lock:
+            stored = self._objects.get(data.get("oid"))
+        if stored is None or stored.stat().st_size != data.get("size"):
+            raise self._cls["HubError"](404, None, f"object {data.get('oid')} not uploaded")
+        self._send_json(h, rec, 200, {})
+
+    # ---- commits
+
+    def _commit_files(self, h, rec, repo, parent, rev: str, content_type: str, body: bytes) -> None:
+        error = self._cls["HubError"]
+        if "application/x-ndjson" not in content_type:
+            raise error(415, None, "a commit is application/x-ndjson")
+        try:
+            lines = [json.loads(ln) for ln in body.decode().splitlines() if ln.strip()]
+        except ValueError as e:
+            raise error(400, None, f"commit body is not NDJSON: {e}") from e
+        if not lines or lines[0].get("key") != "header" or not isinstance(lines[0]["value"].get("summary"), str):
+            raise error(400, None, "a commit starts with its header")
+        header = lines[0]["value"]
+        if header.get("parentCommit") not in (None, parent.sha):
+            raise error(412, None, "A commit has happened since. Please refresh and try again.")
+        files = dict(parent.files)
+        added, lfs, deleted = [], [], []
+        for line in lines[1:]:
+            key, value = line.get("key"), line.get("value") or {}
+            path = value.get("path")
+            if not isinstance(path, str) or path.startswith("/") or ".." in path.split("/") or not path:
+                raise error(400, None, f"bad path {path!r}")
+            if key == "file":
+                if value.get("encoding") != "base64":
+                    raise error(400, None, f"{path}: expected base64 content")
+                files[path] = self._file(path, self._store_blob(base64.b64decode(value["content"])), lfs=False)
+                added.append(path)
+            elif key == "lfsFile":
+                oid, size = value.get("oid"), value.get("size")
+                with self._lock:
+                    stored = self._objects.get(oid)
+                if value.get("algo") != "sha256" or stored is None or stored.stat().st_size != size:
+                    raise error(400, None, f"{path}: LFS object {oid} ({size} bytes) was not uploaded")
+                files[path] = self._file(path, stored, lfs=True)
+                added.append(path)
+                lfs.append(path)
+            elif key in ("deletedFile", "deletedFolder"):
+                gone = [
+                    p for p in files if p == path or (key == "deletedFolder" and p.startswith(path.rstrip("/") + "/"))
+                ]
+                if not gone:
+                    raise error(404, "EntryNotFound", f"{path}: A file with this name doesn't exist")
+                for p in gone:
+                    del files[p]
+                deleted.append(path)
+            else:
+                raise error(400, None, f"unknown commit operation {key!r}")
+        with self._lock:
+            sha = self._new_commit(repo, rev, parent.sha, files, header["summary"], (added, lfs, deleted))
+        self._send_json(h, rec, 200, {"success": True, "commitOid": sha, "commitUrl": f"{self.endpoint}/{repo.repo_id}/commit/{sha}",
+                                      "hookOutput": ""})  # fmt: skip
+
+    def _new_commit(self, repo, rev: str, parent: str | None, files: dict, summary: str, changes: tuple) -> str:
+        """A commit of `files` on branch `rev` (under self._lock); `changes`: (added, lfs, deleted) paths."""
+        added, lfs, deleted = changes
+        h = hashlib.sha1(f"{repo.repo_id}\0{rev}\0{parent}\0{summary}\0{len(self.commits)}".encode())
+        for p in sorted(files):
+            h.update(f"{p}\0{files[p].git_oid}\n".encode())
+        sha = h.hexdigest()
+        dirs = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+        repo.commits[sha] = self._cls["Commit"](sha, Path(self._storage.name), files, dirs)
+        repo.refs[rev] = sha
+        self.commits.append(CommitRecord(repo.repo_id, rev, sha, summary, list(added), list(lfs), list(deleted)))
+        return sha
+
+    def _store_blob(self, data: bytes) -> Path:
+        path = Path(self._storage.name) / "blobs" / hashlib.sha256(data).hexdigest()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
+
+    def _file(self, rel: str, disk: Path, lfs: bool):
+        """A repo file over stored bytes, LFS or plain as the commit says (not by pattern)."""
+        f = self._describe(rel, disk)
+        if f.lfs == lfs:
+            return f
+        data = disk.read_bytes()
+        if lfs:
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{f.sha256}\nsize {f.size}\n".encode()
+            return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(pointer), True, len(pointer))
+        return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(data), False, None)
+
+
+def _git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _json_object(body: bytes, error) -> dict:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as e:
+        raise error(400, None, f"not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise error(400, None, "expected a JSON object")
+    return data
