@@ -6,11 +6,14 @@
   copy-on-write, read ahead and with their page tables filled, so the tensors are usable at once;
 - artifacts, previous reader: the reader before the mapped one (commit c702bec), kept here as the
   baseline: one positioned read per tensor into a new tensor;
-- artifacts + spot check: the reader plus the plugin's per-layer check against kv_b_proj;
+- artifacts + spot check: the reader plus the plugin's per-layer check against kv_b_proj
+  (mla_runtime/spot_check.py: 256 x 64 values of one head), and the check alone;
 - recompute: what vllm-gaudi's HPUMLAAttention does at every start: dequantize the block-FP8
   kv_b_proj [32768, 512] in bf16 (bf16(w) * bf16(scale) per 128x128 block), transpose, split,
   permute, make contiguous; and the channel-FP8 variant (1-D scale, what VLLM_HPU_FORCE_CHANNEL_FP8
-  leaves).
+  leaves);
+- the plugin on vllm-gaudi's default path: the channel-FP8 recompute (vllm-gaudi's method runs
+  first), then the artifacts read, spot-checked and copied into the tensors it stored.
 
 True R1 dimensions: 61 layers, N=128 heads, P=V=128, L=512. On the CPU of this machine, not a
 Gaudi: the HPU does the recompute faster, but the artifacts path is a file read either way.
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from mla_runtime import artifacts as artifacts_mod
 from mla_runtime.artifacts import head_range, open_artifacts
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
-from mla_runtime.plugin import spot_check
+from mla_runtime.spot_check import spot_check
 
 R1 = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 BLOCK = 128
@@ -177,6 +180,24 @@ def main(argv=None) -> int:
             def current(arts, i, tp):
                 return arts.load_layer(i, tp_rank=0, tp_size=tp)
 
+            def check_only(tp=tp, block=block):
+                arts = open_artifacts(mla_dir)
+                loaded = [arts.load_layer(i, tp_rank=0, tp_size=tp) for i in range(n_distinct)]
+                t0 = time.perf_counter()
+                for i in range(args.layers):
+                    spot_check(block[i % n_distinct], *loaded[i % n_distinct], where=f"layer {i}")
+                return time.perf_counter() - t0
+
+            def plugin_on_recompute(local=local, channel=channel, block=block, tp=tp):
+                stored = [recompute_channel(*channel[i % n_distinct], local) for i in range(args.layers)]
+                arts = open_artifacts(mla_dir)
+                for i, (uk_t, uv) in enumerate(stored):
+                    a_uk_t, a_uv = arts.load_layer(i, tp_rank=0, tp_size=tp)
+                    spot_check(block[i % n_distinct], a_uk_t, a_uv, where=f"layer {i}")
+                    uk_t.copy_(a_uk_t)
+                    uv.copy_(a_uv)
+                return stored
+
             def previous(arts, i, tp):
                 return previous_load_layer(arts, i, 0, tp)
 
@@ -190,6 +211,7 @@ def main(argv=None) -> int:
                 "recompute channel-FP8 (vllm-gaudi)": lambda local=local, channel=channel: [
                     recompute_channel(*channel[i % n_distinct], local) for i in range(args.layers)
                 ],
+                "plugin: channel recompute, then artifacts copied in": plugin_on_recompute,
             }
             # Same results before timing: both readers give the same tensors; block recompute within bf16.
             a_uk, a_uv = open_artifacts(mla_dir).load_layer(0, tp_rank=0, tp_size=tp)
@@ -209,6 +231,7 @@ def main(argv=None) -> int:
                     keep = fn()
                     times[name].append(time.perf_counter() - t0)
                     del keep
+            check_s = [check_only() for _ in range(args.repeats)]
             med = {k: statistics.median(v) for k, v in times.items()}
             nbytes = args.layers * 2 * local.num_heads * dims.kv_lora_rank * 128 * 2  # this rank's W_UK_T + W_UV
             reports.append({
@@ -217,6 +240,8 @@ def main(argv=None) -> int:
                 "all_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
                 "gb_per_s": {k: round(nbytes / v / 1e9, 2) for k, v in med.items()},
                 "speed_vs_block_recompute": {k: round(med["recompute block-FP8 (vllm-gaudi)"] / v, 2) for k, v in med.items()},
+                "spot_check_s": round(statistics.median(check_s), 5),
+                "spot_check_ms_per_layer": round(1000 * statistics.median(check_s) / args.layers, 4),
             })  # fmt: skip
     finally:
         if own_dir:
@@ -242,6 +267,10 @@ def main(argv=None) -> int:
         for k, v in r["median_s"].items():
             print(f"{k:38} {v:9.3f} {r['gb_per_s'][k]:8.2f} {r['speed_vs_block_recompute'][k]:17.2f}x")
         m = r["median_s"]
+        print(
+            f"spot check alone: {r['spot_check_s']:.4f} s for {args.layers} layers "
+            f"({r['spot_check_ms_per_layer']:.3f} ms a layer: 256 x 64 values of kv_b_proj and of the artifacts)"
+        )
         print(
             f"mapped reader vs previous reader: {m['artifacts, previous reader (pread)'] / m['artifacts (mapped)']:.1f}x "
             f"faster; block recompute / mapped reader: {m['recompute block-FP8 (vllm-gaudi)'] / m['artifacts (mapped)']:.1f}x"

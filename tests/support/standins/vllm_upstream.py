@@ -8,7 +8,10 @@ test group installs), function by function:
 - `model_executor/layers/attention/attention.py`: `should_load_quant_weights`,
   `set_default_quant_scales`, `_init_kv_cache_quant`;
 - `model_executor/layers/attention/mla_attention.py`: `split_kv_b_proj`, and of `MLAAttention` what
-  `__init__` sets up for loading and its `process_weights_after_loading`;
+  `__init__` sets up for loading and its `process_weights_after_loading` (lines 1220-1345: the AMX
+  branch, the DCP query-replication check and its `W_UK_T_dcp_qrep`, the default branch);
+- `distributed/parallel_state.py`: `get_dcp_group`, for a group of one rank (its all_gather returns
+  its input);
 - `model_executor/layers/quantization/utils/quant_utils.py`: `get_and_maybe_dequant_weights`;
 - `model_executor/layers/quantization/kv_cache.py`: `BaseKVCacheMethod`;
 - `model_executor/layers/quantization/fp8.py`: `Fp8Config` and the `create_weights` of
@@ -18,8 +21,11 @@ test group installs), function by function:
 - `model_executor/model_loader/utils.py`: `process_weights_after_loading` (every quant method first,
   then the attention layers).
 
-Branches vllm-gaudi never takes (AMX, ROCm aiter, DCP, marlin/DeepGEMM) are left out. The `vllm`
-test group checks the functions here against the real ones (tests/test_vllm_standin_conformance.py).
+Left out: the ROCm aiter branches (FP4/FP8 BMM), marlin/DeepGEMM dequant, DCP with more than one
+rank. The AMX branch runs with an impl whose `uses_amx_bmm` is set (the tests bring one: AMXMLAImpl
+itself needs the CPU build's packing kernels). The `vllm` test group checks the functions here
+against the real ones (tests/test_vllm_standin_conformance.py). The stand-ins of vllm 0.33.0 and of
+vLLM at commit 2fdb4ed (vllm_033/, vllm_2fdb4ed/) reuse what did not change from here.
 """
 
 from __future__ import annotations
@@ -237,6 +243,22 @@ def get_and_maybe_dequant_weights(layer: nn.Module, out_dtype: torch.dtype = tor
     return layer.quant_method.apply(layer, eye, bias=None).to(out_dtype).T
 
 
+# --------------------------------------------------------------------------- parallel_state.py
+
+
+class _OneRankGroup:
+    """`GroupCoordinator` of a DCP group of one rank."""
+
+    world_size = 1
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return input_  # "Bypass the function if we are using only 1 GPU"
+
+
+def get_dcp_group() -> _OneRankGroup:
+    return _OneRankGroup()
+
+
 # --------------------------------------------------------------------------- mla_attention.py
 
 
@@ -249,6 +271,11 @@ def split_kv_b_proj(kv_b_proj, out_dtype, kv_lora_rank, num_heads, qk_nope_head_
 
 
 class AttentionImplBase:
+    """A backend impl that does nothing after loading (CPU_MLA's, and the base of every MLA impl)."""
+
+    def __init__(self, **impl_args):
+        pass
+
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         return None
 
@@ -265,8 +292,8 @@ class MLAAttention(nn.Module, AttentionLayerBase):
     impl_cls: type = AttentionImplBase
 
     def __init__(self, num_heads: int, scale: float, qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
-                 q_lora_rank: int | None, kv_lora_rank: int, kv_b_proj: nn.Module, cache_config=None,
-                 quant_config=None, prefix: str = "", vllm_config=None, **extra):  # fmt: skip
+                 q_lora_rank: int | None, kv_lora_rank: int, kv_b_proj: nn.Module, dcp_q_replicate: bool = False,
+                 cache_config=None, quant_config=None, prefix: str = "", vllm_config=None, **extra):  # fmt: skip
         super().__init__()
         self.num_heads = num_heads
         self.scale = scale
@@ -276,7 +303,8 @@ class MLAAttention(nn.Module, AttentionLayerBase):
         self.q_lora_rank = q_lora_rank
         self.kv_lora_rank = kv_lora_rank
         self.kv_b_proj = kv_b_proj
-        self.dcp_q_replicate = False
+        self.dcp_q_replicate = dcp_q_replicate
+        self.W_UK_T_dcp_qrep = None
         self.head_size = kv_lora_rank + qk_rope_head_dim
         self.layer_name = prefix
         self.quant_config = quant_config
@@ -287,7 +315,8 @@ class MLAAttention(nn.Module, AttentionLayerBase):
             kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
             v_head_dim=v_head_dim, kv_b_proj=kv_b_proj,
         )  # fmt: skip
-        self.is_amx_bmm_enabled = False
+        self.q_pad_num_heads = getattr(self.impl, "q_pad_num_heads", None)
+        self.is_amx_bmm_enabled = getattr(self.impl, "uses_amx_bmm", False)
         self.is_aiter_triton_fp8_bmm_enabled = False
         self.is_aiter_triton_fp4_bmm_enabled = False
         if vllm_config is not None:
@@ -299,13 +328,22 @@ class MLAAttention(nn.Module, AttentionLayerBase):
 
     def process_weights_after_loading(self, act_dtype: torch.dtype):
         self.impl.process_weights_after_loading(act_dtype)
-        assert not (self.is_amx_bmm_enabled or self.dcp_q_replicate), "not stood in"
-        assert not (self.is_aiter_triton_fp4_bmm_enabled or self.is_aiter_triton_fp8_bmm_enabled), "not stood in"
+        if self.is_amx_bmm_enabled:  # the impl packed its own copies: release the raw weight
+            self.kv_b_proj.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+            return
+        if self.dcp_q_replicate:
+            assert self.q_pad_num_heads in (None, self.num_heads)
+        if self.is_aiter_triton_fp4_bmm_enabled or self.is_aiter_triton_fp8_bmm_enabled:
+            raise NotImplementedError("stand-in: the ROCm aiter BMM branches")
         w_uk, w_uv = split_kv_b_proj(
             self.kv_b_proj, act_dtype, self.kv_lora_rank, self.num_heads, self.qk_nope_head_dim, self.v_head_dim
         )
         replace_parameter(self, "W_UV", w_uv.transpose(0, 1), prefer_copy=True)  # [N, L, V]
         replace_parameter(self, "W_UK_T", w_uk.permute(1, 2, 0), prefer_copy=True)  # [N, P, L]
+        if self.dcp_q_replicate:
+            replace_parameter(
+                self, "W_UK_T_dcp_qrep", get_dcp_group().all_gather(self.W_UK_T.contiguous(), dim=0), prefer_copy=True
+            )
         method = self.quant_config.get_quant_method(self, prefix=self.layer_name) if self.quant_config else None
         if not should_load_quant_weights(method):
             set_default_quant_scales(self, register_buffer=False)

@@ -9,12 +9,17 @@ quant method first). Two branches:
   unless the layer has a KV-cache quant method;
 - anything else (bf16; compressed-tensors, whose scale is `weight_scale`): upstream MLAAttention's
   method, then `replace_parameter` with contiguous copies, so both stay registered parameters.
+
+vLLM's names are imported as the real file imports them (`vllm.model_executor.layers.attention`,
+`vllm.model_executor.utils`); the tests point them at the stand-in of one vLLM code base
+(../../codebases.py), so the upstream branch runs on each.
 """
 
 from __future__ import annotations
 
 import torch
-from vllm_upstream import MLAAttention, replace_parameter
+from vllm.model_executor.layers.attention import MLAAttention
+from vllm.model_executor.utils import replace_parameter
 
 from vllm_gaudi.attention.backends.hpu_attn import HPUMLAImpl
 
@@ -46,7 +51,10 @@ class HPUMLAAttention(MLAAttention):
             self.W_UV = w_uv.transpose(0, 1).contiguous()
             self.W_UK_T = w_uk.permute(1, 2, 0).contiguous()
 
-            from vllm_upstream import set_default_quant_scales, should_load_quant_weights
+            from vllm.model_executor.layers.attention.attention import (
+                set_default_quant_scales,
+                should_load_quant_weights,
+            )
 
             method = self.quant_config.get_quant_method(self, prefix=self.layer_name) if self.quant_config else None
             if not should_load_quant_weights(method):

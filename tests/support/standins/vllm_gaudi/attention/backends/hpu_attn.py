@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from vllm_upstream import AttentionImplBase, replace_parameter
+from vllm.model_executor.utils import replace_parameter
+from vllm_upstream import AttentionImplBase
 
 
 class HPUMLAImpl(AttentionImplBase, nn.Module):
