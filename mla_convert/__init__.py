@@ -3,7 +3,7 @@ precomputed W_UK_T / W_UV. The public API (docs/api.md):
 
     mla_convert.convert(source, out_dir, *, options=None, settings=None, **fields) -> ConversionResult
     mla_convert.verify(out_dir, *, source=None, workers=1) -> VerifyReport
-    mla_convert.upload(out_dir, repo_id, *, revision=None, create=False, ...) -> UploadResult
+    mla_convert.upload(out_dir, repo_id, *, options=None, progress_factory=None, **fields) -> UploadResult
 
 Importing it imports no torch; the first call does.
 """
@@ -11,7 +11,7 @@ Importing it imports no torch; the first call does.
 from mla_convert.api import convert, upload, verify
 from mla_convert.errors import ConvertError, OutputError, SourceError, UploadError, VerificationError
 from mla_convert.results import CheckGroup, ConversionResult, Failure, TensorStats, UploadResult, VerifyReport
-from mla_convert.settings import Options, RunSettings
+from mla_convert.settings import Options, RunSettings, UploadOptions
 from mla_convert.version import __version__
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "SourceError",
     "TensorStats",
     "UploadError",
+    "UploadOptions",
     "UploadResult",
     "VerificationError",
     "VerifyReport",

@@ -16,10 +16,11 @@ import dataclasses
 from pathlib import Path
 
 from mla_convert.results import ConversionResult, UploadResult, VerifyReport
-from mla_convert.settings import Options, ProgressFactory, RunSettings
+from mla_convert.settings import Options, ProgressFactory, RunSettings, UploadOptions
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Options))
 _SETTING_FIELDS = frozenset(f.name for f in dataclasses.fields(RunSettings))
+_UPLOAD_FIELDS = frozenset(f.name for f in dataclasses.fields(UploadOptions))
 
 
 def convert(
@@ -76,22 +77,25 @@ def upload(
     out_dir: str | Path,
     repo_id: str,
     *,
-    revision: str | None = None,
-    private: bool = False,
-    create: bool = False,
-    overwrite: bool = False,
-    skip_verify: bool = False,
-    dry_run: bool = False,
+    options: UploadOptions | None = None,
     progress_factory: ProgressFactory | None = None,
+    **fields,
 ) -> UploadResult:
-    """Upload `out_dir`, a directory mla-convert wrote, to the Hub model repo `repo_id` (branch
-    `revision`, default main), as `mla-convert upload` does: exactly the files its manifest lists,
-    after verify's structure and integrity checks (`skip_verify`), in commits; the same call after
-    an interruption sends only what the branch does not hold yet. Token: huggingface_hub's own.
+    """Upload `out_dir`, a directory mla-convert wrote, to the Hub model repo `repo_id`, as
+    `mla-convert upload` does: exactly the files its manifest lists, after verify's structure and
+    integrity checks, in commits; the same call after an interruption sends only what the branch
+    does not hold yet. Token: huggingface_hub's own.
+
+    `options` (UploadOptions: revision (the branch, default main), private, create, overwrite,
+    skip_verify, dry_run); any of its fields may instead be given by name:
+    `upload(out, "org/name", create=True)`.
 
     Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails.
     """
-    from mla_convert.publish.upload import UploadOptions, prepare, run
+    unknown = sorted(set(fields) - _UPLOAD_FIELDS)
+    if unknown:
+        raise TypeError(f"upload() got unexpected keyword arguments {', '.join(unknown)}")
+    options = dataclasses.replace(options or UploadOptions(), **fields)
+    from mla_convert.publish.upload import prepare, run
 
-    options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
     return run(prepare(out_dir, repo_id, options), progress_factory)

@@ -93,3 +93,15 @@ class RunSettings:
             raise ConvertError(f"--write-io: unknown mode {self.write_io!r}; expected one of {', '.join(WRITE_MODES)}")
         if self.kernels not in KERNEL_MODES:
             raise ConvertError(f"--kernels: kernels mode {self.kernels!r}: expected {', '.join(KERNEL_MODES)}")
+
+
+@dataclass(frozen=True)
+class UploadOptions:
+    """How `upload` publishes a conversion (each field mirrors an `upload` flag); no output byte depends on it."""
+
+    revision: str | None = None  # the branch; None: main
+    private: bool = False  # a repo `create` makes is private
+    create: bool = False  # make the repo and the branch if missing
+    overwrite: bool = False  # replace another model's files in the branch
+    skip_verify: bool = False  # no structure and integrity checks first
+    dry_run: bool = False  # the files and the commits; no network, no hashing

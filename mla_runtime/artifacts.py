@@ -338,27 +338,40 @@ def open_artifacts(
         raise ArtifactError(f"{artifacts_dir}: no such directory of MLA artifacts")
     manifest = read_manifest(artifacts_dir)
     arts = MlaArtifacts(artifacts_dir, manifest, verify)
-    manifest_path = artifacts_dir / MANIFEST_NAME
-
     if model_dir is not None and model_config is None:
         model_config = _model_config(Path(model_dir))
     if model_config is not None:
-        served = MlaDims.from_model_config(model_config)
-        if served != manifest.dims:
-            diffs = ", ".join(
-                f"{k}: served {getattr(served, k)} vs artifacts {getattr(manifest.dims, k)}"
-                for k in ("num_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
-                if getattr(served, k) != getattr(manifest.dims, k)
-            )
-            raise ArtifactError(f"{manifest_path}: MLA dims differ from the served model's config ({diffs})")
-        missing = [i for i in expected_layers(model_config) if i not in set(manifest.layer_ids())]
-        if missing:
-            first = missing[0]
-            raise ArtifactError(
-                f"layer {first}: no MLA artifacts (expected {artifacts_dir / layer_file_name(first)}); "
-                f"layers {_ranges(missing)} of the served model are missing from {manifest_path}"
-            )
+        _check_served_model(manifest, artifacts_dir, model_config)
+    _check_fingerprints(manifest, artifacts_dir, model_dir, expected_fingerprint)
+    for layer in manifest.layer_ids():
+        arts.check_size(layer)
+    return arts
 
+
+def _check_served_model(manifest, artifacts_dir: Path, model_config: dict) -> None:
+    """The served model's MLA dims are the artifacts', and each of its decoder layers has artifacts."""
+    manifest_path = artifacts_dir / MANIFEST_NAME
+    served = MlaDims.from_model_config(model_config)
+    if served != manifest.dims:
+        diffs = ", ".join(
+            f"{k}: served {getattr(served, k)} vs artifacts {getattr(manifest.dims, k)}"
+            for k in ("num_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+            if getattr(served, k) != getattr(manifest.dims, k)
+        )
+        raise ArtifactError(f"{manifest_path}: MLA dims differ from the served model's config ({diffs})")
+    missing = [i for i in expected_layers(model_config) if i not in set(manifest.layer_ids())]
+    if missing:
+        first = missing[0]
+        raise ArtifactError(
+            f"layer {first}: no MLA artifacts (expected {artifacts_dir / layer_file_name(first)}); "
+            f"layers {_ranges(missing)} of the served model are missing from {manifest_path}"
+        )
+
+
+def _check_fingerprints(manifest, artifacts_dir: Path, model_dir, expected_fingerprint: str | None) -> None:
+    """The artifacts' source fingerprint is the one expected, and the one the served directory's
+    conversion manifest records (where it has one)."""
+    manifest_path = artifacts_dir / MANIFEST_NAME
     fingerprints = []
     if expected_fingerprint is not None:
         fingerprints.append((expected_fingerprint, "the expected source fingerprint"))
@@ -378,7 +391,3 @@ def open_artifacts(
                 f"{manifest.source_fingerprint[:16]}... vs {fp[:16]}... in {origin}); use the {MLA_DIR_NAME}/ "
                 "directory written with this model"
             )
-
-    for layer in manifest.layer_ids():
-        arts.check_size(layer)
-    return arts

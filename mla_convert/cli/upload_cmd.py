@@ -12,47 +12,57 @@ from mla_convert.cli import console
 from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import JsonOpt, QuietOpt
 from mla_convert.cli.startup import start_heavy_process
+from mla_convert.settings import UploadOptions
 from mla_convert.units import gb
 
+DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")]
+RepoArg = Annotated[str, typer.Argument(metavar="REPO_ID", help="The Hub model repo: OWNER/NAME.")]
+BranchOpt = Annotated[
+    str | None, typer.Option("--revision", metavar="BRANCH", help="The branch to commit to (default: main).")
+]
+PrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--private",
+        help="Make the repo private when --create makes it; an existing public repo is refused (the Hub's "
+        "settings change it).",
+    ),
+]
+CreateOpt = Annotated[bool, typer.Option("--create", help="Make the repo, and the --revision branch, if missing.")]
+ReplaceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="The repo holds another model: replace its files with these, and delete those the manifest does not list.",
+    ),
+]
+SkipVerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-verify",
+        help="Upload without verify's structure and integrity checks first (they read every file: minutes for "
+        "DeepSeek-R1).",
+    ),
+]
+PlanOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="List the files and bytes of each commit, in upload order; ask the Hub nothing, upload nothing.",
+    ),
+]
 
+
+# The defaults are UploadOptions' fields: their one home.
 def upload(
-    dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")],
-    repo_id: Annotated[str, typer.Argument(metavar="REPO_ID", help="The Hub model repo: OWNER/NAME.")],
-    revision: Annotated[str | None, typer.Option("--revision", help="The branch to commit to (default: main).")] = None,
-    private: Annotated[
-        bool,
-        typer.Option(
-            "--private",
-            help="Make the repo private when --create makes it; an existing public repo is "
-            "refused (the Hub's settings change it).",
-        ),
-    ] = False,
-    create: Annotated[
-        bool, typer.Option("--create", help="Make the repo, and the --revision branch, if missing.")
-    ] = False,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            "--overwrite",
-            help="The repo holds another model: replace its files with these, and delete "
-            "those the manifest does not list.",
-        ),
-    ] = False,
-    skip_verify: Annotated[
-        bool,
-        typer.Option(
-            "--skip-verify",
-            help="Upload without verify's structure and integrity checks first (they "
-            "read every file: minutes for DeepSeek-R1).",
-        ),
-    ] = False,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="List the files and bytes of each commit, in upload order; ask the Hub nothing, upload nothing.",
-        ),
-    ] = False,
+    dir: DirArg,
+    repo_id: RepoArg,
+    revision: BranchOpt = UploadOptions.revision,
+    private: PrivateOpt = UploadOptions.private,
+    create: CreateOpt = UploadOptions.create,
+    overwrite: ReplaceOpt = UploadOptions.overwrite,
+    skip_verify: SkipVerifyOpt = UploadOptions.skip_verify,
+    dry_run: PlanOnlyOpt = UploadOptions.dry_run,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -60,7 +70,8 @@ def upload(
     structure and integrity checks. Interrupted, the same command resumes.
 
     Token: huggingface_hub's own (HF_TOKEN, or `hf auth login`). Exit code 0: uploaded; 2: refused or failed
-    (one line says why); 130: interrupted."""
+    (one line says why); 130, 143, 129: interrupted by
+    Ctrl-C, SIGTERM or SIGHUP."""
     state: dict = {}
     with errors_to_exit(lambda: _interrupted(state)):
         from mla_convert.publish import upload as publish
@@ -69,7 +80,7 @@ def upload(
         if not (dry_run or skip_verify):
             start_heavy_process()  # verify's checks import torch
         with console.reporter(quiet, "checking") as checking:
-            options = publish.UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
+            options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
             state["job"] = job = publish.prepare(
                 dir, repo_id, options, check_progress=checking.progress_factory, status=checking.status
             )

@@ -153,19 +153,9 @@ class CheckpointSpec:
         if self.topk_method != "noaux_tc":  # DeepSeek-V2's softmax router
             cfg["scoring_func"] = "softmax"
             cfg["routed_scaling_factor"] = 1.0
-        if self.weights == "fp8":
-            cfg["quantization_config"] = {
-                "activation_scheme": "dynamic",
-                "fmt": "e4m3",
-                "quant_method": "fp8",
-                "weight_block_size": list(self.block),
-            }
-            if self.scale_fmt:
-                cfg["quantization_config"]["scale_fmt"] = self.scale_fmt
-            if self.not_converted:
-                cfg["quantization_config"]["modules_to_not_convert"] = self.modules_to_not_convert()
-        elif self.weights in (INT4, CT_FP8_BLOCK):
-            cfg["quantization_config"] = self.compressed_tensors_config()
+        quantization = self.quantization_config()
+        if quantization is not None:
+            cfg["quantization_config"] = quantization
         if self.indexer_types:
             cfg["indexer_types"] = list(self.indexer_types)
         if self.index_topk_freq:
@@ -184,6 +174,24 @@ class CheckpointSpec:
         for k in keys:
             cfg[k] = getattr(self, k)
         return dict(sorted(cfg.items()))
+
+    def quantization_config(self) -> dict | None:
+        """The source's quantization_config as the member's real checkpoint has it; None for BF16."""
+        if self.weights == "fp8":
+            q = {
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "quant_method": "fp8",
+                "weight_block_size": list(self.block),
+            }
+            if self.scale_fmt:
+                q["scale_fmt"] = self.scale_fmt
+            if self.not_converted:
+                q["modules_to_not_convert"] = self.modules_to_not_convert()
+            return q
+        if self.weights in (INT4, CT_FP8_BLOCK):
+            return self.compressed_tensors_config()
+        return None
 
     def modules_to_not_convert(self) -> list[str]:
         """The linears `not_converted` keeps BF16, as quantization_config lists them (by name); with

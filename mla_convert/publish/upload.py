@@ -32,25 +32,13 @@ from mla_convert.output.out_dir import some
 from mla_convert.publish import contents as C
 from mla_convert.publish import remote as R
 from mla_convert.results import UploadResult
-from mla_convert.settings import MessageFn, ProgressFactory
+from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions
 from mla_convert.units import gb
 
 UPLOAD_THREADS = 4  # files sent at once
 UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for them (cli.startup)
 TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class UploadOptions:
-    """What the user asked for (the command's options)."""
-
-    revision: str | None = None  # the branch; None: main
-    private: bool = False  # a repo `create` makes is private
-    create: bool = False  # make the repo and the branch if missing
-    overwrite: bool = False  # replace another model's files in the branch
-    skip_verify: bool = False  # no structure and integrity checks first
-    dry_run: bool = False  # the files and the commits; no network, no hashing
 
 
 @dataclass
@@ -80,7 +68,7 @@ class UploadJob:
 def prepare(
     out_dir: str | Path,
     repo_id: str,
-    options: UploadOptions = UploadOptions(),
+    options: UploadOptions | None = None,
     *,
     check_progress: ProgressFactory | None = None,
     status: MessageFn | None = None,
@@ -89,6 +77,7 @@ def prepare(
     A dry run reads the manifest and the sizes only: no network, no hashing. `check_progress`:
     for verify's reading of every file."""
     status = status or (lambda message: None)
+    options = options or UploadOptions()
     revision = _check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))

@@ -72,11 +72,13 @@ class ModelConfig:
         to bfloat16 (config.json's torch_dtype always)."""
         out = copy.deepcopy(self.raw)
         places = [out] + ([out[TEXT_CONFIG]] if self.text_key else [])
+        wheres = (self.quant_at or (None,)) if quantization is not None else ()
+        targets = [out if where is None else out[TEXT_CONFIG] for where in wheres]
         for place in places:
-            place.pop(QUANT_KEY, None)
-        if quantization is not None:
-            for where in self.quant_at or (None,):
-                (out if where is None else out[TEXT_CONFIG])[QUANT_KEY] = copy.deepcopy(quantization)
+            if not any(place is t for t in targets):
+                place.pop(QUANT_KEY, None)
+        for place in targets:  # replaced where the key was, so the file keeps its order
+            place[QUANT_KEY] = copy.deepcopy(quantization)
         if self.file == CONFIG_NAME:
             out["torch_dtype"] = "bfloat16"
         for place in places:
