@@ -17,7 +17,10 @@ COMMANDS = ROOT / "mla_convert" / "cli"
 
 def _graph() -> dict:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "import_graph.py"), "--json"], capture_output=True, text=True, check=True
+        [sys.executable, str(ROOT / "scripts" / "import_graph.py"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 
