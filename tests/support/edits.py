@@ -7,6 +7,7 @@ Imported (`from support.edits import ...`): the test modules' own module-level h
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Callable
@@ -37,9 +38,9 @@ def edit_header(path: Path, edit: Callable[[dict], object]) -> None:
     Path(path).write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
 
 
-def shard_of(root: Path, name: str) -> Path:
-    """The shard of the checkpoint in `root` that its index says holds tensor `name`."""
-    return Path(root) / json.loads((Path(root) / INDEX).read_text())["weight_map"][name]
+def shard_of(root: Path, name: str, index: str = INDEX) -> Path:
+    """The shard of the checkpoint in `root` that its index (file `index`) says holds tensor `name`."""
+    return Path(root) / json.loads((Path(root) / index).read_text())["weight_map"][name]
 
 
 def rewrite_shard(path: Path, edit: Callable[[dict], object]) -> None:
@@ -55,3 +56,14 @@ def drop_tensor(root: Path, name: str, *, from_index: bool = True) -> None:
     rewrite_shard(shard_of(root, name), lambda t: t.pop(name))
     if from_index:
         edit_json(Path(root) / INDEX, lambda i: i["weight_map"].pop(name))
+
+
+def rewrite_output_tensor(out: Path, name: str, edit: Callable[[dict], object], index: str = INDEX) -> None:
+    """rewrite_shard on the shard of the converted output `out` holding `name`, with the shard's
+    size and sha256 in the conversion manifest kept right: only the value and structure checks can
+    object."""
+    shard = shard_of(out, name, index)
+    rewrite_shard(shard, edit)
+    data = shard.read_bytes()
+    record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edit_json(Path(out) / "mla-convert-manifest.json", lambda m: m["files"].__setitem__(shard.name, record))
