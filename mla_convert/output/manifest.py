@@ -46,6 +46,11 @@ def read_manifest(out_dir: Path) -> dict | None:
     return json.loads(path.read_text())
 
 
+def is_conversion_manifest(manifest) -> bool:
+    """Whether a parsed manifest is one mla-convert wrote: an object with its tool name and files."""
+    return isinstance(manifest, dict) and manifest.get("tool") == TOOL_NAME and isinstance(manifest.get("files"), dict)
+
+
 def readable_manifest(out_dir: Path) -> dict | None:
     """The manifest, or None when it is missing, unreadable or not a JSON object: for the callers
     that only ask what --out holds (an earlier output? finished?), where a damaged manifest is

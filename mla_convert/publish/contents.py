@@ -31,9 +31,9 @@ from mla_convert.constants import (
     MANIFEST_NAME,
     MLA_DIR_NAME,
     MLA_MANIFEST_NAME,
-    TOOL_NAME,
 )
 from mla_convert.errors import UploadError
+from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
 
@@ -81,11 +81,7 @@ def read_contents(out_dir: Path) -> Contents:
         ) from e
     except (OSError, ValueError) as e:
         raise UploadError(f"{path}: unreadable conversion manifest ({e})") from e
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("tool") != TOOL_NAME
-        or not isinstance(manifest.get("files"), dict)
-    ):
+    if not is_conversion_manifest(manifest):
         raise UploadError(f"{path}: not an mla-convert manifest (no tool/files entries)")
     if manifest.get("status") != COMPLETE:
         raise UploadError(

@@ -23,8 +23,9 @@ import json
 import time
 from pathlib import Path
 
-from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME, TOOL_NAME
+from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME
 from mla_convert.errors import ConvertError, VerificationError
+from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.plan.planner import make_plan
 from mla_convert.results import VerifyReport
 from mla_convert.settings import Options, ProgressFactory
@@ -115,11 +116,7 @@ def _read_conversion_manifest(root: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from e
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("tool") != TOOL_NAME
-        or not isinstance(manifest.get("files"), dict)
-    ):
+    if not is_conversion_manifest(manifest):
         raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
     return manifest
 
