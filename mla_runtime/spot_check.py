@@ -110,10 +110,8 @@ def served_values(kv_b_proj, rows: slice, num_cols: int, num_rows: int,
         return w[rows, :cols].float().cpu(), None
     if w.dtype not in _FP8:
         return None
-    scale = getattr(kv_b_proj, "weight_scale", None)
+    scale = _current_scale(kv_b_proj, w.shape[0])
     if scale is None:
-        scale = getattr(kv_b_proj, "weight_scale_inv", None)
-    if not isinstance(scale, torch.Tensor):
         return None
     part = w[rows, :cols].float().cpu()
     scale = scale.detach().float().cpu()
@@ -134,6 +132,16 @@ def served_values(kv_b_proj, rows: slice, num_cols: int, num_rows: int,
         # regions, which on a busy host wait for a core (milliseconds for 16,384 values)
         grid = scale.index_select(0, row_blocks).index_select(1, col_blocks)
     return part * grid, grid
+
+
+def _current_scale(kv_b_proj, num_rows: int) -> torch.Tensor | None:
+    """The scale the served FP8 codes go with. A layer may hold two: vllm-gaudi requantizes a block
+    FP8 weight to channel FP8 into `weight_scale_inv` and leaves `weight_scale` as the old block
+    grid. Requantization only ever goes from block to channel, so a per-channel or per-tensor scale
+    is the current one; a block grid only where there is no other."""
+    scales = [getattr(kv_b_proj, n, None) for n in ("weight_scale", "weight_scale_inv")]
+    scales = [t for t in scales if isinstance(t, torch.Tensor)]
+    return next((t for t in scales if t.numel() in (1, num_rows)), scales[0] if scales else None)
 
 
 def compare(served: torch.Tensor, scale: torch.Tensor | None, ours: torch.Tensor) -> SpotCheck:

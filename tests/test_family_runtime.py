@@ -156,10 +156,8 @@ def test_gaudi_standin_takes_the_artifacts_at_the_members_dims(
     (summary,) = plugin.summary()
     assert summary["loaded"] == len(layers)
     # vllm-gaudi requantizes Mistral's FP8_BLOCK into weight_scale_inv and leaves weight_scale as the
-    # block grid without a block size; the plugin's spot check reads weight_scale first, finds a
-    # layout it does not know and compares nothing (the log line's count says so).
-    skipped = member == "mistral-large-3" and force_channel == "true"
-    assert summary["spot_checked"] == (0 if skipped else len(layers))
+    # block grid: the spot check takes the channel scale, the one the served codes go with.
+    assert summary["spot_checked"] == len(layers)
 
 
 @pytest.mark.parametrize("member", MEMBERS)
