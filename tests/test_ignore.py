@@ -63,3 +63,17 @@ def test_examples_are_one_of_each_kind_in_layer_order():
     modules = [f"model.layers.{i}.self_attn.{p}" for i in (0, 1, 10) for p in ("q_proj", "o_proj")]
     modules += ["model.layers.2.mlp.experts.7.up_proj", "model.layers.2.mlp.experts.8.up_proj"]
     assert examples(modules) == ["model.layers.0.self_attn.q_proj", "model.layers.2.mlp.experts.7.up_proj"]
+
+
+def test_patterns_are_matched_in_vllms_module_names_for_a_mistral_native_source(family_checkpoints):
+    """Mistral's own layout names its modules `layers.N.experts.E.w1`; the planner matches --ignore
+    against vLLM's names (with a vision encoder `language_model.model.layers.N.mlp.experts.E.gate_proj`),
+    and the count and the refusal's examples use the same names."""
+    src = open_source(family_checkpoints.source("mistral-large-3"))
+    pattern = r"language_model\.model\.layers\.\d+\.mlp\.experts\."
+    plan = make_plan(src, Options(ignore=(pattern,)))
+    linears = convertible_linears(plan)
+    assert linears and all(m.startswith("language_model.model.layers.") for m in linears)
+    experts = [m for m in linears if ".mlp.experts." in m]
+    assert check_patterns(plan) == {pattern: len(experts)} and experts
+    assert not any(".mlp.experts." in m for m in plan.ignored_modules if not m.startswith("re:"))

@@ -4,7 +4,7 @@ keep, silently).
 
 The linears a pattern can keep are the ones the conversion would otherwise quantize: the source's
 block-FP8 weights, and a BF16 source's linears that channel FP8 quantizes (planner.quantizable).
-A pattern is matched as the planner matches it (re.match on the module name); a linear matched
+A pattern is matched as the planner matches it (re.match on the module name as vLLM names it); a linear matched
 by two patterns counts for each. Computed from a made plan and its source, never by planning again.
 """
 
@@ -24,7 +24,8 @@ def convertible_linears(plan: Plan) -> list[str]:
     src = plan.source
     modules = {module_of(name) for name in src.fp8}
     modules |= {module_of(name) for name in src.weight_map if quantizable(src, name)}
-    return sorted(modules, key=_natural)
+    # in the names the planner matches: vLLM's, after its own mapping (Mistral's layout, Kimi-K2.5's prefix)
+    return sorted({src.names.config_module(m) for m in modules}, key=_natural)
 
 
 def kept_by_pattern(plan: Plan) -> dict[str, int]:
