@@ -70,8 +70,8 @@ def convert(
 ) -> None:
     """Convert a checkpoint of the MLA family (block-FP8 or BF16) and precompute its MLA weights."""
     with errors_to_exit(functools.partial(_interrupted, out)), console.reporter(quiet, "converting") as report:
-        report.status("starting (loading torch)")
-        start_heavy_process()
+        report.status("starting")
+        start_heavy_process(torch=False)  # a conversion imports torch only if its kernels need it
         from mla_convert import api
 
         options = Options(format=format, target=target, ignore=tuple(ignore or ()))

@@ -1,18 +1,30 @@
 """The source's block scales, checked before they are used: NaN or Inf (for E8M0, the NaN code 0xFF)
 is refused, naming the file and tensor. A local source's scales are all read before the first
-output byte (about 0.02 % of its bytes); a Hub source's as its shards arrive."""
+output byte (about 0.02 % of its bytes); a Hub source's as its shards arrive.
+
+The checks read the bits, without torch: an F32 value is NaN or Inf exactly when its exponent
+field is all ones; an E8M0 code is NaN exactly when it is 0xFF, and any other code v is 2^(v - 127).
+`check_scale` is the same check for a torch tensor (the torch kernels' path).
+"""
 
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 
-import torch
-
 from mla_convert.errors import SourceError
-from mla_convert.io.tensors import read_tensor
-from mla_convert.kernels.numerics import E8M0_NAN, block_scale_f32
+from mla_convert.io.reads import read_exact
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_runtime.safetensors_file import TensorInfo
+
+E8M0_NAN = 0xFF
+# Per byte: 1 where the high byte of a little-endian F32 has all 7 exponent bits it holds set,
+# and where the next byte holds the exponent's last bit.
+_EXP_HIGH = bytes(int(b & 0x7F == 0x7F) for b in range(256))
+_EXP_LOW = bytes(int(bool(b & 0x80)) for b in range(256))
+# E8M0 code v -> the float32 2^(v - 127), little-endian (v = 0: the subnormal 2^-127; 0xFF refused)
+_E8M0_F32 = [struct.pack("<f", 2.0 ** (v - 127)) for v in range(255)]
 
 
 def check_scale_values(src: SourceCheckpoint) -> None:
@@ -23,14 +35,36 @@ def check_scale_values(src: SourceCheckpoint) -> None:
     for rel, infos in sorted(by_file.items()):
         path = src.root / rel
         start = src.headers[rel].data_start
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY)
+        try:
             for info in sorted(infos, key=lambda i: i.begin):
-                scale = read_tensor(f, start + info.begin, info.dtype, info.shape, path, info.name)
-                check_scale(scale, path, info.name)
+                data = bytearray(info.nbytes)
+                read_exact(fd, start + info.begin, memoryview(data), path, info.name)
+                check_scale_bytes(data, info.dtype, path, info.name)
+        finally:
+            os.close(fd)
 
 
-def check_scale(scale: torch.Tensor, path: Path | str, name: str) -> torch.Tensor:
-    """A block scale as float32, or SourceError if it holds NaN/Inf (E8M0: the NaN code 0xFF)."""
+def check_scale_bytes(data, dtype: str, path: Path | str, name: str) -> bytes:
+    """A block scale's bytes (F32 or F8_E8M0) as float32 bytes, or SourceError if it holds NaN/Inf
+    (E8M0: the NaN code 0xFF)."""
+    data = bytes(data)
+    if dtype == "F8_E8M0":
+        if E8M0_NAN in data:
+            raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
+        return b"".join([_E8M0_F32[v] for v in data])
+    high, low = data[3::4].translate(_EXP_HIGH), data[2::4].translate(_EXP_LOW)
+    if int.from_bytes(high, "little") & int.from_bytes(low, "little"):
+        raise SourceError(f"{path}: scale {name!r} contains NaN or Inf")
+    return data
+
+
+def check_scale(scale, path: Path | str, name: str):
+    """A block scale tensor as float32, or SourceError if it holds NaN/Inf (E8M0: the NaN code 0xFF)."""
+    import torch
+
+    from mla_convert.kernels.numerics import block_scale_f32
+
     if scale.dtype == torch.float8_e8m0fnu:
         if bool((scale.view(torch.uint8) == E8M0_NAN).any()):
             raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
