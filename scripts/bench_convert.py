@@ -6,6 +6,13 @@ layer with --experts experts; attention; embeddings with --vocab rows), then run
 its own process, alternating, --reps times, and prints medians, GB/s of source bytes, the ratios
 and each process's peak RSS. Figures are only comparable within one run (shared, noisy machine).
 
+Each run's CPU time (user + sys of the process and the workers it waited for, from wait4) is
+printed beside its wall time, per GB of source and per GB written. On a shared disk the wall time
+follows the neighbours' write traffic (the same `cp -r` + `sync` can take 6 s one hour and 16 s
+the next), while the CPU a conversion spends per byte does not: it is the stable figure, and on a
+host whose disk keeps up it is the wall time. --baseline runs another commit's mla-convert
+alternating with this one, so the two are compared under the same load.
+
     python scripts/bench_convert.py --experts 32 --reps 3 --markdown bench.md
 """
 
@@ -64,32 +71,38 @@ def naive_convert(src: Path, out: Path, fmt: str) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": new_map}))
 
 
-def build(src: Path, experts: int, vocab: int, shards: int) -> None:
+def build(src: Path, args: argparse.Namespace) -> None:
     from mla_convert.demo.specs import CheckpointSpec
     from mla_convert.demo.synthetic import write_checkpoint
 
     marker = src / ".bench-spec.json"
-    spec_key = {"experts": experts, "vocab": vocab, "shards": shards}
+    spec_key = {"experts": args.experts, "vocab": args.vocab, "shards": args.shards}
+    if (args.layers, args.dense_layers, args.mtp_layers) != (2, 1, 0):  # the earlier tables' layout keeps its key
+        spec_key |= {"layers": args.layers, "dense_layers": args.dense_layers, "mtp_layers": args.mtp_layers}
     if not (marker.exists() and json.loads(marker.read_text()) == spec_key):
         shutil.rmtree(src, ignore_errors=True)
         t = time.perf_counter()
         spec = CheckpointSpec.r1_dims(
-            num_hidden_layers=2, n_routed_experts=experts, num_shards=shards, vocab_size=vocab
-        )
+            num_hidden_layers=args.layers, n_routed_experts=args.experts, num_shards=args.shards,
+            vocab_size=args.vocab, first_k_dense_replace=args.dense_layers,
+            num_nextn_predict_layers=args.mtp_layers,
+            split_scale_of=f"model.layers.{args.dense_layers}.mlp.experts.1.down_proj.weight",
+        )  # fmt: skip
         write_checkpoint(src, spec)
         marker.write_text(json.dumps(spec_key))
         print(f"built {src} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
 
-def run_measured(cmd: list[str], env=None, ok_codes=(0,)) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process."""
+def run_measured(cmd: list[str], env=None, ok_codes=(0,)) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + sys, with the children it waited for) and peak RSS
+    (bytes) of one child process."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) not in ok_codes:
         raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
-    return wall, usage.ru_maxrss * 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
 def main() -> None:
@@ -98,7 +111,7 @@ def main() -> None:
         return naive_convert(Path(args._naive[0]), Path(args._naive[1]), args._naive[2])
     src = args.workdir / "src"
     if args._build:
-        return build(src, args.experts, args.vocab, args.shards)
+        return build(src, args)
     # Built in a child: ru_maxrss survives fork+exec, so a big parent would inflate every figure.
     subprocess.run([sys.executable, str(HERE), *sys.argv[1:], "--_build"], check=True)
     size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
@@ -127,6 +140,9 @@ def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("bench-out"))
     ap.add_argument("--experts", type=int, default=24, help="routed experts in the MoE layer (size knob)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers, dense ones first (R1: 61)")
+    ap.add_argument("--dense-layers", type=int, default=1, help="of them dense (R1's first_k_dense_replace: 3)")
+    ap.add_argument("--mtp-layers", type=int, default=0, help="MTP layers after them (R1: 1)")
     ap.add_argument("--vocab", type=int, default=16384, help="embedding rows (R1: 129280)")
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
@@ -181,18 +197,20 @@ def _mla_convert(tree: Path | None, src: Path, out: Path, opts: list[str]) -> li
 
 
 class _Runs:
-    """Wall seconds of every run, and the peak RSS and bytes written of each method."""
+    """Wall and CPU seconds of every run, and the peak RSS and bytes written of each method."""
 
     def __init__(self, methods: dict[str, list[str]]):
         self.times: dict[str, list[float]] = {m: [] for m in methods}
+        self.cpu: dict[str, list[float]] = {m: [] for m in methods}
         self.rss: dict[str, int] = {m: 0 for m in methods}
         self.written: dict[str, int] = {}  # bytes each method leaves in --out (bf16 writes ~1.9x the source)
 
     def measure(self, name: str, cmd: list[str], rep: int) -> None:
-        wall, peak = run_measured(cmd)
+        wall, cpu, peak = run_measured(cmd)
         self.times.setdefault(name, []).append(wall)
+        self.cpu.setdefault(name, []).append(cpu)
         self.rss[name] = max(self.rss.get(name, 0), peak)
-        print(f"rep {rep} {name}: {wall:.2f} s", file=sys.stderr)
+        print(f"rep {rep} {name}: {wall:.2f} s, {cpu:.2f} CPU-s", file=sys.stderr)
 
 
 def _time_verify(
@@ -220,6 +238,7 @@ def _time_verify(
 
 def _result(args: argparse.Namespace, src: Path, size: int, methods: dict[str, list[str]], runs: _Runs) -> dict:
     med = {m: statistics.median(v) for m, v in runs.times.items()}
+    cpu = {m: statistics.median(v) for m, v in runs.cpu.items()}
     cp = med["cp -r + sync"]
     first_convert = med[next(m for m in med if m.startswith("mla-convert"))]
     rows = []
@@ -230,6 +249,9 @@ def _result(args: argparse.Namespace, src: Path, size: int, methods: dict[str, l
         rows.append({
             "method": m, "median_s": round(med[m], 3), "gb_per_s": round(size / med[m] / 1e9, 3),
             "x_cp": round(med[m] / cp, 2),
+            "cpu_s": round(cpu[m], 2), "cpu_s_per_gb": round(cpu[m] / (size / 1e9), 3),
+            "cpu_s_per_gb_written": round(cpu[m] / (written / 1e9), 3) if written else None,
+            "cpu_runs_s": [round(x, 2) for x in runs.cpu[m]],
             # against cp of as many bytes as this method wrote: where the disk is the limit, the floor
             "written_bytes": written,
             "x_cp_same_bytes": round(med[m] / (cp * written / size), 2) if written else None,
@@ -283,16 +305,18 @@ def _markdown(r: dict) -> str:
         "RSS target 1 GiB + 2x largest tensor "
         f"= {r['rss_target_gib']:.2f} GiB",
         "",
-        "| method | median s | GB/s of source | time / cp | GB written | time / cp of as many bytes "
-        "| naive / this | time / first mla-convert | peak RSS GiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | median s | CPU-s | CPU-s / GB of source | CPU-s / GB written | GB/s of source | time / cp "
+        "| GB written | time / cp of as many bytes | naive / this | time / first mla-convert | peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         nv = f"{row['naive_over_this']:.1f}x" if row["naive_over_this"] else ""
         gb = f"{row['written_bytes'] / 1e9:.2f}" if row["written_bytes"] else ""
         same = f"{row['x_cp_same_bytes']:.2f}" if row["x_cp_same_bytes"] else ""
+        per_written = f"{row['cpu_s_per_gb_written']:.2f}" if row["cpu_s_per_gb_written"] else ""
         lines.append(
-            f"| {row['method']} | {row['median_s']:.2f} | {row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {gb} | {same} | {nv} | "
+            f"| {row['method']} | {row['median_s']:.2f} | {row['cpu_s']:.2f} | {row['cpu_s_per_gb']:.2f} | {per_written} | "
+            f"{row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {gb} | {same} | {nv} | "
             f"{row['x_first_convert']:.2f} | {row['peak_rss_gib']:.2f} |"
         )
     return "\n".join(lines) + "\n"

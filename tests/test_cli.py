@@ -284,7 +284,7 @@ def test_on_a_terminal_a_status_line_then_a_bar_that_reaches_100_percent(tiny_sr
         seen += chunk
     assert p.wait(timeout=120) == 0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
-    assert "starting (loading torch)" in text
+    assert "starting" in text and "loading torch" not in text  # a conversion imports torch only if it must
     final = [ln for ln in text.replace("\r", "\n").splitlines() if ln.startswith("converting")][-1]
     assert re.search(r"9\.6/9\.6 MB", final), final
 

@@ -148,29 +148,30 @@ def test_cli_rejects_an_unknown_write_mode_in_one_line(tiny_src, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_background_writer_holds_at_most_its_byte_budget(tmp_path, monkeypatch):
-    """A slow disk must not let converted tensors pile up: the caller waits once INFLIGHT_BYTES
-    are queued (a single larger tensor still goes through), and the file is still exact."""
+def test_a_slow_disk_holds_the_writer_to_its_staging_buffers(tmp_path, monkeypatch):
+    """A slow disk must not let converted tensors pile up: the writer waits for a free staging
+    buffer once a file holds StagedFile.STAGES of them, whatever the tensor sizes, and the file is
+    still exact."""
     import time
 
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(ShardWriter, "INFLIGHT_BYTES", 3000)
-    sizes = [1000] * 12 + [5000, 1000, 1000]
+    monkeypatch.setattr(disk_write, "STAGE_BYTES", STAGE)
+    sizes = [1000] * 12 + [5 * STAGE + 7, 1000, 3 * STAGE]
     tensors = {f"t{i}": torch.full((n,), i, dtype=torch.uint8) for i, n in enumerate(sizes)}
-    real_write = disk_write.BufferedFile.write
+    real_pwrite = os.pwrite
 
-    def slow_write(self, data):
+    def slow_pwrite(fd, data, offset):
         time.sleep(0.01)
-        real_write(self, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(disk_write.BufferedFile, "write", slow_write)
+    monkeypatch.setattr(disk_write.os, "pwrite", slow_pwrite)
     specs = {k: ("U8", tuple(t.shape)) for k, t in tensors.items()}
     with ShardWriter(tmp_path / "x.safetensors", specs, background=True) as w:
         for k, t in tensors.items():
             w.write(k, t)
+            assert w._out.stages <= disk_write.StagedFile.STAGES
         w.commit()
-    assert w.peak_inflight == 5000  # the large tensor alone; the 1000-byte ones three at a time
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(back[k], t) for k, t in tensors.items())
 
@@ -206,14 +207,14 @@ def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, m
             log("fsync-1 end")
         return real(fd)
 
-    real_read = convert_mod.read_tensor
+    real_read = convert_mod.read_exact
 
-    def read(f, *args):
-        log(f"read {os.path.basename(f.name)}")
-        return real_read(f, *args)
+    def read(fd, offset, view, path, name):
+        log(f"read {os.path.basename(path)}")
+        return real_read(fd, offset, view, path, name)
 
     _fsync_by_name(monkeypatch, slow)
-    monkeypatch.setattr(convert_mod, "read_tensor", read)
+    monkeypatch.setattr(convert_mod, "read_exact", read)
     convert(tiny_src, tmp_path / "out", Options())
     start, end = events.index("fsync-1 start"), events.index("fsync-1 end")
     assert any(e.startswith("read model-00002") for e in events[start:end]), events
@@ -237,27 +238,35 @@ def test_a_failed_background_commit_fails_the_conversion_cleanly(tiny_src, tmp_p
     assert manifest["status"] != "complete"
 
 
-def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it(tiny_src, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernels", ["eager", "native"])
+def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it(
+    tiny_src, tmp_path, monkeypatch, kernels
+):
     """A cold source is read ahead: each converted tensor's source bytes are requested
-    (posix_fadvise WILLNEED) while the tensor before it converts."""
+    (posix_fadvise WILLNEED) while the tensor before it converts, whether it is then read whole
+    (torch kernels) or a chunk of rows at a time into a reused buffer (native kernels)."""
     from mla_convert.conversion import shard_job as convert_mod
 
     events = []
-    real_need, real_read = convert_mod.will_need, convert_mod.read_tensor
+    real_need, real_read = convert_mod.will_need, convert_mod.read_exact
     monkeypatch.setattr(
         convert_mod, "will_need", lambda fd, off, n: (events.append(("need", off, n)), real_need(fd, off, n))
     )
 
-    def read(f, offset, dtype, shape, *rest):
-        t = real_read(f, offset, dtype, shape, *rest)
-        events.append(("read", offset, t.numel() * t.element_size()))
-        return t
+    def read(fd, offset, view, path, name):
+        real_read(fd, offset, view, path, name)
+        events.append(("read", offset, len(view)))
 
-    monkeypatch.setattr(convert_mod, "read_tensor", read)
-    convert(tiny_src, tmp_path / "out", Options())
+    monkeypatch.setattr(convert_mod, "read_exact", read)
+    convert(tiny_src, tmp_path / "out", Options(), kernels=kernels)
     needs = [e[1:] for e in events if e[0] == "need"]
-    weight_reads = [i for i, e in enumerate(events) if e[0] == "read" and e[2] > 4096]  # weights, not scales
-    assert len(weight_reads) > 10
-    ahead = [i for i in weight_reads[1:] if ("need", *events[i][1:]) in events[:i]]
-    assert len(ahead) >= len(weight_reads) - 1 - 4, "all but each shard's first weight requested early"
+    reads = [i for i, e in enumerate(events) if e[0] == "read" and e[2] > 4096]  # weights, not scales
+    assert len(reads) > 10
+
+    def asked_before(i: int) -> bool:
+        _, offset, n = events[i]
+        return any(e[0] == "need" and e[1] <= offset and offset + n <= e[1] + e[2] for e in events[:i])
+
+    ahead = [i for i in reads[1:] if asked_before(i)]
+    assert len(ahead) >= len(reads) - 1 - 4, "all but each shard's first weight requested early"
     assert all(n > 0 for _, n in needs)

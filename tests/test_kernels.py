@@ -15,6 +15,7 @@ from mla_convert.kernels import native
 from mla_convert.kernels import select as kernels_mod
 from mla_convert.kernels.bits import same_values
 from mla_convert.kernels.select import eager_kernels, resolve_mode, select_kernels
+from mla_convert.process import threads
 from mla_convert.settings import Options
 from mla_convert.verification import readers as readers_mod
 
@@ -290,18 +291,89 @@ def test_one_compiled_graph_serves_every_shape():
 
 
 @pytest.mark.slow
-def test_native_kernels_use_torch_thread_count(fast, reference):
-    """Rows are split over torch.get_num_threads() threads; results do not depend on the split."""
+def test_native_kernels_split_rows_over_their_thread_count(fast, reference):
+    """Rows are split over the process's share of threads; results do not depend on the split."""
     w, s = quantize_block_fp8(torch.randn(700, 300))
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
+        threads.share_cores(1)
         one = fast["native"].to_channel_fp8(w, s)
-        torch.set_num_threads(max(2, os.cpu_count() or 2))
+        threads.share_cores(max(3, os.cpu_count() or 3))
         many = fast["native"].to_channel_fp8(w, s)
     finally:
+        threads.share_cores(None)
         torch.set_num_threads(before)
     assert reference.same_bits(one[0], many[0]) and reference.same_bits(one[1], many[1])
+
+
+def _near_midpoint_weight(fp8_max: float, block: tuple[int, int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight whose quotients sit on and within a few fp32 ulps of e4m3 rounding midpoints, where a
+    kernel that rounds one step differently (a reciprocal multiply, a table built from the wrong
+    quotient) writes another code. Row r's first block holds the row maximum 2^8 under block scale
+    fp8_max * s_r / 2^8, so its channel scale is s_r exactly; each other block scale is chosen so
+    that one mantissa b of e4m3 puts (1 + b/8) * sb / s_r at a midpoint's relative position times
+    (1 + k 2^-23), and the block holds that mantissa at every exponent, then random codes."""
+    g = torch.Generator().manual_seed(seed)
+    bn, bk = block
+    mids = [1 + (2 * i + 1) / 16 for i in range(8)]  # the midpoints of [1, 2), relative positions
+    targets = [(b, m * (1 + k * 2.0**-23)) for b in range(8) for m in mids for k in range(-4, 5)]
+    channel = [(1 + j / 8) * 2.0**e for e in (-20, -3, 0, 5) for j in range(8)]  # s_r, one per row
+    rows = len(channel)
+    w = torch.randint(0, 256, (rows, bk * (1 + len(targets))), generator=g, dtype=torch.uint8)
+    w[(w & 0x7F) == 0x7F] = 0  # NaN codes would send their rows element by element
+    s = torch.empty(-(-rows // bn), 1 + len(targets), dtype=torch.float64)
+    for r, s_r in enumerate(channel):
+        w[r, :bk] = 0
+        w[r, 0] = 0x78  # 2^8: the row maximum
+        if r % bn == 0:  # block rows share their scales: every row of one block row has the same s_r
+            s[r // bn, 0] = fp8_max * s_r / 256
+            for c, (b, t) in enumerate(targets, start=1):
+                s[r // bn, c] = t / (1 + b / 8) * s_r / 32  # x32: every exponent stays below the row max
+        for c, (b, _) in enumerate(targets, start=1):
+            exps = torch.arange(1, 14, dtype=torch.uint8)  # exponent fields 1..13, then the subnormal codes
+            codes = torch.cat([exps * 8 + b, torch.arange(1, 8, dtype=torch.uint8)])
+            w[r, c * bk : c * bk + len(codes)] = codes | (torch.randint(0, 2, codes.shape, generator=g) * 0x80).to(
+                torch.uint8
+            )
+    return w.view(torch.float8_e4m3fn), s.to(torch.float32)
+
+
+@pytest.mark.parametrize("fp8_max", [448.0, 240.0])
+@pytest.mark.parametrize("block", [(1, 64), (2, 128), (1, 32)])
+def test_native_channel_fp8_on_quotients_near_rounding_midpoints(fp8_max, block, reference):
+    """The code tables (AVX-512 VBMI) and the element-by-element path give eager's bytes and the
+    slow reference's on quotients on and a few ulps either side of every e4m3 midpoint, for every
+    mantissa, at every exponent, both zero rules."""
+    w, s = _near_midpoint_weight(fp8_max, block, seed=int(fp8_max) + block[1])
+    for signed_zero in (True, False):
+        q, sc = native.to_channel_fp8(w, s, block, fp8_max, signed_zero)
+        q_e, sc_e = eager_kernels(block, fp8_max, signed_zero=signed_zero).to_channel_fp8(w, s)
+        assert same_values(sc, sc_e)
+        assert reference.same_bits(q, q_e), f"{int((q.view(torch.uint8) != q_e.view(torch.uint8)).sum())} codes differ"
+    ref_q, ref_s = reference.channel_fp8(reference.dequant_block(w, s, block), fp8_max)
+    q, sc = native.to_channel_fp8(w, s, block, fp8_max)
+    assert reference.same_bits(q, ref_q) and reference.same_bits(sc, ref_s)
+
+
+@pytest.mark.parametrize("fp8_max", [448.0, 240.0])
+def test_native_channel_fp8_at_the_edges_of_the_code_tables(fp8_max):
+    """Block scales just inside and outside the range where tables are exact (2^-117, 2^118),
+    negative, zero; row scales that are fp32 subnormal, huge, or 1.0 for a zero row; rows with NaN:
+    native equals eager."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randint(0, 256, (12, 64 * 8), generator=g, dtype=torch.uint8)
+    w[1::3][(w[1::3] & 0x7F) == 0x7F] = 0x11
+    w[2::3] = (w[2::3] & 0x80) | (w[2::3] & 0x3F)  # small codes only
+    w[5] = 0x80 * (torch.arange(w.shape[1]) % 2)  # a row of +0 and -0
+    edges = [2.0**-117, 2.0**-117 * 0.75, 2.0**118, 2.0**118 * 0.99, -(2.0**-40), 0.0, 2.0**-126, 2.0**100]
+    s = torch.tensor(edges, dtype=torch.float32).repeat(12, 1)
+    s[3] = 2.0**-140  # row scales far below fp32's normal range
+    s[4] = torch.tensor(edges[::-1])
+    w = w.view(torch.float8_e4m3fn)
+    for signed_zero in (True, False):
+        got = native.to_channel_fp8(w, s, (1, 64), fp8_max, signed_zero)
+        want = eager_kernels((1, 64), fp8_max, signed_zero=signed_zero).to_channel_fp8(w, s)
+        assert all(same_values(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

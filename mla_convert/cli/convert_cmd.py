@@ -80,8 +80,8 @@ def convert(
         errors_to_exit(functools.partial(_interrupted, out), functools.partial(next_step, out)),
         console.reporter(quiet, "converting") as report,
     ):
-        report.status("starting (loading torch)")
-        start_heavy_process()
+        report.status("starting")
+        start_heavy_process(torch=False)  # a conversion imports torch only if its kernels need it
         from mla_convert import api
 
         options = Options(format=format, target=target, ignore=tuple(ignore or ()), card=not no_card)

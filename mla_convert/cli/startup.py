@@ -5,29 +5,19 @@ from __future__ import annotations
 import sys
 import threading
 
-from mla_convert.process import interrupts
 from mla_convert.process.heap import keep_freed_pages
+from mla_convert.process.torch_import import import_torch
 
 
-def start_heavy_process() -> None:
+def start_heavy_process(torch: bool = True) -> None:
     """What a converting or verifying command does first (its workers: process.workers.worker_init).
 
-    Import torch with the cyclic GC paused, then keep its objects out of later collections: its
-    import creates a great many long-lived objects, and the GC would walk them again and again on
-    the way, a large part of every command's start-up. Then keep freed heap pages (process.heap).
+    Import torch (`torch`; process.torch_import: with the cyclic GC paused), then keep freed heap
+    pages (process.heap). A conversion passes torch=False: it imports torch only if its kernels need
+    it (conversion.compute), and one whose native kernels this machine has checked never does.
     """
-    import gc
-
-    # A Ctrl-C raised inside torch's import can be swallowed by its C code (torch._C imports numpy
-    # and goes on without it when that fails), leaving a command that runs on: it is held back
-    # until the import is done, and raised then.
-    gc.disable()
-    try:
-        with interrupts.deferred():
-            import torch  # noqa: F401
-    finally:
-        gc.enable()
-    gc.freeze()
+    if torch:
+        import_torch()
     keep_freed_pages()
 
 

@@ -1,25 +1,31 @@
 """How the arithmetic of a conversion runs: the device checked usable, the --kernels mode resolved
-for the source, and the kernel set chosen and probed (kernels.select), the same for every job."""
+for the source, and the kernel set chosen and probed (kernels.select), the same for every job.
+
+No torch at import, and none at all for a CPU conversion whose native kernels this machine has
+already checked (kernels.choice.cached_native): the shard jobs then run them on raw buffers.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from mla_convert.constants import SIGNED_ZERO
 from mla_convert.errors import ConvertError
-from mla_convert.kernels.select import (
+from mla_convert.kernels.choice import (
     BLOCK_DEFAULT,
+    CPU_ONLY,
     DeviceKernelFactory,
-    Kernels,
-    device_factory,
+    NativeRows,
+    cached_native,
+    is_cpu,
     resolve_mode,
-    select_kernels,
 )
 from mla_convert.plan.ops import CONVERTING_OPS
 from mla_convert.plan.planner import Plan
+from mla_convert.process.torch_import import import_torch
 from mla_convert.settings import RunSettings
+
+_NATIVE_ROWS: dict = {}  # this process's answers of Compute.native_rows
 
 
 @dataclass(frozen=True)
@@ -30,16 +36,40 @@ class Compute:
     fp8_max: float  # the target's FP8 range
     ops: tuple[str, ...]  # converting ops the plan uses (plan.ops): what gets probed and compiled
     device: str  # where the arithmetic should run, if it passes the check (kernels.select_kernels)
-    chain: tuple[str, ...]  # CPU kernels to try in order (kernels.select.resolve_mode)
+    chain: tuple[str, ...]  # CPU kernels to try in order (kernels.choice.resolve_mode)
     signed_zero: bool = True  # the target's FP8 weights may hold -0 (constants.SIGNED_ZERO)
     factory: DeviceKernelFactory | None = None  # the device's kernel set (kernels.select.device_factory)
 
-    def kernels(self) -> Kernels:
-        """Chosen and checked once per process: the first call, before this process writes."""
+    def kernels(self):
+        """The torch kernel set (kernels.select.Kernels), chosen and checked once per process: the
+        first call, before this process writes. Imports torch."""
+        import_torch()
+        from mla_convert.kernels.select import select_kernels
+
         return select_kernels(
             self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops, self.signed_zero,
             self.factory,
         )  # fmt: skip
+
+    def native_rows(self) -> NativeRows | None:
+        """The native kernels on raw buffers, where they are what this conversion runs: on the CPU,
+        with native first in the chain, checked on this machine (a remembered verdict, without
+        torch) or in this process (with torch). None: the torch kernels (`kernels()`) run."""
+        if self not in _NATIVE_ROWS:
+            _NATIVE_ROWS[self] = self._native_rows()
+        return _NATIVE_ROWS[self]
+
+    def _native_rows(self) -> NativeRows | None:
+        if not is_cpu(self.device) or not self.chain or self.chain[0] != "native":
+            return None
+        block = self.block or BLOCK_DEFAULT
+        found = cached_native(block, self.fp8_max, self.signed_zero, self.ops)
+        if found is not None:
+            return found
+        chosen = self.kernels()  # checks them with torch, remembering a pass for later runs
+        if chosen.name != "native" or not is_cpu(chosen.device):
+            return None
+        return NativeRows(block, self.fp8_max, self.signed_zero, chosen.reason)
 
 
 def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
@@ -53,8 +83,22 @@ def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
     except ValueError as e:
         raise ConvertError(f"--kernels: {e}") from e
     signed_zero = SIGNED_ZERO[plan.options.target]
-    factory = None if torch.device(settings.device).type == "cpu" else device_factory(settings.device)
+    factory = None
+    if not is_cpu(settings.device):
+        import_torch()
+        from mla_convert.kernels.select import device_factory
+
+        factory = device_factory(settings.device)
     compute = Compute(src.block, plan.options.fp8_max, plan.ops(), settings.device, chain, signed_zero, factory)
+    rows = compute.native_rows()
+    if rows is not None:
+        return compute, {
+            "kernels": "native",
+            "kernels_reason": rows.reason,
+            "compute_device": "cpu",
+            "device_check": CPU_ONLY,
+            "device_reason": "the arithmetic runs on the CPU",
+        }
     chosen = compute.kernels()
     cpu_eager_by_policy = chosen.name == "eager" and chosen.device == "cpu" and why not in ("requested", "auto")
     reason = f"{chosen.reason}; {why}" if cpu_eager_by_policy else chosen.reason
@@ -68,6 +112,10 @@ def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
 
 
 def check_device(device: str) -> None:
+    if is_cpu(device) and device.split(":", 1)[-1] in ("cpu", "0"):
+        return  # the CPU is always there
+    torch = import_torch()
+
     try:
         torch.empty(1, device=device)
     except Exception as e:  # unknown device string, or no such device on this host

@@ -29,7 +29,7 @@ from mla_convert.conversion.compute import Compute, check_device, choose_compute
 from mla_convert.conversion.finalize import finalize
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
-from mla_convert.conversion.shard_job import job_specs
+from mla_convert.conversion.shard_job import job_specs, release_buffers
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
 from mla_convert.kernels import native
@@ -83,9 +83,10 @@ def convert(
 
 
 def _release_buffers() -> None:
-    """What a conversion allocated for its own use and keeps no longer: the direct writes' staging
-    buffers and the native kernels' threads (every run gets its own)."""
+    """What a conversion allocated for its own use and keeps no longer: the staging buffers, the
+    shard jobs' buffers and the native kernels' threads (every run gets its own)."""
     disk_write.STAGE_POOL.clear()
+    release_buffers()
     native.release_threads()
 
 

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import hashlib
 import mmap
 import os
 import queue
@@ -20,11 +21,11 @@ import threading
 from pathlib import Path
 
 from mla_convert.constants import PROBE_NAME, WRITE_AUTO, WRITE_BUFFERED, WRITE_DIRECT, WRITE_MODES
+from mla_convert.io.buffers import address_of, new_map
 from mla_convert.io.files import discard
 
 ALIGN = 4096  # a multiple of every logical block size Linux devices use
-STAGE_BYTES = 32 * 1024 * 1024  # per staging buffer, one direct write each: small ones are slower
-WRITEBACK_STEP = 64 * 1024 * 1024
+STAGE_BYTES = 16 * 1024 * 1024  # per staging buffer, one direct write each: 8 MB ones were slower
 
 
 def _sync_file_range():
@@ -43,12 +44,6 @@ _START_WRITEBACK = _sync_file_range()
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _pwrite_all(fd: int, data, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -56,78 +51,96 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-class BufferedFile:
-    """Writes through the page cache, asking the kernel to start writeback every WRITEBACK_STEP
-    bytes so the disk works while the caller computes and the final fsync has little left to do."""
+class _Stage:
+    """One staging buffer of a file: where it goes in the file, how much of it is filled, and how
+    many of the hash and I/O threads still need it."""
 
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.size = 0
-        self._flushed = 0
+    __slots__ = ("address", "fill", "map", "offset", "sealed", "users", "view")
 
-    def write(self, data) -> None:
-        _write_all(self.fd, data)
-        self.size += len(data)
-        if _START_WRITEBACK is not None and self.size - self._flushed >= WRITEBACK_STEP:
-            _START_WRITEBACK(self.fd, self._flushed, self.size - self._flushed, SYNC_FILE_RANGE_WRITE)
-            self._flushed = self.size
-
-    def finish(self) -> None:
-        """Everything on disk (fsync), then closed."""
-        os.fsync(self.fd)
-        self.close()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+    def __init__(self, buffer: mmap.mmap):
+        self.map, self.view, self.address = buffer, memoryview(buffer), address_of(buffer)
+        self.offset = self.fill = self.users = 0
+        self.sealed = False  # filled: once no thread needs it, it is free again
 
 
-class DirectFile(BufferedFile):
-    """Whole aligned blocks written with O_DIRECT from page-aligned staging buffers: the caller
-    fills one while threads write others, so the disk does not wait for the copy. The writes are
-    large because small direct writes leave the disk idle between them, and two are in flight at
-    once (positional, at their own offsets) because that keeps it busier than one."""
+class StagedFile:
+    """A new file written from page-aligned staging buffers that the caller fills in place
+    (`reserve`, then `commit`) or copies into (`write`, `fill_from`). A full stage is written by
+    one of two I/O threads at its own offset, with O_DIRECT (`direct`) or through the page cache
+    (starting writeback of each stage, so the final fsync has little left to do); the bytes are
+    hashed in file order on a third thread as they are committed, while they are still in cache.
+
+    Memory: at most STAGES stages per file, taken from STAGE_POOL and given back on close; the
+    caller waits for a free one when the disk or the hash falls behind. Direct writes must be
+    block-aligned in memory, offset and length: stages are page-aligned and written whole, and the
+    unaligned tail goes through the page cache at the end."""
 
     STAGES = 4
     IO_THREADS = 2
+    HASH_STEP = 4 * 1024 * 1024  # bytes handed to the hash thread at a time
 
-    def __init__(self, path: Path, stage_bytes: int = STAGE_BYTES):
+    def __init__(self, path: Path, direct: bool, stage_bytes: int | None = None, hashed: bool = True):
+        stage_bytes = stage_bytes or STAGE_BYTES
         assert stage_bytes % ALIGN == 0
-        self.stage_bytes = stage_bytes
-        self._free: queue.Queue = queue.Queue()
-        for stage in STAGE_POOL.take(stage_bytes, self.STAGES):
-            self._free.put(stage)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        self.stage_bytes, self.direct = stage_bytes, direct
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+        self.fd = os.open(path, flags, 0o644)
         self.size = 0
-        self._offset = 0  # file offset where the current stage goes
-        self._full: queue.Queue = queue.Queue()
+        self._hash = hashlib.sha256() if hashed else None
+        self._lock = threading.Lock()
+        self._free: queue.Queue[_Stage] = queue.Queue()
+        self._stages: list[_Stage] = []  # every stage taken from the pool, given back on close
+        self._full: queue.Queue = queue.Queue()  # stages to write; None stops an I/O thread
+        self._to_hash: queue.Queue = queue.Queue()  # (stage, start, end); None stops the hash thread
         self._error: BaseException | None = None
-        self._discard = False  # closed before finish: the file is abandoned, queued stages need no write
-        self._cur, self._fill = self._free.get(), 0
-        self._io = [
-            threading.Thread(target=self._io_loop, name=f"direct write {path.name}", daemon=True)
+        self._discard = False  # closed before finish: the file is abandoned, queued work is skipped
+        self._cur: _Stage | None = None
+        self._hashed = 0  # how much of the current stage went to the hash thread
+        self._threads = [
+            threading.Thread(target=self._io_loop, name=f"{'direct' if direct else 'buffered'} write {path.name}",
+                             daemon=True)
             for _ in range(self.IO_THREADS)
-        ]
-        for t in self._io:
+        ]  # fmt: skip
+        if self._hash is not None:
+            self._threads.append(threading.Thread(target=self._hash_loop, name=f"sha256 {path.name}", daemon=True))
+        for t in self._threads:
             t.start()
 
+    # -- the threads ---------------------------------------------------------------------------------
+
+    def _done_with(self, stage: _Stage) -> None:
+        with self._lock:
+            stage.users -= 1
+            if stage.users or not stage.sealed:
+                return
+        self._free.put(stage)
+
     def _io_loop(self) -> None:
-        while (job := self._full.get()) is not None:
-            stage, offset, n = job
+        while (stage := self._full.get()) is not None:
             if self._error is None and not self._discard:
                 try:
-                    with memoryview(stage) as view:
-                        self._pwrite(view[:n], offset)
-                except BaseException as e:  # raised to the caller at its next write or finish
+                    self._pwrite(stage.view[: stage.fill], stage.offset)
+                    if not self.direct and _START_WRITEBACK is not None:
+                        _START_WRITEBACK(self.fd, stage.offset, stage.fill, SYNC_FILE_RANGE_WRITE)
+                except BaseException as e:  # raised to the caller at its next call or at finish
                     self._error = e
-            self._free.put(stage)
+            self._done_with(stage)
+
+    def _hash_loop(self) -> None:
+        while (item := self._to_hash.get()) is not None:
+            stage, start, end = item
+            if self._error is None and not self._discard:
+                try:
+                    self._hash.update(stage.view[start:end])
+                except BaseException as e:
+                    self._error = e
+            self._done_with(stage)
 
     def _pwrite(self, data, offset: int) -> None:
         try:
             _pwrite_all(self.fd, data, offset)
         except OSError as e:
-            if e.errno != errno.EINVAL:
+            if e.errno != errno.EINVAL or not self.direct:
                 raise
             # A direct write cut short (a file-size limit, a full quota) leaves an unaligned rest
             # that O_DIRECT refuses with EINVAL; through the page cache the rest either goes in or
@@ -138,63 +151,151 @@ class DirectFile(BufferedFile):
     def _to_buffered(self) -> None:
         fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
+    # -- filling -------------------------------------------------------------------------------------
+
     def _check(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def _submit(self, n: int) -> None:
-        self._full.put((self._cur, self._offset, n))
-        self._offset += n
-        self._cur, self._fill = self._free.get(), 0
+    def _send_hash(self) -> None:
+        stage = self._cur
+        if self._hash is not None and stage.fill > self._hashed:
+            with self._lock:
+                stage.users += 1
+            self._to_hash.put((stage, self._hashed, stage.fill))
+            self._hashed = stage.fill
+
+    def _seal(self) -> None:
+        """The current stage is done: its last bytes to the hash thread, itself to an I/O thread."""
+        self._send_hash()
+        stage, self._cur = self._cur, None
+        with self._lock:
+            stage.users += 1
+            stage.sealed = True
+        self._full.put(stage)
+
+    def _next_stage(self) -> _Stage:
+        if len(self._stages) < self.STAGES:
+            stage = _Stage(STAGE_POOL.take(self.stage_bytes, 1)[0])
+            self._stages.append(stage)
+        else:
+            stage = self._free.get()
+            self._check()
+        stage.offset, stage.fill, stage.sealed, self._hashed = self.size, 0, False, 0
+        self._cur = stage
+        return stage
+
+    @property
+    def stages(self) -> int:
+        """How many staging buffers this file has taken (at most STAGES)."""
+        return len(self._stages)
+
+    def reserve(self) -> tuple[memoryview, int]:
+        """The free rest of the current stage (never empty), and its address: fill a prefix, then
+        `commit` its length before the next call."""
         self._check()
+        stage = self._cur or self._next_stage()
+        return stage.view[stage.fill :], stage.address + stage.fill
+
+    def commit(self, n: int) -> None:
+        stage = self._cur
+        assert stage is not None and 0 <= n <= self.stage_bytes - stage.fill
+        stage.fill += n
+        self.size += n
+        if stage.fill == self.stage_bytes:
+            self._seal()
+        elif stage.fill - self._hashed >= self.HASH_STEP:
+            self._send_hash()
 
     def write(self, data) -> None:
-        self._check()
+        """Copy `data` into the stages."""
         with memoryview(data) as view:
-            data = view.cast("B")
-            self.size += len(data)
-            while data:
-                n = min(len(data), self.stage_bytes - self._fill)
-                self._cur[self._fill : self._fill + n] = data[:n]
-                self._fill += n
-                data = data[n:]
-                if self._fill == self.stage_bytes:
-                    self._submit(self.stage_bytes)
-            data.release()
+            view = view.cast("B")
+            while view:
+                space, _ = self.reserve()
+                n = min(len(space), len(view))
+                space[:n] = view[:n]
+                self.commit(n)
+                view = view[n:]
 
-    def _stop_io(self) -> None:
-        for _ in self._io:
+    def fill_from(self, fd: int, offset: int, nbytes: int) -> int:
+        """Read up to nbytes at `offset` of file `fd` straight into the stages; returns how many
+        were there (fewer: the file ended)."""
+        done = 0
+        while done < nbytes:
+            space, _ = self.reserve()
+            want = min(len(space), nbytes - done)
+            got = os.preadv(fd, [space[:want]], offset + done)
+            self.commit(got)
+            done += got
+            if got < want:
+                break
+        return done
+
+    # -- the end -------------------------------------------------------------------------------------
+
+    def _stop_threads(self) -> None:
+        for _ in range(self.IO_THREADS):
             self._full.put(None)
-        for t in self._io:
+        self._to_hash.put(None)
+        for t in self._threads:
             t.join()
-        self._io = []
+        self._threads = []
 
-    def finish(self) -> None:
-        whole = self._fill - self._fill % ALIGN
-        tail = self._cur[whole : self._fill]
-        if whole:
-            self._submit(whole)
-        self._stop_io()
+    def finish(self) -> str:
+        """Everything written, on disk (fsync) and closed; returns the sha256 of the bytes (hex;
+        '' when not hashed)."""
         self._check()
-        if tail:  # an unaligned length cannot go direct: the last partial block goes buffered
+        tail = b""
+        if self._cur is not None:
+            stage = self._cur
+            whole = stage.fill - stage.fill % ALIGN if self.direct else stage.fill
+            tail = bytes(stage.view[whole : stage.fill])  # an unaligned length cannot go direct
+            self._send_hash()
+            stage.fill = whole
+            if whole:
+                self._seal()
+            self._cur = None
+        self._stop_threads()
+        self._check()
+        if tail:
             self._to_buffered()
-            _pwrite_all(self.fd, tail, self._offset)
-        super().finish()
+            _pwrite_all(self.fd, tail, self.size - len(tail))
+        os.fsync(self.fd)
+        self.close()
+        return self._hash.hexdigest() if self._hash is not None else ""
 
     def close(self) -> None:
         self._discard = True  # after finish() nothing is queued; after an error, nothing queued matters
-        self._stop_io()
-        super().close()
-        if self._free is not None:  # every stage is back: none is being written
-            stages = [self._cur] + [self._free.get() for _ in range(self._free.qsize())]
-            STAGE_POOL.give(self.stage_bytes, stages)
-        self._cur = self._free = self._full = None
+        if self._threads:
+            self._stop_threads()
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+        # the threads are stopped: no stage is being written or hashed
+        STAGE_POOL.give(self.stage_bytes, [stage.map for stage in self._stages])
+        self._stages, self._cur = [], None
+
+
+class DirectFile(StagedFile):
+    """A StagedFile written with O_DIRECT: the disk's DMA reads the stages, no page-cache copy."""
+
+    def __init__(self, path: Path, stage_bytes: int | None = None, hashed: bool = True):
+        super().__init__(path, True, stage_bytes, hashed)
+
+
+class BufferedFile(StagedFile):
+    """A StagedFile written through the page cache."""
+
+    def __init__(self, path: Path, stage_bytes: int | None = None, hashed: bool = True):
+        super().__init__(path, False, stage_bytes, hashed)
 
 
 class StagePool:
-    """Staging buffers kept from one direct file to the next: a fresh one costs a page fault per
-    4 KB written into it, STAGES x STAGE_BYTES of them per output file (163 shards in R1). Private
-    anonymous maps (page-aligned); at most `keep` of each size wait here between files."""
+    """Staging buffers kept from one file to the next: a fresh one costs a page fault per page
+    written into it, STAGES x STAGE_BYTES of them per output file (163 shards in R1). Private
+    anonymous maps (page-aligned, huge pages asked for); at most `keep` of each size wait here
+    between files."""
 
     def __init__(self, keep: int):
         self.keep = keep
@@ -207,10 +308,7 @@ class StagePool:
             kept = self._free.setdefault(nbytes, [])
             stages = [kept.pop() for _ in range(min(count, len(kept)))]
             self.created += count - len(stages)
-        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-        return stages + [
-            mmap.mmap(-1, nbytes, flags=flags) if flags else mmap.mmap(-1, nbytes) for _ in range(count - len(stages))
-        ]
+        return stages + [new_map(nbytes) for _ in range(count - len(stages))]
 
     def give(self, nbytes: int, stages: list[mmap.mmap]) -> None:
         with self._lock:
@@ -225,12 +323,13 @@ class StagePool:
             self._free = {}
 
 
-# The process's staging buffers, reused by every direct file; emptied by `clear()` at the end of
-# each conversion (conversion.pipeline) and verify never uses them.
-STAGE_POOL = StagePool(keep=DirectFile.STAGES)
+# The process's staging buffers, reused by every file: enough for a shard's file, the one before
+# it (still being committed) and a layer's MLA file; emptied by `clear()` at the end of each
+# conversion (conversion.pipeline), and verify never uses them.
+STAGE_POOL = StagePool(keep=2 * StagedFile.STAGES + 2)
 
 
-def open_for_write(path: Path, mode: str) -> BufferedFile:
+def open_for_write(path: Path, mode: str) -> StagedFile:
     """A new file at `path`, written WRITE_DIRECT or WRITE_BUFFERED (resolve_mode decides WRITE_AUTO per directory)."""
     if mode == WRITE_DIRECT:
         return DirectFile(path)
@@ -277,7 +376,7 @@ def resolve_mode(directory: Path, mode: str = WRITE_AUTO) -> tuple[str, str]:
     try:
         if not hasattr(os, "O_DIRECT"):
             raise OSError("this platform has no O_DIRECT")
-        f = DirectFile(probe, stage_bytes=ALIGN)
+        f = DirectFile(probe, stage_bytes=ALIGN, hashed=False)
         f.write(bytes(ALIGN))
         f.finish()
     except OSError as e:

@@ -1,28 +1,30 @@
 """The streaming, hashing, atomic safetensors writer, and commits in the background.
 
 The writer knows every tensor's name, dtype and shape up front (from the plan), writes the header
-first and then one tensor at a time, so no shard is ever held in memory, and hashes the bytes as
-they go to disk.
+first and then one tensor at a time, so no shard is ever held in memory. Its bytes go into the
+staging buffers of an `io.disk_write.StagedFile`, which hashes them as they arrive and writes them
+from there: a kernel writes its output rows straight into the stages (`fill_rows`), a copied
+tensor is read from the source file straight into them (`copy_from`), so every output byte is
+written to memory once. No torch here: `write` takes a torch tensor, and imports it only then.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import os
-import queue
-import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
-
 from mla_convert.constants import WRITE_BUFFERED
-from mla_convert.errors import OutputError
+from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
+from mla_convert.io.buffers import address_of
 from mla_convert.io.files import WrittenFile, discard, partial_name
-from mla_convert.io.tensors import TORCH_TO_ST, tensor_bytes
 from mla_runtime.safetensors_file import encode_header, nbytes_of
+
+RowFill = Callable[[int, int, int], None]  # fill(address, r0, r1): rows [r0, r1) of a tensor, written at address
+
+FILL_STEP = 4 * 1024 * 1024  # output bytes per fill call: small enough to be hashed while in cache
 
 
 class ShardWriter:
@@ -30,13 +32,11 @@ class ShardWriter:
 
     Usage: `with ShardWriter(path, specs) as w: for name in w.order: w.write(name, tensor)`, then
     `w.commit()`. Data goes to a hidden '.NAME.partial' file that is fsynced and renamed on commit
-    and removed on any error, so a file under its final name is always complete. With
-    `background=True` one thread writes and another hashes while the caller computes the next
-    tensor; at most `INFLIGHT_BYTES` of tensors wait for them (or one tensor, if it is larger), so
-    memory stays bounded whatever the tensor sizes.
+    and removed on any error, so a file under its final name is always complete. Writing, hashing
+    and the caller's next tensor overlap (io.disk_write.StagedFile's threads); memory is the file's
+    staging buffers, whatever the tensor sizes and however far the disk falls behind.
+    `background` is accepted for older callers: every writer works this way.
     """
-
-    INFLIGHT_BYTES = 64 * 1024 * 1024
 
     def __init__(
         self,
@@ -54,90 +54,28 @@ class ShardWriter:
         self._prefix = encode_header(specs, metadata or {"format": "pt"})
         self.total_size = len(self._prefix) + sum(nbytes_of(*specs[name]) for name in self.order)
         self._next = 0
-        self._hash = hashlib.sha256()
         self._tmp = partial_name(self.path)
         self._write_mode = write_mode
-        self._out: disk_write.BufferedFile | None = None
-        # Background: one thread writes, another hashes, each from its own queue of the same
-        # buffers (sha256 and the write each cost about as much CPU, so they overlap).
-        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(2)] if background else []
-        self._threads: list[threading.Thread] = []
-        self._error: BaseException | None = None
-        self._aborted = False  # set by abort: the file is discarded, nothing queued needs writing
-        self._room = threading.Condition()  # guards the in-flight byte count
-        self._inflight = 0
-        self.peak_inflight = 0  # the most bytes that waited at once (tests read it)
+        self._out: disk_write.StagedFile | None = None
 
     def __enter__(self) -> ShardWriter:
         try:
             self._out = disk_write.open_for_write(self._tmp, self._write_mode)
-            self._put(self._prefix)
+            self._out.write(self._prefix)
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from e
         except BaseException:
             self.abort()
             raise
-        for q, fn, what in zip(
-            self._queues, (self._write, self._hash.update), ("write", "sha256"), strict=False
-        ):  # no queues: no threads
-            t = threading.Thread(target=self._drain, args=(q, fn), name=f"{what} {self.path.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
 
-    def _put(self, data) -> None:
-        self._write(data)
-        self._hash.update(data)
-
-    def _write(self, data) -> None:
-        try:
-            self._out.write(data)
-        except OSError as e:
-            raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from e
-
-    def _drain(self, q: queue.Queue, fn) -> None:
-        while (item := q.get()) is not None:
-            if self._error is None and not self._aborted:
-                try:
-                    fn(item[0])
-                except BaseException as e:  # handed to the caller at its next write or commit
-                    self._error = e
-            with self._room:
-                item[1] -= 1
-                if not item[1]:  # both threads are done with it: its memory can go
-                    self._inflight -= len(item[0])
-                    item[0] = None
-                    self._room.notify()
-
-    def _join_threads(self) -> None:
-        for q in self._queues:
-            q.put(None)
-        for t in self._threads:
-            t.join()
-        self._queues, self._threads = [], []
-
-    def _stop_thread(self) -> None:
-        self._join_threads()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def _emit(self, data) -> None:
-        if not self._threads:
-            self._put(data)
-        else:
-            if self._error is not None:
-                self._stop_thread()
-            with self._room:
-                while self._inflight and self._inflight + len(data) > self.INFLIGHT_BYTES:
-                    self._room.wait()
-                self._inflight += len(data)
-                self.peak_inflight = max(self.peak_inflight, self._inflight)
-            item = [data, len(self._queues)]  # the buffer, and how many threads still need it
-            for q in self._queues:
-                q.put(item)
+    def _failed(self, e: OSError) -> OutputError:
+        return OutputError(f"{self.path}: write failed: {e.strerror or e}")
 
     def _expect(self, name: str, dtype: str | None, shape: tuple[int, ...] | None) -> None:
         expected = self.order[self._next] if self._next < len(self.order) else None
@@ -149,9 +87,20 @@ class ShardWriter:
                 f"{self.path}: tensor {name!r} is {dtype}{tuple(shape)}, planned {planned[0]}{tuple(planned[1])}"
             )
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def write(self, name: str, tensor) -> None:
+        """A torch tensor, copied into the stages."""
+        from mla_convert.io.tensors import TORCH_TO_ST, tensor_bytes
+
         self._expect(name, TORCH_TO_ST.get(tensor.dtype, str(tensor.dtype)), tuple(tensor.shape))
-        self._emit(tensor_bytes(tensor))
+        self._put(tensor_bytes(tensor))
+        self._next += 1
+
+    def write_bytes(self, name: str, data, dtype: str, shape: tuple[int, ...]) -> None:
+        """A tensor's bytes (any buffer), copied into the stages."""
+        self._expect(name, dtype, shape)
+        if len(memoryview(data).cast("B")) != nbytes_of(dtype, shape):
+            raise RuntimeError(f"{self.path}: tensor {name!r} got {len(data)} bytes for {dtype}{tuple(shape)}")
+        self._put(data)
         self._next += 1
 
     def write_raw(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
@@ -161,37 +110,76 @@ class ShardWriter:
         n = 0
         for chunk in chunks:
             n += len(chunk)
-            self._emit(chunk)
+            self._put(chunk)
         if n != expected:
             raise RuntimeError(f"{self.path}: tensor {name!r} got {n} bytes, planned {expected}")
         self._next += 1
 
-    def commit(self) -> WrittenFile:
+    def copy_from(self, name: str, fd: int, offset: int, source: Path | str) -> None:
+        """A tensor copied bit for bit from a source file (at `offset`), read straight into the stages."""
+        self._expect(name, None, None)
+        nbytes = nbytes_of(*self._specs[name])
         try:
-            self._stop_thread()
-        except BaseException:
-            self.abort()
-            raise
+            got = self._out.fill_from(fd, offset, nbytes)
+        except OSError as e:
+            raise SourceError(f"{source}: tensor {name!r}: read failed ({e.strerror or e})") from e
+        if got != nbytes:
+            raise SourceError(f"{source}: tensor {name!r}: file ended {nbytes - got} bytes early (truncated?)")
+        self._next += 1
+
+    def fill_rows(self, name: str, dtype: str, shape: tuple[int, ...], fill: RowFill) -> None:
+        """A 2-D tensor computed in place: `fill(address, r0, r1)` writes rows [r0, r1) there, in
+        pieces of about FILL_STEP bytes straight into the stages (a row that straddles two stages
+        goes through a row buffer)."""
+        self._expect(name, dtype, shape)
+        rows, row_bytes = shape[0], nbytes_of(dtype, shape[1:])
+        out, r = self._out, 0
+        step = max(1, FILL_STEP // max(1, row_bytes))
+        try:
+            while r < rows:
+                space, address = out.reserve()
+                n = min(rows - r, step, len(space) // row_bytes) if row_bytes else rows - r
+                if n:
+                    fill(address, r, r + n)
+                    out.commit(n * row_bytes)
+                else:  # the next row does not fit in this stage: it goes through a buffer of its own
+                    row = bytearray(row_bytes)
+                    fill(address_of(row), r, r + 1)
+                    out.write(row)
+                    n = 1
+                r += n
+        except OSError as e:
+            raise self._failed(e) from e
+        self._next += 1
+
+    def _put(self, data) -> None:
+        try:
+            self._out.write(data)
+        except OSError as e:
+            raise self._failed(e) from e
+
+    def commit(self) -> WrittenFile:
         if self._next != len(self.order):
             self.abort()
             raise RuntimeError(f"{self.path}: {len(self.order) - self._next} planned tensors were not written")
         try:
-            self._out.finish()  # the last buffered bytes go to disk here
+            sha256 = self._out.finish()  # the last bytes go to disk here
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.path}: write failed: {e.strerror or e}") from e
+            raise self._failed(e) from e
+        except BaseException:
+            self.abort()
+            raise
         try:
             os.replace(self._tmp, self.path)
         except OSError as e:
             self.abort()
             raise OutputError(f"{self.path}: cannot finish writing: {e.strerror or e}") from e
-        return WrittenFile(self.path, self.total_size, self._hash.hexdigest())
+        return WrittenFile(self.path, self.total_size, sha256)
 
     def abort(self) -> None:
-        self._aborted = True  # an interrupted run stops within one buffer, not INFLIGHT_BYTES later
-        self._join_threads()
         if self._out is not None:
-            self._out.close()
+            self._out.close()  # an interrupted run stops within one stage
         discard(self._tmp)
 
 

@@ -1,16 +1,11 @@
-"""Safetensors with torch: the dtype table, tensors as bytes, and tensor reads by offset into fresh
-memory (headers: io.headers).
+"""Safetensors with torch: the dtype table, tensors as bytes, and fresh tensors to read into
+(headers: io.headers; the reads: io.reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
-from typing import BinaryIO
-
 import torch
 
-from mla_convert.errors import SourceError
 from mla_runtime.safetensors_file import DTYPE_SIZES, nbytes_of
 
 # safetensors dtype string -> torch dtype (sizes: mla_runtime.safetensors_file.DTYPE_SIZES)
@@ -39,30 +34,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
-RAW_CHUNK = 16 * 1024 * 1024
-
-
-def read_tensor(f: BinaryIO, offset: int, dtype: str, shape: tuple[int, ...], path: Path, name: str) -> torch.Tensor:
-    """Read one tensor at an absolute file offset into fresh memory (freed with the tensor).
-
-    Unlike an mmap-backed tensor, nothing of the file stays resident after the tensor is released.
-    """
-    nbytes = nbytes_of(dtype, shape)
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes:
-        f.seek(offset)
-        got = f.readinto(memoryview(buf.numpy()))
-        if got != nbytes:
-            raise SourceError(f"{path}: tensor {name!r}: file ended after {got} of {nbytes} bytes (truncated?)")
-    return buf.view(TORCH_DTYPES[dtype]).reshape(shape)
-
-
-def read_chunks(f: BinaryIO, offset: int, nbytes: int, path: Path, name: str) -> Iterable[bytes]:
-    f.seek(offset)
-    left = nbytes
-    while left:
-        chunk = f.read(min(RAW_CHUNK, left))
-        if not chunk:
-            raise SourceError(f"{path}: tensor {name!r}: file ended {left} bytes early (truncated?)")
-        left -= len(chunk)
-        yield chunk
+def empty_tensor(dtype: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, memoryview]:
+    """A fresh tensor of a safetensors dtype and shape (freed with the tensor), and its bytes to
+    read into."""
+    buf = torch.empty(nbytes_of(dtype, shape), dtype=torch.uint8)
+    return buf.view(TORCH_DTYPES[dtype]).reshape(shape), memoryview(buf.numpy()).cast("B")

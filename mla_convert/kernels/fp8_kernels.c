@@ -1,7 +1,7 @@
 /* Block-FP8 -> channel-FP8 / bf16 and bf16 -> channel-FP8 conversion kernels, built on first use by native.py.
  *
- * Every function works on output rows [r0, r1), so Python threads can split one tensor (ctypes
- * drops the GIL during the call). The arithmetic is the arithmetic of numerics.py, operation for
+ * Every function works on rows [r0, r1), so Python threads can split one tensor (ctypes drops the
+ * GIL during the call). The arithmetic is the arithmetic of numerics.py, operation for
  * operation, so results are bit-identical to it (checked when the library is loaded, and in the
  * tests):
  *   dequant = fp32(w) * scale_inv[row / bn][col / bk]        (one IEEE fp32 multiply)
@@ -11,7 +11,9 @@
  * A bf16 source weight takes the place of the dequant: its fp32 widening is exact.
  * Build with -ffp-contract=off and never -ffast-math: each operation must round exactly as torch's.
  */
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
@@ -53,33 +55,6 @@ static inline uint16_t encode_bf16(float x) {
     uint32_t u = bits_of(x);
     uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return x != x ? (uint16_t)0x7FC0u : (uint16_t)rounded;
-}
-
-/* Per-row channel scales. |fp32(w) * s| is monotone in |w| for a fixed s (IEEE rounding is
- * monotone and sign-symmetric), and the low 7 bits of an e4m3fn byte order its magnitude (0x7F,
- * NaN, last), so each block's largest |dequant| is that of its largest byte: one byte max per
- * element, one multiply per block. Scales must be finite (the converter checks them first). */
-void mla_row_scales(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk, float fp8_max,
-                    float *restrict scale_out, int64_t r0, int64_t r1) {
-    const int64_t gk = (k + bk - 1) / bk;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w + r * k;
-        const float *srow = s + (r / bn) * gk;
-        float amax = 0.0f;
-        for (int64_t c = 0; c < gk; c++) {
-            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
-            uint8_t m = 0;
-            for (int64_t j = j0; j < j1; j++) {
-                uint8_t v = row[j] & 0x7Fu;
-                m = v > m ? v : m;
-            }
-            float sc = srow[c] < 0.0f ? -srow[c] : srow[c];
-            float v = decode_e4m3fn(m) * sc;
-            amax = (v > amax || v != v) ? v : amax; /* NaN sticks, as in torch's amax */
-        }
-        float scale = amax / fp8_max;
-        scale_out[r] = scale > 0.0f ? scale : 1.0f;
-    }
 }
 
 #if defined(__AVX2__)
@@ -168,56 +143,222 @@ ALWAYS_INLINE int64_t quantize_bf16_span_avx2(const uint16_t *src, uint8_t *dst,
 }
 #endif
 
-void mla_quantize_rows(const uint8_t *restrict w, const float *restrict s, const float *restrict scale, int64_t k, int64_t bn, int64_t bk,
-                       float fp8_max, uint32_t zero_sign, uint8_t *restrict out, int64_t r0, int64_t r1) {
+/* ---- block FP8 -> channel FP8, one row at a time -------------------------------------------------
+ * A row's scale and its codes are computed in one visit, while the row is in L1: the scale from
+ * each block's largest byte, then the codes. In these row kernels the weight and the outputs point
+ * at row r0 (a chunk of rows read into a buffer, written into a staging buffer), and the block
+ * scales at the whole grid (row r uses block row r / bn). */
+
+/* The largest magnitude code (byte & 0x7F; 0x7F is NaN) of n bytes. |fp32(w) * s| is monotone in
+ * |w| for a fixed s (IEEE rounding is monotone and sign-symmetric), and the low 7 bits of an e4m3fn
+ * byte order its magnitude, so a block's largest |dequant| is that of its largest code. */
+static inline uint8_t max_code(const uint8_t *p, int64_t n) {
+    uint8_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        uint8_t v = p[j] & 0x7Fu;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+/* numerics.channel_scales for one row: max |dequant| / fp8_max, 1.0 where that is not > 0 (a zero
+ * row; NaN, which sticks in the max as in torch's amax). *nan: some block holds a NaN code. */
+static inline float row_scale(const uint8_t *row, const float *srow, int64_t k, int64_t bk, float fp8_max, int *nan) {
     const int64_t gk = (k + bk - 1) / bk;
+    float amax = 0.0f;
+    int any_nan = 0;
+    for (int64_t c = 0; c < gk; c++) {
+        const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+        const uint8_t m = max_code(row + j0, j1 - j0);
+        any_nan |= m == 0x7Fu;
+        const float sc = srow[c] < 0.0f ? -srow[c] : srow[c];
+        const float v = decode_e4m3fn(m) * sc;
+        amax = (v > amax || v != v) ? v : amax;
+    }
+    *nan = any_nan;
+    const float scale = amax / fp8_max;
+    return scale > 0.0f ? scale : 1.0f;
+}
+
+/* Elements [j0, j1) of a row under block scale sb and row scale rs, element by element. */
+static void quantize_span(const uint8_t *row, uint8_t *orow, int64_t j0, int64_t j1, float sb, float rs,
+                          float fp8_max, uint32_t zero_sign) {
+    int64_t j = j0;
+#if defined(__AVX2__)
+    j += zero_sign ? quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 0)
+                   : quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 1);
+#endif
+    for (; j < j1; j++) {
+        float x = decode_e4m3fn(row[j]) * sb;
+        x = x / rs;
+        x = x < -fp8_max ? -fp8_max : x; /* comparisons leave NaN as it is, like torch's clamp */
+        x = x > fp8_max ? fp8_max : x;
+        orow[j] = encode_e4m3fn(x, zero_sign);
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
+#define MLA_CODE_TABLES 1
+/* Code tables. Within one (row, block) every element has the same block scale sb and row scale rs,
+ * so its code depends on its byte alone: a table of 128 codes (by magnitude) and a byte lookup
+ * (vpermt2b) per 64 elements replace the decode, multiply, divide and encode of each element.
+ *
+ * The table costs 8 divisions, not 128. Every magnitude code m is dec(m) = 2^a * (1 + b/8)
+ * exactly (a in [-9, 8], b in 0..7; subnormal codes too). While every dequant is an fp32 normal
+ * number (|sb| in [2^-117, 2^118)), multiplying by 2^a commutes with rounding:
+ *   fl(dec(m) * sb) = 2^a * X_b,  X_b = fl((1 + b/8) * sb)
+ *   fl(fl(dec(m) * sb) / rs) = 2^a * Q_b,  Q_b = fl(X_b / rs) = 2^g * mu, mu in [1, 2)
+ * (where 2^a * Q_b is no fp32 normal number the quotient is below 2^-118 and its code is 0, as the
+ * table's). With n = a + g, the e4m3fn code of that quotient is
+ *   n >= -6:         8 (n + 6) + r, r = RNE(8 mu) in [8, 16] (16 carries into the exponent);
+ *                    as m' = 8 (a + 7) + b, that is m' + D_b with D_b = 8 g + r - 8 - b
+ *   -10 <= n <= -7:  RNE(2^(n + 9) mu) (e4m3's subnormals: multiples of 2^-9), the subnormal
+ *                    table's entry 8 (n + 10) + b = m' + G_b with G_b = 8 g + 24
+ *   n <= -11:        0
+ * (m' + D_b < 8 exactly where the subnormal rule applies, or gives 8 too). The clamp to
+ * +-fp8_max is min(code, code of fp8_max): the encoding is monotone and fp8_max is held exactly
+ * (tables are used for 0 < fp8_max <= 448). D_b and G_b are saturated to bytes, which changes no
+ * code: the codes 1..3 (m' < 0) take D_b - 16 with m' + 16 instead. Signs are the byte's sign xor
+ * sb's, and a zero keeps its sign only where zero_sign is 0x80, as in encode_e4m3fn. */
+#include <immintrin.h>
+
+typedef struct {
+    __m512i mp[2], mpd[2]; /* m' for magnitudes 0..63 and 64..127 (-128: code 0); m' + 16 for codes 1..3 */
+    __m512i b[2], bd[2];   /* b, and b + 8 for codes 1..3 (their D_b - 16) */
+    __m512i cmax;          /* code of fp8_max, in every byte */
+    __m512 mant;           /* 1 + b/8 for b = 0..7, twice */
+    __m512i dsub;          /* 8 + b, then 24 + b */
+    __m512 smul;           /* 0.5 (x 8), 1 (x 8): the subnormal codes RNE(mu / 2), RNE(mu) */
+} code_tables;
+
+static void code_tables_init(code_tables *t, float fp8_max) {
+    int8_t mp[128], mpd[128], b[128], bd[128];
+    static const int8_t sub_a[8] = {0, -9, -8, -8, -7, -7, -7, -7}, sub_b[8] = {0, 0, 0, 4, 0, 2, 4, 6};
+    for (int m = 0; m < 128; m++) {
+        const int e = m >> 3, f = m & 7;
+        const int a = e > 0 ? e - 7 : sub_a[f], bb = e > 0 ? f : sub_b[f]; /* f * 2^-9 = 2^a (1 + b/8) */
+        const int zero = m == 0 || m == 0x7F; /* NaN rows never use tables */
+        mp[m] = (int8_t)(zero ? -128 : 8 * (a + 7) + bb);
+        mpd[m] = (int8_t)(zero ? -128 : mp[m] < 0 ? mp[m] + 16 : mp[m]);
+        b[m] = (int8_t)bb;
+        bd[m] = (int8_t)(!zero && mp[m] < 0 ? bb + 8 : bb);
+    }
+    for (int h = 0; h < 2; h++) {
+        t->mp[h] = _mm512_loadu_si512(mp + 64 * h);
+        t->mpd[h] = _mm512_loadu_si512(mpd + 64 * h);
+        t->b[h] = _mm512_loadu_si512(b + 64 * h);
+        t->bd[h] = _mm512_loadu_si512(bd + 64 * h);
+    }
+    t->cmax = _mm512_set1_epi8((char)encode_e4m3fn(fp8_max, 0));
+    const __m256 mant = _mm256_setr_ps(1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f);
+    t->mant = _mm512_insertf32x8(_mm512_castps256_ps512(mant), mant, 1);
+    t->dsub = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    t->smul = _mm512_setr_ps(0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 1, 1, 1, 1, 1, 1, 1, 1);
+}
+
+/* The codes of magnitudes 0..63 (t0) and 64..127 (t1) for block scale |sb| and row scale rs. The
+ * eight quotients are computed twice over (16 lanes), so that one pass gives D_b and D_b - 16. */
+static inline void code_table(const code_tables *t, float asb, float rs, __m512i *t0, __m512i *t1) {
+    const __m512 x = _mm512_mul_ps(t->mant, _mm512_set1_ps(asb));
+    const __m512i bits = _mm512_castps_si512(_mm512_div_ps(x, _mm512_set1_ps(rs)));
+    const __m512i g8 = _mm512_sub_epi32(_mm512_slli_epi32(_mm512_srli_epi32(bits, 23), 3), _mm512_set1_epi32(8 * 127));
+    const __m512 mu = _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF)), _mm512_set1_epi32(0x3F800000)));
+    const __m512i base = _mm512_add_epi32(g8, _mm512_cvtps_epi32(_mm512_mul_ps(mu, _mm512_set1_ps(8.0f))));
+    const __m512i dv = _mm512_castsi128_si512(_mm512_cvtsepi32_epi8(_mm512_sub_epi32(base, t->dsub)));
+    const __m512i gv = _mm512_castsi128_si512(_mm512_cvtsepi32_epi8(_mm512_add_epi32(g8, _mm512_set1_epi32(24))));
+    /* the subnormal codes, by 8 (n + 10) + b: RNE(mu / 2), RNE(mu), RNE(2 mu), RNE(4 mu) */
+    const __m128i s01 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(mu, t->smul)));
+    const __m128i s23 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(mu, _mm512_mul_ps(t->smul, _mm512_set1_ps(4.0f)))));
+    const __m512i sv = _mm512_castsi256_si512(_mm256_set_m128i(s23, s01));
+    __m512i out[2];
+    for (int h = 0; h < 2; h++) {
+        const __m512i normal = _mm512_adds_epi8(t->mpd[h], _mm512_permutexvar_epi8(t->bd[h], dv));
+        const __m512i idx = _mm512_adds_epi8(t->mp[h], _mm512_permutexvar_epi8(t->b[h], gv));
+        const __m512i sub =
+            _mm512_maskz_permutexvar_epi8(_mm512_cmpge_epi8_mask(idx, _mm512_setzero_si512()), idx, sv);
+        const __mmask64 is_normal = _mm512_cmpge_epi8_mask(normal, _mm512_set1_epi8(8));
+        out[h] = _mm512_mask_min_epu8(sub, is_normal, normal, t->cmax);
+    }
+    *t0 = out[0], *t1 = out[1];
+}
+
+/* Elements [0, n) of a block row through its code table. */
+ALWAYS_INLINE void lookup_span(const uint8_t *src, uint8_t *dst, int64_t n, __m512i t0, __m512i t1, uint8_t sign_xor,
+                               const int plus_zero) {
+    const __m512i sx = _mm512_set1_epi8((char)sign_xor), top = _mm512_set1_epi8((char)0x80);
+    for (int64_t j = 0; j < n; j += 64) {
+        const __mmask64 m = n - j >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (n - j)) - 1);
+        const __m512i w = _mm512_maskz_loadu_epi8(m, src + j);
+        const __m512i code = _mm512_permutex2var_epi8(t0, w, t1); /* by the low 7 bits of each byte */
+        const __m512i sign = _mm512_and_si512(_mm512_xor_si512(w, sx), top);
+        const __m512i out = plus_zero ? _mm512_mask_mov_epi8(code, _mm512_test_epi8_mask(code, code),
+                                                             _mm512_or_si512(code, sign))
+                                      : _mm512_or_si512(code, sign);
+        _mm512_mask_storeu_epi8(dst + j, m, out);
+    }
+}
+#endif
+
+#define TABLE_MIN_SPAN 32 /* below this many elements per block, the table costs more than it saves */
+
+static void mla_channel_fp8_rows(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk,
+                          float fp8_max, uint32_t zero_sign, uint8_t *restrict q, float *restrict scale, int64_t r0,
+                          int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+#if MLA_CODE_TABLES
+    code_tables tables;
+    code_tables_init(&tables, fp8_max);
+    const int use_tables = fp8_max > 0.0f && fp8_max <= 448.0f;
+#endif
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w + r * k;
-        uint8_t *orow = out + r * k;
+        const uint8_t *row = w + (r - r0) * k;
+        uint8_t *orow = q + (r - r0) * k;
         const float *srow = s + (r / bn) * gk;
-        const float rs = scale[r];
+        int nan;
+        const float rs = row_scale(row, srow, k, bk, fp8_max, &nan);
+        scale[r - r0] = rs;
+#if MLA_CODE_TABLES
+        /* a row with a NaN code, or a scale that is not an fp32 normal number, goes element by element */
+        const int row_tables = use_tables && !nan && rs >= 0x1p-126f && rs <= 0x1.fffffep127f;
+#endif
         for (int64_t c = 0; c < gk; c++) {
             const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
             const float sb = srow[c];
-            int64_t j = j0;
-#if defined(__AVX2__)
-            j += zero_sign ? quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 0)
-                           : quantize_span_avx2(row + j0, orow + j0, j1 - j0, sb, rs, fp8_max, 1);
-#endif
-            for (; j < j1; j++) {
-                float x = decode_e4m3fn(row[j]) * sb;
-                x = x / rs;
-                x = x < -fp8_max ? -fp8_max : x; /* comparisons leave NaN as it is, like torch's clamp */
-                x = x > fp8_max ? fp8_max : x;
-                orow[j] = encode_e4m3fn(x, zero_sign);
+#if MLA_CODE_TABLES
+            const float asb = sb < 0.0f ? -sb : sb;
+            if (row_tables && j1 - j0 >= TABLE_MIN_SPAN && asb >= 0x1p-117f && asb < 0x1p118f) {
+                __m512i t0, t1;
+                code_table(&tables, asb, rs, &t0, &t1);
+                const uint8_t sx = sb < 0.0f ? 0x80u : 0u;
+                if (zero_sign)
+                    lookup_span(row + j0, orow + j0, j1 - j0, t0, t1, sx, 0);
+                else
+                    lookup_span(row + j0, orow + j0, j1 - j0, t0, t1, sx, 1);
+                continue;
             }
+#endif
+            quantize_span(row, orow, j0, j1, sb, rs, fp8_max, zero_sign);
         }
     }
 }
 
-/* Per-row channel scales of a bf16 weight. Its low 15 bits order |x| (Inf above the finite
- * values, NaN above Inf), so the row's largest |x| is the widening of its largest (bits & 0x7FFF):
- * NaN sticks, as in torch's amax. */
-void mla_bf16_row_scales(const uint16_t *restrict w, int64_t k, float fp8_max, float *restrict scale_out, int64_t r0,
-                         int64_t r1) {
+/* ---- bf16 -> channel FP8 (a BF16 source's linears), one row at a time ----------------------------
+ * A bf16 row's largest |x| is the widening of its largest (bits & 0x7FFF): the low 15 bits order
+ * |x| (Inf above the finite values, NaN above Inf), so NaN sticks, as in torch's amax. */
+static void mla_bf16_channel_rows(const uint16_t *restrict w, int64_t k, float fp8_max, uint32_t zero_sign,
+                           uint8_t *restrict q, float *restrict scale, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *row = w + r * k;
+        const uint16_t *row = w + (r - r0) * k;
+        uint8_t *orow = q + (r - r0) * k;
         uint16_t m = 0;
         for (int64_t j = 0; j < k; j++) {
             uint16_t v = row[j] & 0x7FFFu;
             m = v > m ? v : m;
         }
-        float scale = widen_bf16(m) / fp8_max;
-        scale_out[r] = scale > 0.0f ? scale : 1.0f;
-    }
-}
-
-void mla_bf16_quantize_rows(const uint16_t *restrict w, const float *restrict scale, int64_t k, float fp8_max,
-                            uint32_t zero_sign, uint8_t *restrict out, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *row = w + r * k;
-        uint8_t *orow = out + r * k;
-        const float rs = scale[r];
+        float rs = widen_bf16(m) / fp8_max;
+        rs = rs > 0.0f ? rs : 1.0f;
+        scale[r - r0] = rs;
         int64_t j = 0;
 #if defined(__AVX2__)
         j += zero_sign ? quantize_bf16_span_avx2(row, orow, k, rs, fp8_max, 0)
@@ -232,13 +373,13 @@ void mla_bf16_quantize_rows(const uint16_t *restrict w, const float *restrict sc
     }
 }
 
-void mla_bf16_rows(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk,
-                   uint16_t *restrict out, int64_t r0,
-                   int64_t r1) {
+/* bf16(fp32(w) * s) block-wise, rows [r0, r1). */
+static void mla_bf16_rows(const uint8_t *restrict w, const float *restrict s, int64_t k, int64_t bn, int64_t bk,
+                   uint16_t *restrict out, int64_t r0, int64_t r1) {
     const int64_t gk = (k + bk - 1) / bk;
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w + r * k;
-        uint16_t *orow = out + r * k;
+        const uint8_t *row = w + (r - r0) * k;
+        uint16_t *orow = out + (r - r0) * k;
         const float *srow = s + (r / bn) * gk;
         for (int64_t c = 0; c < gk; c++) {
             const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
@@ -247,6 +388,199 @@ void mla_bf16_rows(const uint8_t *restrict w, const float *restrict s, int64_t k
                 orow[j] = encode_bf16(decode_e4m3fn(row[j]) * sb);
         }
     }
+}
+
+/* ---- the MLA split (mla_runtime.layout.split_kv_b_proj) -------------------------------------------
+ * kv_b_proj [N * (P + V), L] -> W_UK_T [N, P, L] and W_UV [N, L, V] in bf16, heads [h0, h1): row
+ * h * (P + V) + j is W_UK_T[h, j, :] for j < P, else the column W_UV[h, :, j - P]. Only values
+ * move: each one is bf16(fp32(w) * s) of a block-FP8 kv_b_proj (as mla_bf16_rows), or the bf16
+ * element itself. W_UV is written in TILE x TILE tiles, so that its transposed writes fill whole
+ * cache lines. Pointers are to element 0 of the whole tensors. */
+#define TILE 32
+
+/* One row of bf16(fp32(w) * s) (the loop of mla_bf16_rows). */
+static void bf16_row(const uint8_t *restrict row, const float *restrict srow, int64_t l, int64_t bk,
+                     uint16_t *restrict out) {
+    for (int64_t c = 0, j0 = 0; j0 < l; c++, j0 += bk) {
+        const int64_t j1 = j0 + bk < l ? j0 + bk : l;
+        const float sb = srow[c];
+        for (int64_t j = j0; j < j1; j++)
+            out[j] = encode_bf16(decode_e4m3fn(row[j]) * sb);
+    }
+}
+
+/* W_UV[h] from its V rows of kv_b_proj, already bf16 in `rows` (TILE of them, row stride l):
+ * out[c * v + j0 + jj] = rows[jj * l + c]. */
+static void transpose_tile(const uint16_t *restrict rows, int64_t n, int64_t l, int64_t v, int64_t j0,
+                           uint16_t *restrict out) {
+    for (int64_t c = 0; c < l; c++)
+        for (int64_t jj = 0; jj < n; jj++)
+            out[c * v + j0 + jj] = rows[jj * l + c];
+}
+
+static void mla_split_fp8_rows(const uint8_t *restrict w, const float *restrict s, int64_t l, int64_t bn, int64_t bk,
+                        int64_t p, int64_t v, uint16_t *restrict uk_t, uint16_t *restrict uv, int64_t h0, int64_t h1) {
+    const int64_t gk = (l + bk - 1) / bk;
+    uint16_t *tile = malloc((size_t)(TILE * l) * sizeof(uint16_t));
+    for (int64_t h = h0; h < h1; h++) {
+        for (int64_t j = 0; j < p; j++) {
+            const int64_t r = h * (p + v) + j;
+            bf16_row(w + r * l, s + (r / bn) * gk, l, bk, uk_t + (h * p + j) * l);
+        }
+        for (int64_t j = 0; !tile && j < v; j++) { /* no memory for a tile: element by element */
+            const int64_t r = h * (p + v) + p + j;
+            const float *srow = s + (r / bn) * gk;
+            for (int64_t c = 0; c < l; c++)
+                uv[(h * l + c) * v + j] = encode_bf16(decode_e4m3fn(w[r * l + c]) * srow[c / bk]);
+        }
+        for (int64_t j0 = 0; tile && j0 < v; j0 += TILE) {
+            const int64_t n = v - j0 < TILE ? v - j0 : TILE;
+            for (int64_t jj = 0; jj < n; jj++) {
+                const int64_t r = h * (p + v) + p + j0 + jj;
+                bf16_row(w + r * l, s + (r / bn) * gk, l, bk, tile + jj * l);
+            }
+            transpose_tile(tile, n, l, v, j0, uv + h * l * v);
+        }
+    }
+    free(tile);
+}
+
+static void mla_split_bf16_rows(const uint16_t *restrict w, int64_t l, int64_t p, int64_t v, uint16_t *restrict uk_t,
+                         uint16_t *restrict uv, int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; h++) {
+        memcpy(uk_t + h * p * l, w + h * (p + v) * l, (size_t)(p * l) * sizeof(uint16_t));
+        for (int64_t j0 = 0; j0 < v; j0 += TILE)
+            transpose_tile(w + (h * (p + v) + p + j0) * l, v - j0 < TILE ? v - j0 : TILE, l, v, j0, uv + h * l * v);
+    }
+}
+
+/* ---- the conversion kernels, split over threads here ----------------------------------------------
+ * One call converts a range of rows on up to `threads` threads (this one and threads started for
+ * the call), and returns when all are done: a Python caller pays one call per chunk, and a Ctrl-C
+ * can only be handled once every thread has let go of the buffers. Each range gets at least
+ * MIN_ROWS rows. */
+#define MAX_THREADS 64
+#define MIN_ROWS 16
+
+typedef void (*range_fn)(const void *args, int64_t r0, int64_t r1);
+typedef struct {
+    range_fn run;
+    const void *args;
+    int64_t r0, r1;
+} range_job;
+
+static void *range_main(void *p) {
+    const range_job *job = p;
+    job->run(job->args, job->r0, job->r1);
+    return NULL;
+}
+
+static void in_parallel(range_fn run, const void *args, int64_t r0, int64_t r1, int64_t threads, int64_t min_rows) {
+    const int64_t n = r1 - r0;
+    int64_t count = threads < n / min_rows ? threads : n / min_rows;
+    count = count < 1 ? 1 : count > MAX_THREADS ? MAX_THREADS : count;
+    pthread_t tid[MAX_THREADS];
+    range_job jobs[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int64_t i = 1; i < count; i++) {
+        jobs[i] = (range_job){run, args, r0 + n * i / count, r0 + n * (i + 1) / count};
+        started[i] = pthread_create(&tid[i], NULL, range_main, &jobs[i]) == 0;
+    }
+    run(args, r0, r0 + n / count);
+    for (int64_t i = 1; i < count; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else /* no thread to be had: this one does the range */
+            run(args, jobs[i].r0, jobs[i].r1);
+    }
+}
+
+typedef struct {
+    const uint8_t *w;
+    const float *s;
+    int64_t k, bn, bk, r0;
+    float fp8_max;
+    uint32_t zero_sign;
+    uint8_t *q;
+    float *scale;
+} channel_args;
+
+static void channel_range(const void *p, int64_t r0, int64_t r1) {
+    const channel_args *a = p;
+    const int64_t d = r0 - a->r0;
+    mla_channel_fp8_rows(a->w + d * a->k, a->s, a->k, a->bn, a->bk, a->fp8_max, a->zero_sign, a->q + d * a->k,
+                         a->scale + d, r0, r1);
+}
+
+/* Block FP8 -> channel FP8, rows [r0, r1): w, q and scale point at row r0. */
+void mla_channel_fp8(const uint8_t *w, const float *s, int64_t k, int64_t bn, int64_t bk, float fp8_max,
+                     uint32_t zero_sign, uint8_t *q, float *scale, int64_t r0, int64_t r1, int64_t threads) {
+    const channel_args a = {w, s, k, bn, bk, r0, fp8_max, zero_sign, q, scale};
+    in_parallel(channel_range, &a, r0, r1, threads, MIN_ROWS);
+}
+
+typedef struct {
+    const uint16_t *w;
+    int64_t k, r0;
+    float fp8_max;
+    uint32_t zero_sign;
+    uint8_t *q;
+    float *scale;
+} bf16_channel_args;
+
+static void bf16_channel_range(const void *p, int64_t r0, int64_t r1) {
+    const bf16_channel_args *a = p;
+    const int64_t d = r0 - a->r0;
+    mla_bf16_channel_rows(a->w + d * a->k, a->k, a->fp8_max, a->zero_sign, a->q + d * a->k, a->scale + d, r0, r1);
+}
+
+/* bf16 -> channel FP8, rows [r0, r1): w, q and scale point at row r0. */
+void mla_bf16_channel(const uint16_t *w, int64_t k, float fp8_max, uint32_t zero_sign, uint8_t *q, float *scale,
+                      int64_t r0, int64_t r1, int64_t threads) {
+    const bf16_channel_args a = {w, k, r0, fp8_max, zero_sign, q, scale};
+    in_parallel(bf16_channel_range, &a, r0, r1, threads, MIN_ROWS);
+}
+
+typedef struct {
+    const uint8_t *w;
+    const float *s;
+    int64_t k, bn, bk, r0;
+    uint16_t *out;
+} bf16_args;
+
+static void bf16_range(const void *p, int64_t r0, int64_t r1) {
+    const bf16_args *a = p;
+    const int64_t d = r0 - a->r0;
+    mla_bf16_rows(a->w + d * a->k, a->s, a->k, a->bn, a->bk, a->out + d * a->k, r0, r1);
+}
+
+/* Block FP8 -> bf16, rows [r0, r1): w and out point at row r0. */
+void mla_bf16(const uint8_t *w, const float *s, int64_t k, int64_t bn, int64_t bk, uint16_t *out, int64_t r0,
+              int64_t r1, int64_t threads) {
+    const bf16_args a = {w, s, k, bn, bk, r0, out};
+    in_parallel(bf16_range, &a, r0, r1, threads, MIN_ROWS);
+}
+
+typedef struct {
+    const void *w;
+    const float *s; /* NULL: a bf16 kv_b_proj */
+    int64_t l, bn, bk, p, v;
+    uint16_t *uk_t, *uv;
+} split_args;
+
+static void split_range(const void *p, int64_t h0, int64_t h1) {
+    const split_args *a = p;
+    if (a->s)
+        mla_split_fp8_rows(a->w, a->s, a->l, a->bn, a->bk, a->p, a->v, a->uk_t, a->uv, h0, h1);
+    else
+        mla_split_bf16_rows(a->w, a->l, a->p, a->v, a->uk_t, a->uv, h0, h1);
+}
+
+/* The MLA split of heads [0, heads) of a block-FP8 kv_b_proj (s: its scales) or a bf16 one (s NULL). */
+void mla_split(const void *w, const float *s, int64_t l, int64_t bn, int64_t bk, int64_t p, int64_t v,
+               uint16_t *uk_t, uint16_t *uv, int64_t heads, int64_t threads) {
+    const split_args a = {w, s, l, bn, bk, p, v, uk_t, uv};
+    in_parallel(split_range, &a, 0, heads, threads, 1);
 }
 
 /* fp32(w) * s block-wise, rows [r0, r1): the exact dequant of numerics.dequantize_block_fp8. */

@@ -1,11 +1,16 @@
 """The C conversion kernels (fp8_kernels.c): built with the host's C compiler on first use, cached.
 
-torch's CPU fp8 casts are scalar on hosts without AVX-512 (AVX2 machines such as this project's),
-and inductor's generated code inherits that. The C kernels decode and encode e4m3fn with integer
-arithmetic that the compiler vectorizes, and find each row's absmax from the fp8 bytes. The library
-is compiled for this CPU (-march=native) into a cache keyed by source, compiler, flags and CPU, so
-a shared home directory never serves one CPU's build to another. Anything that fails here raises
-NativeUnavailable; kernels.select then falls back with the reason.
+torch's CPU fp8 casts are scalar on hosts without AVX-512, and inductor's generated code inherits
+that. The C kernels decode and encode e4m3fn with integer arithmetic, find each row's absmax from
+the fp8 bytes, and on CPUs with AVX-512 VBMI turn each (row, block) into a table of 128 codes and a
+byte lookup. The library is compiled for this CPU (-march=native) into a cache keyed by source,
+compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
+Anything that fails here raises NativeUnavailable; kernels.select then falls back with the reason.
+
+No torch at import: the conversion's hot path calls the kernels on raw addresses (`channel_fp8`,
+`bf16_rows`, ...), so a run whose kernel verdict is cached (kernels.verdict) never imports it. The
+functions that take and return torch tensors (`to_channel_fp8`, `decode`, ...: the probes, verify)
+import it when called, and run the same C entry points.
 
 The built library and the thread pool the kernels run on are kept for the process:
 `release_threads()` ends the pool (a conversion does at its end), `reset()` forgets both.
@@ -24,16 +29,18 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from mla_convert import envs
-from mla_convert.process import interrupts
+from mla_convert.process import interrupts, threads
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE = Path(__file__).with_name("fp8_kernels.c")
 # -ffp-contract=off: no fused multiply-add, so every operation rounds as torch's does.
 # -fno-trapping-math: lets the compiler vectorize the selects (it changes no result, only FP flags).
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC", "-pthread"]
 
 
 class NativeUnavailable(RuntimeError):
@@ -135,21 +142,22 @@ def _compile(cc: str, tmp: str, lib: Path) -> Path:
 
 
 _LIB: ctypes.CDLL | None = None
+_LIB_PATH: Path | None = None
 
 
 def library() -> ctypes.CDLL:
-    global _LIB
+    global _LIB, _LIB_PATH
     if _LIB is None:
+        path = build()
         try:
-            lib = ctypes.CDLL(str(build()))
+            lib = ctypes.CDLL(str(path))
         except OSError as e:
             raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
         i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-        lib.mla_row_scales.argtypes = [ptr, ptr, i64, i64, i64, f32, ptr, i64, i64]
-        lib.mla_quantize_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, u32, ptr, i64, i64]
-        lib.mla_bf16_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
-        lib.mla_bf16_row_scales.argtypes = [ptr, i64, f32, ptr, i64, i64]
-        lib.mla_bf16_quantize_rows.argtypes = [ptr, ptr, i64, f32, u32, ptr, i64, i64]
+        lib.mla_channel_fp8.argtypes = [ptr, ptr, i64, i64, i64, f32, u32, ptr, ptr, i64, i64, i64]
+        lib.mla_bf16_channel.argtypes = [ptr, i64, f32, u32, ptr, ptr, i64, i64, i64]
+        lib.mla_bf16.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64]
+        lib.mla_split.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64]
         lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
@@ -157,34 +165,43 @@ def library() -> ctypes.CDLL:
         for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
             f = getattr(lib, f"mla_count_matching{bits}")
             f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
-        for f in (lib.mla_row_scales, lib.mla_quantize_rows, lib.mla_bf16_rows, lib.mla_dequant_rows,
-                  lib.mla_bf16_row_scales, lib.mla_bf16_quantize_rows,
+        for f in (lib.mla_channel_fp8, lib.mla_bf16_channel, lib.mla_bf16, lib.mla_split, lib.mla_dequant_rows,
                   lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
             f.restype = None
-        _LIB = lib
+        _LIB, _LIB_PATH = lib, path
     return _LIB
 
+
+def library_path() -> Path:
+    """The file of the loaded library (loading it first)."""
+    library()
+    assert _LIB_PATH is not None
+    return _LIB_PATH
+
+
+# ---- threads -------------------------------------------------------------------------------------
 
 _POOL: cf.ThreadPoolExecutor | None = None
 MIN_ROWS_PER_THREAD = 64
 
 
 def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
-    """Run fn(r0, r1) over row ranges on torch's thread count (each call releases the GIL).
+    """Run fn(r0, r1) over row ranges on this process's threads (process.threads; each call
+    releases the GIL).
 
     Returns or raises only once every range is done: the callers' fn hold raw pointers into
-    tensors that the caller frees as soon as this returns or unwinds. A range that fails does not
-    stop the wait for the others, and a Ctrl-C is held back until they are all done
+    buffers that the caller frees or reuses as soon as this returns or unwinds. A range that fails
+    does not stop the wait for the others, and a Ctrl-C is held back until they are all done
     (interrupts.deferred), then raised.
     """
     global _POOL
-    threads = max(1, min(torch.get_num_threads(), n // min_per_thread))
-    if threads == 1:
+    count = max(1, min(threads.count(), n // min_per_thread))
+    if count == 1:
         fn(0, n)
         return
-    if _POOL is None or _POOL._max_workers < threads:
-        _POOL = cf.ThreadPoolExecutor(threads, thread_name_prefix="mla-kernel")
-    bounds = [n * i // threads for i in range(threads + 1)]
+    if _POOL is None or _POOL._max_workers < count:
+        _POOL = cf.ThreadPoolExecutor(count, thread_name_prefix="mla-kernel")
+    bounds = [n * i // count for i in range(count + 1)]
     with interrupts.deferred():
         futures = [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
         cf.wait(futures)
@@ -203,12 +220,58 @@ def release_threads() -> None:
 def reset() -> None:
     """release_threads(), and forget the loaded library (the next call loads it again from the
     build cache)."""
-    global _LIB
+    global _LIB, _LIB_PATH
     release_threads()
-    _LIB = None
+    _LIB = _LIB_PATH = None
+
+
+# ---- the conversion kernels on raw addresses (the hot path) ---------------------------------------
+# Row kernels: the weight and the outputs are C-contiguous and point at row r0 (a chunk of rows read
+# into a buffer, written into a staging buffer); block scales are the whole float32 grid. Each call
+# splits its rows over this process's threads in C and returns when they are all done.
+
+
+def _zero_sign(signed_zero: bool) -> int:
+    """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
+    return 0x80 if signed_zero else 0
+
+
+def channel_fp8(w: int, s: int, k: int, block, fp8_max: float, signed_zero: bool, q: int, scale: int,
+                r0: int, r1: int) -> None:  # fmt: skip
+    """numerics.block_to_channel_fp8 for rows [r0, r1) of an e4m3fn weight of k columns: codes to
+    `q` (k bytes a row), float32 channel scales to `scale`."""
+    library().mla_channel_fp8(w, s, k, *block, fp8_max, _zero_sign(signed_zero), q, scale, r0, r1, threads.count())
+
+
+def bf16_channel_fp8(w: int, k: int, fp8_max: float, signed_zero: bool, q: int, scale: int, r0: int, r1: int) -> None:
+    """numerics.float_to_channel_fp8 for rows [r0, r1) of a bf16 weight of k columns."""
+    library().mla_bf16_channel(w, k, fp8_max, _zero_sign(signed_zero), q, scale, r0, r1, threads.count())
+
+
+def bf16_rows(w: int, s: int, k: int, block, out: int, r0: int, r1: int) -> None:
+    """numerics.to_bf16(numerics.dequantize_block_fp8(...)) for rows [r0, r1): 2k bytes a row to `out`."""
+    library().mla_bf16(w, s, k, *block, out, r0, r1, threads.count())
+
+
+def split_fp8(w: int, s: int, block, dims, uk_t: int, uv: int) -> None:
+    """mla_runtime.layout.split_kv_b_proj(dequant of a block-FP8 kv_b_proj at `w`, `s`) in bf16,
+    into W_UK_T at `uk_t` and W_UV at `uv`."""
+    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
+    library().mla_split(w, s, l, *block, p, v, uk_t, uv, dims.num_heads, threads.count())
+
+
+def split_bf16(w: int, dims, uk_t: int, uv: int) -> None:
+    """mla_runtime.layout.split_kv_b_proj of a bf16 kv_b_proj at `w`: only values move."""
+    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
+    library().mla_split(w, None, l, 1, 1, p, v, uk_t, uv, dims.num_heads, threads.count())
+
+
+# ---- the same kernels on torch tensors (the probes, verify) ---------------------------------------
 
 
 def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+    import torch
+
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(
             f"native kernels take a 2-D float8_e4m3fn CPU weight, got {weight.dtype} {tuple(weight.shape)}"
@@ -224,17 +287,15 @@ def to_channel_fp8(
     weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    lib = library()
+    import torch
+
+    library()
     n, k = _check(weight, scale_inv, block)
     w, s = weight.contiguous(), scale_inv.contiguous()
     scale = torch.empty(n, 1, dtype=torch.float32)
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    bn, bk = block
-    wp, sp, scp, qp = w.data_ptr(), s.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
-        _rows_parallel(lambda a, b: lib.mla_row_scales(wp, sp, k, bn, bk, fp8_max, scp, a, b), n)
-        zs = _zero_sign(signed_zero)
-        _rows_parallel(lambda a, b: lib.mla_quantize_rows(wp, sp, scp, k, bn, bk, fp8_max, zs, qp, a, b), n)
+        channel_fp8(w.data_ptr(), s.data_ptr(), k, block, fp8_max, signed_zero, q.data_ptr(), scale.data_ptr(), 0, n)
     return q, scale
 
 
@@ -242,7 +303,9 @@ def bf16_to_channel_fp8(
     weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    lib = library()
+    import torch
+
+    library()
     if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(
             f"bf16_to_channel_fp8 takes a 2-D bfloat16 CPU weight, got {weight.dtype} {tuple(weight.shape)}"
@@ -251,42 +314,65 @@ def bf16_to_channel_fp8(
     w = weight.contiguous()
     scale = torch.empty(n, 1, dtype=torch.float32)
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    wp, scp, qp = w.data_ptr(), scale.data_ptr(), q.data_ptr()
     if n and k:
-        _rows_parallel(lambda a, b: lib.mla_bf16_row_scales(wp, k, fp8_max, scp, a, b), n)
-        zs = _zero_sign(signed_zero)
-        _rows_parallel(lambda a, b: lib.mla_bf16_quantize_rows(wp, scp, k, fp8_max, zs, qp, a, b), n)
+        bf16_channel_fp8(w.data_ptr(), k, fp8_max, signed_zero, q.data_ptr(), scale.data_ptr(), 0, n)
     return q, scale
-
-
-def _zero_sign(signed_zero: bool) -> int:
-    """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
-    return 0x80 if signed_zero else 0
 
 
 def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
     """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
-    return _per_element(weight, scale_inv, block, torch.bfloat16, "mla_bf16_rows")
+    import torch
+
+    library()
+    n, k = _check(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    if n and k:
+        bf16_rows(w.data_ptr(), s.data_ptr(), k, block, out.data_ptr(), 0, n)
+    return out
 
 
 def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
     """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
-    return _per_element(weight, scale_inv, block, torch.float32, "mla_dequant_rows")
+    import torch
 
-
-def _per_element(weight, scale_inv, block: tuple[int, int], dtype: torch.dtype, kernel: str) -> torch.Tensor:
-    fn = getattr(library(), kernel)
+    fn = library().mla_dequant_rows
     n, k = _check(weight, scale_inv, block)
     w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=dtype)
+    out = torch.empty(n, k, dtype=torch.float32)
     wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
     if n and k:
         _rows_parallel(lambda a, b: fn(wp, sp, k, block[0], block[1], op, a, b), n)
     return out
 
 
+def split_kv_b_proj(weight, scale_inv, block: tuple[int, int] | None, dims) -> tuple[torch.Tensor, torch.Tensor]:
+    """mla_runtime.layout.split_kv_b_proj of a block-FP8 kv_b_proj's dequant (`scale_inv` given)
+    or of a bf16 one (`scale_inv` None), in bf16: (W_UK_T [N, P, L], W_UV [N, L, V])."""
+    import torch
+
+    library()
+    n, p, v, l = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
+    if tuple(weight.shape) != (n * (p + v), l):
+        raise ValueError(f"kv_b_proj weight has shape {tuple(weight.shape)}, expected {(n * (p + v), l)}")
+    uk_t = torch.empty(n, p, l, dtype=torch.bfloat16)
+    uv = torch.empty(n, l, v, dtype=torch.bfloat16)
+    w = weight.contiguous()
+    if scale_inv is None:
+        if w.dtype != torch.bfloat16:
+            raise ValueError(f"split_kv_b_proj takes a bfloat16 or float8_e4m3fn kv_b_proj, got {w.dtype}")
+        split_bf16(w.data_ptr(), dims, uk_t.data_ptr(), uv.data_ptr())
+    else:
+        _check(w, scale_inv, block)
+        s = scale_inv.contiguous()
+        split_fp8(w.data_ptr(), s.data_ptr(), block, dims, uk_t.data_ptr(), uv.data_ptr())
+    return uk_t, uv
+
+
 def decode(t: torch.Tensor) -> torch.Tensor:
     """t.float() for a float8_e4m3fn CPU tensor of any shape."""
+    import torch
+
     lib = library()
     if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
         raise ValueError(f"decode takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
@@ -300,6 +386,8 @@ def decode(t: torch.Tensor) -> torch.Tensor:
 
 def row_max_codes(t: torch.Tensor) -> torch.Tensor:
     """(t.view(uint8) & 0x7F).amax(dim=1) for a 2-D float8_e4m3fn CPU tensor: uint8 [N]."""
+    import torch
+
     lib = library()
     if t.dtype != torch.float8_e4m3fn or t.dim() != 2 or t.device.type != "cpu" or not t.shape[1]:
         raise ValueError(
@@ -312,19 +400,37 @@ def row_max_codes(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Exponent-field masks: an element with all of these bits set is Inf or NaN.
-NONFINITE_MASKS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
+# Exponent-field masks: an element with all of these bits set is Inf or NaN (keys: torch dtype names).
+NONFINITE_MASKS_BY_NAME = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F800000}
+
+
+_BY_TORCH_DTYPE: dict = {}
+
+
+def __getattr__(name: str):
+    # NONFINITE_MASKS is keyed by torch dtypes (verification.values): built when first asked for.
+    if name == "NONFINITE_MASKS":
+        if not _BY_TORCH_DTYPE:
+            import torch
+
+            _BY_TORCH_DTYPE.update({getattr(torch, k): v for k, v in NONFINITE_MASKS_BY_NAME.items()})
+        return _BY_TORCH_DTYPE
+    raise AttributeError(name)
 
 
 def count_nonfinite(t: torch.Tensor) -> int:
     """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
-    if t.dtype not in NONFINITE_MASKS or t.device.type != "cpu":
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in NONFINITE_MASKS_BY_NAME or t.device.type != "cpu":
         raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
-    return _count_matching(t, NONFINITE_MASKS[t.dtype], NONFINITE_MASKS[t.dtype])
+    mask = NONFINITE_MASKS_BY_NAME[name]
+    return _count_matching(t, mask, mask)
 
 
 def count_code(t: torch.Tensor, code: int) -> int:
     """int((t.view(torch.uint8) == code).sum()) for a float8_e4m3fn CPU tensor of any shape."""
+    import torch
+
     if t.dtype != torch.float8_e4m3fn or t.device.type != "cpu":
         raise ValueError(f"count_code takes a float8_e4m3fn CPU tensor, got {t.dtype} on {t.device}")
     return _count_matching(t, 0xFF, code)
@@ -332,18 +438,24 @@ def count_code(t: torch.Tensor, code: int) -> int:
 
 def _count_matching(t: torch.Tensor, mask: int, value: int) -> int:
     """How many elements of `t` (1, 2 or 4 bytes each) have (bits & mask) == value, over the threads."""
-    size = t.element_size()
-    fn = getattr(library(), f"mla_count_matching{8 * size}")
     src = t.contiguous()
-    p, counts = src.data_ptr(), []
-    if src.numel():
-        _rows_parallel(lambda a, b: counts.append(fn(p + a * size, b - a, mask, value)), src.numel(), 1 << 16)
+    return count_matching(src.data_ptr(), src.numel(), src.element_size(), mask, value)
+
+
+def count_matching(address: int, n: int, size: int, mask: int, value: int) -> int:
+    """How many of the n elements of `size` bytes at `address` have (bits & mask) == value."""
+    fn = getattr(library(), f"mla_count_matching{8 * size}")
+    counts: list[int] = []
+    if n:
+        _rows_parallel(lambda a, b: counts.append(fn(address + a * size, b - a, mask, value)), n, 1 << 16)
     return sum(counts)
 
 
 def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: float, half_step: float) -> dict:
     """verify's channel-FP8 check in one pass (see mla_fp8_bound_rows): per-row tensors dd, xx, yy
     (float64), max_abs, max_ratio, amax_x (float32), n_bad, first_bad (int64)."""
+    import torch
+
     lib = library()
     n, k = _check(weight, scale_inv, block)
     if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (n, k) or scale.numel() != n:

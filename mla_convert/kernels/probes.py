@@ -203,13 +203,25 @@ def _random_float_probes() -> list[tuple[torch.Tensor]]:
     ]
 
 
+def mla16_probe(block) -> tuple[torch.Tensor]:
+    """A bf16 kv_b_proj of mla_probe's dims holding distinct bf16 bit patterns drawn from all of
+    them (its split only moves values: any value must come out where it belongs)."""
+    n, k = mla_probe(block)[2].kv_b_shape()
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    picked = every[torch.randperm(every.numel(), generator=torch.Generator().manual_seed(0))[: n * k]]
+    return (picked.view(torch.bfloat16).reshape(n, k),)
+
+
 def inputs(block, fp8_max: float, op: str) -> list[tuple]:
     """The probe inputs of one kernel op: 'quant' takes a bf16 weight, 'mla' the kv_b_proj of
-    mla_probe, the others ('fp8', 'bf16', 'dequant') a block-FP8 weight and its scales."""
+    mla_probe, 'mla16' a bf16 one of the same dims, the others ('fp8', 'bf16', 'dequant') a
+    block-FP8 weight and its scales."""
     if op == "quant":
         return [*_random_float_probes(), *midpoint_float_probes(fp8_max), zero_float_probe()]
     if op == "mla":
         return [mla_probe(block)[:2]]
+    if op == "mla16":
+        return [mla16_probe(block)]
     return [
         *_random_block_probes(block),
         *midpoint_block_probes(block, fp8_max),

@@ -18,21 +18,24 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_convert import envs
-from mla_convert.constants import KERNEL_MODES, KERNELS_AUTO
 from mla_convert.errors import first_line
-from mla_convert.kernels import native, numerics, probes
+from mla_convert.kernels import native, numerics, probes, verdict
 from mla_convert.kernels.bits import count_differing
-
-BLOCK_DEFAULT = (128, 128)
-
-# A device kernel set: (device, block, fp8_max, signed_zero) -> {op: function taking and returning
-# CPU tensors}; `device_funcs` (eager numerics on the device) unless DEVICE_KERNEL_FACTORIES names
-# another for the device's type.
-DeviceKernelFactory = Callable[[str, tuple[int, int], float, bool], dict[str, Callable]]
-
-# Kernels.device_check: how the device was checked.
-CPU_ONLY, PASSED, DIFFERED, FAILED = "not needed", "passed", "differed", "failed"
+from mla_convert.kernels.choice import (  # noqa: F401 (AUTO_COMPILE_MIN_BYTES, resolve_mode: this module's API too)
+    AUTO_COMPILE_MIN_BYTES,
+    BLOCK_DEFAULT,
+    BLOCK_OPS,
+    CHAINS,
+    CPU_ONLY,
+    DIFFERED,
+    FAILED,
+    OPS,
+    PASSED,
+    DeviceKernelFactory,
+    native_ops,
+    resolve_mode,
+)
+from mla_runtime.layout import split_kv_b_proj
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,6 @@ class Kernels:
     device: str = "cpu"  # where the arithmetic runs: the requested device, or the CPU after a fallback
     device_check: str = CPU_ONLY  # CPU_ONLY, PASSED, DIFFERED or FAILED
     device_reason: str = "the arithmetic runs on the CPU"
-
-
-# The per-tensor conversions a plan can use: block-FP8 -> channel FP8, block-FP8 -> bf16, and a
-# float (bf16) weight -> channel FP8.
-OPS = ("fp8", "bf16", "quant")
-BLOCK_OPS = ("fp8", "bf16")
 
 
 def eager_funcs(block: tuple[int, int], fp8_max: float, signed_zero: bool = True) -> dict[str, Callable]:
@@ -109,37 +106,6 @@ def device_factory(device: str) -> DeviceKernelFactory:
 def _bf16_only(fast: Callable, eager: Callable) -> Callable:
     """`fast` for bf16 weights (what it was probed on), `eager` for any other float dtype."""
     return lambda w: fast(w) if w.dtype == torch.bfloat16 else eager(w)
-
-
-# Below this many bytes of weights to convert, torch.compile's compile time (long when inductor's cache is cold)
-# costs more than it saves over eager. The native kernels build much faster, and are cached too.
-AUTO_COMPILE_MIN_BYTES = 2 * 10**9
-
-# What each --kernels mode (constants.KERNEL_MODES) tries on the CPU, in order; each falls back to
-# the next with the reason.
-CHAINS = {
-    "native": ("native", "eager"),
-    "compile": ("compile", "eager"),
-    "eager": ("eager",),
-}
-assert (KERNELS_AUTO, *CHAINS) == KERNEL_MODES
-
-
-def resolve_mode(mode: str, convert_bytes: int) -> tuple[tuple[str, ...], str]:
-    """--kernels MODE -> (the kernels to try in order, why) for `convert_bytes` of source weights
-    to convert (block-FP8 weights, and the 16-bit linears a channel-FP8 conversion quantizes)."""
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"kernels mode {mode!r}: expected {', '.join(KERNEL_MODES)}")
-    if mode == KERNELS_AUTO:
-        mode = envs.kernels_auto() or KERNELS_AUTO
-    if mode != KERNELS_AUTO:
-        return CHAINS[mode], "requested"
-    if convert_bytes < AUTO_COMPILE_MIN_BYTES:
-        return (
-            "native",
-            "eager",
-        ), f"auto: {convert_bytes / 1e9:.2f} GB to convert is too little to repay torch.compile"
-    return ("native", "compile", "eager"), "auto"
 
 
 class KernelChoices:
@@ -236,16 +202,18 @@ class _Differed(_Unusable):
 
 
 # What each op returns, to count differences by.
-_OUTPUTS = {"fp8": ("weights", "scales"), "quant": ("weights", "scales"), "mla": ("W_UK_T", "W_UV")}
+_OUTPUTS = {op: ("weights", "scales") for op in ("fp8", "quant")} | {op: ("W_UK_T", "W_UV") for op in ("mla", "mla16")}
 
 
 def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, ops) -> int:
     """Raises _Differed naming each op whose results on the probes differ from CPU eager, with how
     many elements of how many differed; returns how many output elements were checked."""
     eager = eager_funcs(block, fp8_max, signed_zero)
-    if "mla" in ops:
-        funcs = {**funcs, "mla": probes.mla_split(funcs["dequant"], block)}
+    if "mla" in ops:  # the artifacts of a kernel set without a split of its own: torch's split of its dequant
+        funcs = {"mla": probes.mla_split(funcs["dequant"], block), **funcs}
         eager["mla"] = probes.mla_split(eager["dequant"], block)
+    if "mla16" in ops:
+        eager["mla16"] = lambda w: split_kv_b_proj(w, probes.mla_probe(block)[2], torch.bfloat16)
     checked, differed = 0, []
     for op in ops:
         outputs = _OUTPUTS.get(op, ("values",))
@@ -266,18 +234,30 @@ def _check_against_eager(name: str, funcs: dict, block, fp8_max, signed_zero, op
 
 
 def _native(block, fp8_max, signed_zero, ops) -> Kernels:
+    """The native kernels, checked on every op the conversion's hot path runs with them (the
+    plan's, the dequant and both MLA splits); a pass is remembered for this machine (kernels.verdict),
+    so that later runs need no torch, and a failure forgets any earlier pass."""
     eager = eager_funcs(block, fp8_max, signed_zero)
+    dims = probes.mla_probe(block)[2]
     funcs = {
         "fp8": lambda w, s: native.to_channel_fp8(w, s, block, fp8_max, signed_zero),
         "bf16": lambda w, s: native.to_bf16(w, s, block),
         "dequant": lambda w, s: native.dequantize(w, s, block),
         "quant": _bf16_only(lambda w: native.bf16_to_channel_fp8(w, fp8_max, signed_zero), eager["quant"]),
+        "mla": lambda w, s: native.split_kv_b_proj(w, s, block, dims),
+        "mla16": lambda w: native.split_kv_b_proj(w, None, None, dims),
     }
+    checked = native_ops(ops)
     try:
-        native.library()
+        key = verdict.key(block, fp8_max, signed_zero, checked)
     except native.NativeUnavailable as e:
         raise _Unusable(f"native kernels unavailable ({e})") from e
-    _check_against_eager("native", funcs, block, fp8_max, signed_zero, (*ops, "dequant"))
+    try:
+        _check_against_eager("native", funcs, block, fp8_max, signed_zero, checked)
+    except _Unusable:
+        verdict.record(key, False, checked, torch.__version__)
+        raise
+    verdict.record(key, True, checked, torch.__version__)
     return _kernels("native", f"C kernels built for this CPU; {', '.join(ops)} checked bit-identical to eager", funcs)
 
 

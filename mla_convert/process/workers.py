@@ -13,13 +13,13 @@ from mla_convert.process.parent_death import die_with_parent
 
 
 def worker_init(threads: int) -> None:
-    """Runs first in every worker: keep freed heap pages, and share the cores among the workers."""
-    import torch
-
+    """Runs first in every worker: keep freed heap pages, and share the cores among the workers
+    (for the native kernels, and for torch once a job imports it)."""
+    from mla_convert.process import threads as shares
     from mla_convert.process.heap import keep_freed_pages
 
     keep_freed_pages()
-    torch.set_num_threads(threads)
+    shares.share_cores(threads)
 
 
 class _SpawnWithoutSigint(multiprocessing.context.SpawnContext):
