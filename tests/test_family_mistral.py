@@ -335,3 +335,20 @@ def test_demo_shows_mistral_large_3(tmp_path):
     summary = json.loads(res.stdout)
     assert summary["verify"]["ok"] and summary["verify"]["failed"] == 0
     assert (tmp_path / "d" / "source" / PARAMS).exists() and not (tmp_path / "d" / "source" / "config.json").exists()
+
+
+def test_native_kernels_read_its_bf16_block_scales_as_eager_does(family_checkpoints, tmp_path):
+    """The native path widens the BF16 weight_scale without torch (conversion.scales); the output is
+    the eager one's, byte for byte (the tests' default kernels are eager)."""
+    from mla_convert.settings import RunSettings
+    from support.checkpoints import conversion_hashes
+
+    src = family_checkpoints.source("mistral-large-3")
+    with safe_open(str(src / "consolidated-00001-of-00004.safetensors"), "pt") as f:
+        scale_dtypes = {f.get_slice(n).get_dtype() for n in f.keys() if n.endswith(".weight_scale")}
+    assert scale_dtypes == {"BF16"}
+    result = convert(src, tmp_path / "native", Options(), RunSettings(kernels="native"))
+    assert result.kernels == "native"
+    assert conversion_hashes(tmp_path / "native") == conversion_hashes(
+        family_checkpoints.converted("mistral-large-3", FP8)
+    )

@@ -42,8 +42,12 @@ def test_without_a_writable_home_the_kernels_are_cached_in_one_well_known_direct
         assert json.loads(r.stdout)["kernels"] == "native"
         (lib,) = (no_home_cache / f"mla-convert-{uid}" / "native").glob("fp8_kernels-*.so")
         stamps.append(lib.stat().st_mtime_ns)
+        # the build, and the record of its passed check (kernels.verdict), which the second run reuses
+        (verdict,) = (no_home_cache / f"mla-convert-{uid}" / "native" / "verdicts").glob("*.json")
         assert everything_under(no_home_cache) == [f"mla-convert-{uid}", f"mla-convert-{uid}/native",
-                                                   f"mla-convert-{uid}/native/{lib.name}"]  # fmt: skip
+                                                   f"mla-convert-{uid}/native/{lib.name}",
+                                                   f"mla-convert-{uid}/native/verdicts",
+                                                   f"mla-convert-{uid}/native/verdicts/{verdict.name}"]  # fmt: skip
     assert stamps[0] == stamps[1]  # the second run loaded the first one's build
 
 
