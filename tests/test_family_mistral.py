@@ -345,7 +345,7 @@ def test_native_kernels_read_its_bf16_block_scales_as_eager_does(family_checkpoi
 
     src = family_checkpoints.source("mistral-large-3")
     with safe_open(str(src / "consolidated-00001-of-00004.safetensors"), "pt") as f:
-        scale_dtypes = {f.get_slice(n).get_dtype() for n in f.keys() if n.endswith(".weight_scale")}
+        scale_dtypes = {f.get_slice(n).get_dtype() for n in f.keys() if n.endswith(".weight_scale")}  # noqa: SIM118 (safe_open is not iterable)
     assert scale_dtypes == {"BF16"}
     result = convert(src, tmp_path / "native", Options(), RunSettings(kernels="native"))
     assert result.kernels == "native"
