@@ -23,6 +23,7 @@ from mla_convert.settings import Options
 from mla_convert.source.family import KIMI_K25, MEMBERS, SUPPORTED_ARCHITECTURES
 from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
+from support.cli_runner import cli_error
 
 FP8, BF16 = "channel-fp8", "bf16"
 INDEX = "model.safetensors.index.json"
@@ -423,15 +424,6 @@ def test_a_bf16_output_converts_again_to_channel_fp8(family_checkpoints, tmp_pat
 
 
 # --- bad input: one line, exit 2, nothing written ----------------------------------------------------
-
-
-def cli_error(args: list, out: Path) -> str:
-    res = runner.invoke(app, [str(a) for a in args])
-    assert res.exit_code == 2, (res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert not out.exists()
-    return lines[0]
 
 
 def _edit_config(root: Path, **changes) -> None:

@@ -30,6 +30,7 @@ from mla_convert.kernels import numerics
 from mla_convert.settings import Options
 from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
+from support.cli_runner import cli_error
 from support.edits import edit_json, rewrite_output_tensor, rewrite_shard, shard_of
 
 FP8, BF16 = "channel-fp8", "bf16"
@@ -294,15 +295,6 @@ def test_verify_catches_an_int4_group_that_does_not_cover_the_experts(family_che
 
 
 # --- bad input: one line, exit 2, nothing written ----------------------------------------------------
-
-
-def cli_error(args: list, out: Path) -> str:
-    res = runner.invoke(app, [str(a) for a in args])
-    assert res.exit_code == 2, (res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert not out.exists()
-    return lines[0]
 
 
 @pytest.fixture

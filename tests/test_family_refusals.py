@@ -7,22 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from mla_convert.cli.app import app
 from mla_convert.errors import SourceError
 from mla_convert.source.checkpoint import open_source
-
-runner = CliRunner()
-
-
-def cli_error(args: list, out: Path) -> str:
-    res = runner.invoke(app, [str(a) for a in args])
-    assert res.exit_code == 2, (res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert not out.exists()
-    return lines[0]
+from support.cli_runner import cli_error
 
 
 def _set_architecture(root: Path, architectures: list[str], model_type: str) -> None:

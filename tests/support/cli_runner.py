@@ -1,5 +1,6 @@
 """The real CLI in a child process (so a test can SIGKILL it, resource-limit it, or give it its own
-environment). Tests get it as the `run_cli` fixture (tests/conftest.py)."""
+environment): tests get it as the `run_cli` fixture (tests/conftest.py). And `cli_error`: a command
+run in this process that must fail with one line."""
 
 from __future__ import annotations
 
@@ -25,3 +26,18 @@ def run_cli(*args, env=None, preexec_fn=None, unset=(), crash_at: str | None = N
         [*command, *map(str, args)],
         capture_output=True, text=True, env=child_env, preexec_fn=preexec_fn, timeout=300,
     )  # fmt: skip
+
+
+def cli_error(args: list, out: Path) -> str:
+    """Run the CLI in this process (Typer's runner) with `args`, which must fail as bad input does:
+    exit 2, one line on stderr starting 'error: ', and nothing at `out`. Returns that line."""
+    from typer.testing import CliRunner
+
+    from mla_convert.cli.app import app
+
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == 2, (res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert not out.exists()
+    return lines[0]
