@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mla_convert.conversion.pipeline import convert
 from mla_convert.demo.synthetic import quantize_block_fp8
 from mla_convert.errors import ConvertError
-from mla_convert.kernels import native
+from mla_convert.kernels import native, native_build
 from mla_convert.kernels import select as kernels_mod
 from mla_convert.kernels.bits import same_values
 from mla_convert.kernels.select import eager_kernels, resolve_mode, select_kernels
@@ -263,7 +263,7 @@ def test_native_build_is_cached_per_source_and_cpu(fresh_native, monkeypatch):
     stamp = lib.stat().st_mtime_ns
     assert native.build() == lib and lib.stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert [p.name for p in fresh_native.iterdir()] == [lib.name]  # no temporary files left
-    monkeypatch.setattr(native, "_cpu_id", lambda: "another CPU")
+    monkeypatch.setattr(native_build, "cpu_id", lambda: "another CPU")
     assert native.build() != lib  # -march=native code is never served to another CPU
 
 

@@ -4,12 +4,13 @@ directory left behind (before: a new /tmp/mla-convert-native-XXXX per run, never
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from mla_convert import envs
-from mla_convert.kernels import native
+from mla_convert.kernels import native, native_build
 
 
 @pytest.fixture
@@ -23,6 +24,9 @@ def no_home_cache(tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     for k in ("MLA_CONVERT_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
+    # tempfile caches the directory it first finds; without this, later tests in this process
+    # (torch.compile's) would go on using this test's TMPDIR after it is removed
+    monkeypatch.setattr(tempfile, "tempdir", None)
     return tmp
 
 
@@ -53,7 +57,7 @@ def test_without_a_writable_home_the_kernels_are_cached_in_one_well_known_direct
 
 def test_a_fallback_directory_someone_else_can_write_into_is_not_used(no_home_cache, monkeypatch):
     """A library loaded from a directory another user can write into would run their code."""
-    monkeypatch.setattr(native, "_compiler", lambda: "cc")
+    monkeypatch.setattr(native_build, "compiler", lambda: "cc")
     shared = envs.native_cache_fallback().parent
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)

@@ -80,7 +80,7 @@ class NativeRows:
     reason: str  # why they run: checked in this process, or a cached verdict
 
     def channel_fp8(self, w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int) -> None:
-        native.channel_fp8(w, s, k, self.block, self.fp8_max, self.signed_zero, q, scale, r0, r1)
+        native.channel_fp8(w, s, k, q, scale, r0, r1, self)
 
     def bf16_channel_fp8(self, w: int, k: int, q: int, scale: int, r0: int, r1: int) -> None:
         native.bf16_channel_fp8(w, k, self.fp8_max, self.signed_zero, q, scale, r0, r1)

@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from mla_convert.kernels import native
+from mla_convert.kernels import native, native_build
 
 FORMAT = 1
 _SOURCES = ("numerics.py", "probes.py", "bits.py", "select.py", "native.py", "choice.py", "verdict.py")
@@ -52,7 +52,7 @@ def key(block: tuple[int, int], fp8_max: float, signed_zero: bool, ops: tuple[st
         here = Path(__file__).parent
         for name in _SOURCES:
             h.update(name.encode() + b"\0" + (here / name).read_bytes())
-        h.update(native._cpu_id().encode())
+        h.update(native_build.cpu_id().encode())
         _BASES[str(lib)] = h.digest()
     params = (tuple(block), float(fp8_max), bool(signed_zero), tuple(sorted(ops)))
     h = hashlib.sha256(_BASES[str(lib)])
