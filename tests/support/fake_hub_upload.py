@@ -23,8 +23,8 @@ Writes need `Authorization: Bearer TOKEN` with a token registered by `add_token`
 one or for an unknown one; 403 for a read token, or a write token outside its namespaces, with
 the Hub's kind of message). What a test looks at: `commits` (CommitRecord, in order),
 `lfs_uploads` (the oid of every object stored, once per completed transfer), `tree(repo)`,
-`is_private(repo)`. Faults: `hold_uploads` (PUTs wait, before reading their body, until
-`release_uploads` or the server stops), `drop(kind)` (close the connection without an answer),
+`is_private(repo)`. Faults: `hold_uploads` (PUTs of other objects than the ones allowed wait,
+before reading their body, until `release_uploads` or the server stops), `drop(kind)` (close the connection without an answer),
 `quota(bytes)` (a 403 storage-limit answer from the LFS batch once the objects would pass it),
 and `fail(..., message=)` of the download side, which upload requests about a repo honour too.
 """
@@ -96,7 +96,7 @@ class UploadEndpoints:
         self.lfs_uploads: list[str] = []
         self._held = threading.Event()
         self._held.set()  # set: PUTs go through
-        self._hold_after = 0  # ... and so do they while fewer objects than this are stored
+        self._allowed: frozenset[str] = frozenset()  # ... and so do those of these objects (oids) while held
         self.puts_waiting = 0
         self._drops: dict[str, int] = {}
         self._quota: int | None = None
@@ -108,11 +108,12 @@ class UploadEndpoints:
         with self._lock:
             self._tokens[token] = _Token(write, None if namespaces is None else frozenset(namespaces))
 
-    def hold_uploads(self, after: int = 0) -> None:
-        """Once `after` more LFS objects are stored, every LFS PUT waits, before reading its body, until
-        `release_uploads()` (or the server stops)."""
+    def hold_uploads(self, allow: frozenset[str] = frozenset()) -> None:
+        """Every LFS PUT but those of the objects (sha256 oids) in `allow` waits, before reading its
+        body, until `release_uploads()` (or the server stops). By object, not by arrival: the client
+        sends several files at once, in no fixed order."""
         with self._lock:
-            self._hold_after = len(self.lfs_uploads) + after
+            self._allowed = frozenset(allow)
         self._held.clear()
 
     def release_uploads(self) -> None:
@@ -360,7 +361,7 @@ class UploadEndpoints:
         size = int((parse_qs(urlsplit(h.path).query).get("size") or ["-1"])[-1])
         if method == "PUT" and len(segs) in (1, 3):
             rec.kind = "lfs-upload" if len(segs) == 1 else "lfs-part"
-            body = self._read_put_body(h)
+            body = self._read_put_body(h, oid)
             if len(segs) == 3:
                 etag = hashlib.md5(body).hexdigest()
                 with self._lock:
@@ -389,11 +390,11 @@ class UploadEndpoints:
             return self._send_json(h, rec, 200, {})
         raise error(404, None, "Not Found")
 
-    def _read_put_body(self, h) -> bytes:
+    def _read_put_body(self, h, oid: str) -> bytes:
         with self._lock:
             self.puts_waiting += 1
         try:
-            while not self._held.wait(0.05) and len(self.lfs_uploads) >= self._hold_after:
+            while not self._held.wait(0.05) and oid not in self._allowed:
                 if self._unstall.is_set():  # the server is stopping
                     raise Dropped("put")
         finally:
