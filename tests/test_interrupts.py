@@ -16,6 +16,7 @@ import torch
 
 from mla_convert.kernels import native
 from mla_convert.process import interrupts
+from support.processes import as_from_a_terminal
 
 MANIFEST = "mla-convert-manifest.json"
 INTERRUPTED = "error: interrupted; the output directory is incomplete (finish it with --resume)"
@@ -97,12 +98,6 @@ def test_deferred_leaves_an_ignored_sigint_ignored():
 
 
 # ---- the real CLI under SIGINT ------------------------------------------------------------------
-
-
-def as_from_a_terminal():
-    """A background job of a script starts with SIGINT ignored (and Python keeps it so); a terminal's
-    Ctrl-C finds the default, which Python turns into KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start(*args, env=None, group=False) -> subprocess.Popen:

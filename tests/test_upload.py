@@ -20,6 +20,7 @@ from mla_convert import upload
 from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import UploadError
+from support.processes import as_from_a_terminal
 
 REPO = "org/tiny-r1-channel-fp8"
 WRITE, READ = "hf_fake_write_token", "hf_fake_read_token"
@@ -70,7 +71,10 @@ def start_upload(hub, *args, commit_bytes: int, env: dict | None = None) -> subp
     child_env = {**os.environ, **hub.env(hub.hf_home), "HF_TOKEN": WRITE, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), *filter(None, [child_env.get("PYTHONPATH")])])
     command = [sys.executable, "-m", "support.upload_cli", str(commit_bytes), "upload", *map(str, args)]
-    return subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=as_from_a_terminal,  # SIGINT as at a terminal, also when this run is a background job
+    )  # fmt: skip
 
 
 def wait_for(condition, timeout: float = 120.0) -> None:
