@@ -72,6 +72,8 @@ class ConversionResult:
     seconds: float | None = None
     gb_per_s: float | None = None
     source_fingerprint: str | None = None
+    base_model: str | None = None  # the card's base_model (a Hub model id); None: none, or no card
+    base_model_hint: str | None = None  # a card without base_model: how to set it, one line
 
     def to_json(self) -> dict:
         return _present(self)

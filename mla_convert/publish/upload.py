@@ -32,13 +32,12 @@ from mla_convert.output.out_dir import some
 from mla_convert.publish import contents as C
 from mla_convert.publish import remote as R
 from mla_convert.results import UploadResult
-from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions
+from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions, is_repo_id
 from mla_convert.units import gb
 
 UPLOAD_THREADS = 4  # files sent at once
 UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for them (cli.startup)
 TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -101,7 +100,7 @@ def prepare(
 
 
 def _check_names(repo_id: str, revision: str | None) -> str:
-    if not _REPO_ID.match(repo_id or ""):
+    if not is_repo_id(repo_id):
         raise UploadError(f"REPO_ID {repo_id!r}: expected OWNER/NAME, a model repo on the Hub")
     revision = revision or "main"
     if re.fullmatch(r"[0-9a-f]{40}", revision):
