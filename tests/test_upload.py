@@ -105,9 +105,15 @@ def test_upload_sends_exactly_the_manifest_and_the_card_parses_back(hub, out, tm
     last = upload_commits(hub)[-1].added
     assert set(last) == {"config.json", "model.safetensors.index.json", "mla/manifest.json", "README.md", MANIFEST_NAME}
     # The card, downloaded from the Hub, parses with its metadata.
-    card = ModelCard.load(Path(hf_hub_download(REPO, "README.md", cache_dir=tmp_path / "dl")))
+    downloaded = Path(hf_hub_download(REPO, "README.md", cache_dir=tmp_path / "dl"))
+    card = ModelCard.load(downloaded)
     meta = card.data.to_dict()
-    assert meta["base_model_relation"] == "quantized" and "mla-convert" in meta["tags"]
+    assert "mla-convert" in meta["tags"] and "base_model" not in meta  # a local source: no base model
+    # Written for the repo before the first byte went up, and recorded: the directory holds the same card.
+    assert downloaded.read_bytes() == (out / "README.md").read_bytes()
+    assert f"vllm serve {REPO} " in card.text and f"hf download {REPO} --local-dir" in card.text
+    assert card.text.startswith("\n# tiny-r1-channel-fp8\n") and "<" + "this repo>" not in card.text
+    assert result.card == f"written for {REPO}" and "--base-model" in result.base_model_hint
     assert (
         meta["mla_convert"]["source_fingerprint"] == json.loads((out / MANIFEST_NAME).read_text())["source_fingerprint"]
     )
@@ -243,12 +249,13 @@ def test_another_model_in_the_repo_is_refused_unless_overwrite(hub, out, tiny_sr
 
 
 def test_a_card_the_hub_refuses_stops_the_upload_before_any_byte(hub, out):
-    card = (out / "README.md").read_text().replace("base_model_relation: quantized", "base_model_relation: requant")
+    # A license the Hub does not know, as a source card may carry it: the card keeps it, the Hub refuses it.
+    card = (out / "README.md").read_text().replace("license: mit", "license: MIT License")
     (out / "README.md").write_text(card)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     manifest["files"]["README.md"] = {"size": len(card.encode()), "sha256": hashlib.sha256(card.encode()).hexdigest()}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))  # the directory as converted: only the Hub objects
-    with pytest.raises(UploadError, match=r"the Hub refuses this model card.s metadata .*base_model_relation"):
+    with pytest.raises(UploadError, match=r"the Hub refuses this model card.s metadata .*license"):
         upload(out, REPO, create=True)
     assert hub.count(kind="create") == 0 and hub.count(method="PUT") == 0
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, MANIFEST_NAME
 from mla_convert.errors import UploadError
+from mla_convert.output.card import BASE_MODEL_HINT, render_card
+from mla_convert.output.card_facts import SourceRef
 from mla_convert.output.out_dir import some
 from mla_convert.publish import contents as C
 from mla_convert.publish import remote as R
@@ -59,6 +61,8 @@ class UploadJob:
     deleted: tuple[str, ...] = ()  # what the last commit, once made, deleted
     sent_files: int = 0
     sent_bytes: int = 0
+    card: str | None = None  # results.UploadResult.card
+    base_model_hint: str | None = None
 
     def to_send(self) -> list[list[C.UploadFile]]:
         return [[f for f in commit if f.rel not in self.on_hub] for commit in self.commits]
@@ -80,12 +84,22 @@ def prepare(
     revision = _check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))
-    commits = C.commits_of(list(contents.files))
-    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
     if options.dry_run:
+        job = UploadJob(contents, repo_id, revision, options.private, True, C.commits_of(list(contents.files)))
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
+        job.card, job.base_model_hint = _card_state(contents, repo_id, written=False)
         return job
     R.check_token()
+    if (contents.manifest.get("options") or {}).get("card"):
+        # The card names the repo (download and serve lines), recorded in the directory before any
+        # byte goes up, so that the directory and the repo hold the same card.
+        written = render_card(contents.root, repo_id=repo_id).changed
+        contents = C.read_contents(Path(out_dir))
+    else:
+        written = False
+    commits = C.commits_of(list(contents.files))
+    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
+    job.card, job.base_model_hint = _card_state(contents, repo_id, written)
     status(f"asking the Hub about {repo_id}")
     remote = R.Remote(repo_id, revision)
     _compare_with_hub(job, remote, options.create, options.overwrite)
@@ -97,6 +111,19 @@ def prepare(
         status(f"checking {out_dir}: structure and integrity")
         job.verified, job.hashed = _verify(contents.root, check_progress), True
     return job
+
+
+def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
+    """What the result says of the card: for which repo it is written, and, when it names no base
+    model, how to set it."""
+    manifest = contents.manifest
+    if not (manifest.get("options") or {}).get("card"):
+        return None, None
+    card = f"written for {repo_id}" if written else f"already written for {repo_id}"
+    if (manifest.get("card") or {}).get("repo_id") != repo_id and not written:
+        card = f"to be written for {repo_id}"  # a dry run writes nothing
+    base = SourceRef.from_dict(manifest.get("source")).base_model
+    return card, None if base else BASE_MODEL_HINT.replace("DIR", str(contents.root), 1)
 
 
 def _check_names(repo_id: str, revision: str | None) -> str:
@@ -184,7 +211,15 @@ def run(
     t0 = time.perf_counter()
     if job.dry_run:
         return _result(job, None)
-    status = status or (lambda message: None)
+    try:
+        _commit_all(job, progress_factory, status or (lambda message: None))
+    except KeyboardInterrupt as e:
+        e.upload_state = job  # what is on the Hub, for the command's last line
+        raise
+    return _result(job, round(time.perf_counter() - t0, 3))
+
+
+def _commit_all(job: UploadJob, progress_factory: ProgressFactory | None, status: MessageFn) -> None:
     remote = R.Remote(job.repo_id, job.revision)
     if "repo" in job.missing:
         status(f"creating {job.repo_id}")
@@ -212,7 +247,6 @@ def run(
         job.deleted = job.deletions if last else ()
         job.sent_files += len(files)
         job.sent_bytes += sum(f.size for f in files)
-    return _result(job, round(time.perf_counter() - t0, 3))
 
 
 def _send_all(remote: R.Remote, files: list[C.UploadFile], ops: list, advance: Callable[[int], None] | None) -> None:
@@ -277,5 +311,6 @@ def _result(job: UploadJob, seconds: float | None) -> UploadResult:
         uploaded_bytes=sum(f.size for f in sent) if job.dry_run else job.sent_bytes,
         skipped_files=len(skipped), skipped_bytes=sum(f.size for f in skipped), commits=tuple(job.done),
         deleted=job.deleted, created=job.missing if not job.dry_run else (),
-        verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (),
+        verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (), card=job.card,
+        base_model_hint=job.base_model_hint,
     )  # fmt: skip
