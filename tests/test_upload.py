@@ -66,11 +66,11 @@ def upload_commits(hub) -> list:
     return [c for c in hub.commits if c.summary != "initial commit"]
 
 
-def start_upload(hub, *args, commit_bytes: int, env: dict | None = None) -> subprocess.Popen:
-    """The real CLI in a child process (support/upload_cli.py: commits of at most `commit_bytes`)."""
+def start_upload(hub, *args, env: dict | None = None) -> subprocess.Popen:
+    """The real CLI in a child process (support/upload_cli.py)."""
     child_env = {**os.environ, **hub.env(hub.hf_home), "HF_TOKEN": WRITE, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), *filter(None, [child_env.get("PYTHONPATH")])])
-    command = [sys.executable, "-m", "support.upload_cli", str(commit_bytes), "upload", *map(str, args)]
+    command = [sys.executable, "-m", "support.upload_cli", "upload", *map(str, args)]
     return subprocess.Popen(
         command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=as_from_a_terminal,  # SIGINT as at a terminal, also when this run is a background job
@@ -176,32 +176,51 @@ def test_a_missing_repo_or_branch_needs_create(hub, out):
 
 @pytest.mark.slow
 def test_sigint_in_the_middle_then_the_same_command_resumes_sending_nothing_twice(hub, out):
-    first_shard = "model-00001-of-00004.safetensors"
-    hub.hold_uploads(allow={expected_tree(out)[first_shard]})  # its transfer goes through; the rest waits
-    first = start_upload(hub, out, REPO, "--create", "--quiet", commit_bytes=3_000_000)
+    first = expected_tree(out)["model-00001-of-00004.safetensors"]
+    hub.hold_uploads(allow={first})  # its transfer goes through; the rest waits
+    child = start_upload(hub, out, REPO, "--create", "--quiet")
     try:
-        wait_for(lambda: len(upload_commits(hub)) == 1 and hub.puts_waiting > 0)
-        first.send_signal(signal.SIGINT)
-        _, stderr = first.communicate(timeout=60)
+        wait_for(lambda: first in hub.lfs_uploads and hub.puts_waiting > 0)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=60)
     finally:
-        first.kill()
+        child.kill()
         hub.release_uploads()
-    assert first.returncode == 130, stderr
+    assert child.returncode == 130, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert lines == ["error: upload interrupted: 1 commits with 1 files (2.54 MB) are on the Hub; run the same "
-                     "command to resume"]  # fmt: skip
-    assert list(repo_tree(hub)) == ["model-00001-of-00004.safetensors"]
+    assert lines == ["error: upload interrupted before any file was committed; run the same command to upload"]
+    assert repo_tree(hub) == {}  # the client's one commit of the data had not landed
 
-    again = start_upload(hub, out, REPO, "--create", "--json", commit_bytes=3_000_000)
+    again = start_upload(hub, out, REPO, "--create", "--json")
     stdout, stderr = again.communicate(timeout=300)
     assert again.returncode == 0, stderr
     summary = json.loads(stdout)
-    assert summary["skipped_files"] == 1 and summary["uploaded_files"] == summary["files"] - 1
-    assert repo_tree(hub) == expected_tree(out)
+    assert summary["uploaded_files"] == summary["files"] and len(summary["commits"]) == 2
+    tree = expected_tree(out)  # the card written for the repo, by the first run already
+    assert repo_tree(hub) == tree
+    assert hub.lfs_uploads.count(first) == 1  # the Hub's storage held it: the client did not send it again
     assert len(hub.lfs_uploads) == len(set(hub.lfs_uploads))  # no content stored twice
     committed = [p for c in upload_commits(hub) for p in c.added]
-    assert sorted(committed) == sorted(expected_tree(out))  # each file in exactly one commit
-    assert len(upload_commits(hub)) > 3  # several commits: the resume went on from the second
+    assert sorted(committed) == sorted(tree)  # each file in exactly one commit
+
+
+def test_with_hf_xet_the_client_takes_the_xet_path_which_the_fake_hub_does_not_offer(hub, out, monkeypatch):
+    """huggingface_hub 2.4 with hf_xet installed (as it requires) uploads through Xet only: its
+    upload_folder asks the Hub for each file's mode, then for a Xet write token, and has no LFS
+    fallback. The fake Hub has no Xet storage (no CAS server): it answers 404, which is one line
+    naming the way out; HF_HUB_DISABLE_XET=1 (the other tests) takes the LFS path."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)  # as without the fake's setting
+    r = cli(out, REPO, "--create")
+    line = one_line(r)
+    assert r.exit_code == 2 and "offers no Xet storage" in line and "HF_HUB_DISABLE_XET=1" in line
+    kinds = [(q.method, q.path) for q in hub.requests if q.kind in ("preupload", "info") and "/org/" in q.path]
+    assert ("POST", f"/api/models/{REPO}/preupload/main") in kinds
+    assert ("GET", f"/api/models/{REPO}/xet-write-token/main") in kinds  # the Xet path, taken
+    assert upload_commits(hub) == [] and hub.count(method="PUT") == 0
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    assert upload(out, REPO).commits and repo_tree(hub) == expected_tree(out)
 
 
 # --- refusals, before any byte goes up ------------------------------------------------------------
@@ -324,8 +343,7 @@ def test_no_network_is_one_line(hub, out):
 
 @pytest.mark.slow
 def test_progress_lines_in_a_log(hub, out):
-    child = start_upload(hub, out, REPO, "--create", commit_bytes=3_000_000,
-                         env={"MLA_CONVERT_PROGRESS_INTERVAL": "0.001"})  # fmt: skip
+    child = start_upload(hub, out, REPO, "--create", env={"MLA_CONVERT_PROGRESS_INTERVAL": "0.001"})
     _, stderr = child.communicate(timeout=300)
     assert child.returncode == 0, stderr
     lines = stderr.splitlines()

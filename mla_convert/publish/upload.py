@@ -9,15 +9,17 @@ will make them), and what the branch holds is either this upload's files already
 are skipped) or another model's (refused unless --overwrite); the Hub accepts the card's
 metadata; and verify's structure and integrity checks pass (every file hashed; --skip-verify).
 
-`run` makes the repo and the branch if asked, then sends the commits of publish.contents in order,
-skipping the files the branch holds at the same sha256: UPLOAD_THREADS files at a time go to the
-Hub's storage (huggingface_hub's preupload_lfs_files: LFS or Xet, each request retried by the
-client), then one create_commit lands them. An interrupted upload is resumed by the same command:
-it lists the branch again and sends only what is not there.
+`run` makes the repo and the branch if asked, then hands the files the branch does not hold at the
+same sha256 to the client's own upload_folder, in two calls (publish.contents): the data, then
+what makes the repo a model. The client sends and commits them (with hf_xet, its streamed Xet
+pipeline, in commits of its choosing; without, one create_commit over LFS). An interrupted upload
+is resumed by the same command: it lists the branch again and sends only what is not there, and
+the Hub's storage skips content it holds already.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import re
 import threading
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, MANIFEST_NAME
+from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME
 from mla_convert.errors import UploadError
 from mla_convert.output.card import BASE_MODEL_HINT, render_card
 from mla_convert.output.card_facts import SourceRef
@@ -37,8 +39,7 @@ from mla_convert.results import UploadResult
 from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions, is_repo_id
 from mla_convert.units import gb
 
-UPLOAD_THREADS = 4  # files sent at once
-UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for them (cli.startup)
+UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for it (cli.startup)
 TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
 
 
@@ -226,76 +227,49 @@ def _commit_all(job: UploadJob, progress_factory: ProgressFactory | None, status
         remote.create_repo(job.private)
     if "branch" in job.missing:
         remote.create_branch()
-    commits = job.to_send()
-    advance = progress_factory(sum(f.size for c in commits for f in c)) if progress_factory else None
-    for i, files in enumerate(commits, start=1):
-        last = i == len(commits)
-        if not files and not (last and job.deletions):
+    calls = job.to_send()
+    advance = progress_factory(sum(f.size for c in calls for f in c)) if progress_factory else None
+    for i, files in enumerate(calls, start=1):
+        last = i == len(calls)
+        deletions = list(job.deletions) if last else []
+        if not files and not deletions:
             continue
-        status(f"uploading part {i} of {len(commits)} to {job.repo_id}")
-        ops = [
-            remote.operation(
-                job.contents.root / f.rel, f.rel, f.sha256 if job.hashed or f.rel == MANIFEST_NAME else None
-            )
-            for f in files
-        ]
-        _send_all(remote, files, ops, advance)
-        message = (
-            f"mla-convert upload, part {i} of {len(commits)}: {len(files)} files, {gb(sum(f.size for f in files))}"
-        )
-        job.done.append(remote.commit(ops, list(job.deletions) if last else [], message))
-        job.deleted = job.deletions if last else ()
+        status(f"uploading part {i} of {len(calls)} to {job.repo_id}")
+        size = sum(f.size for f in files)
+        message = f"mla-convert upload, part {i} of {len(calls)}: {len(files)} files, {gb(size)}"
+        rels = [f.rel for f in files]
+        send = functools.partial(remote.upload_files, job.contents.root, rels, deletions, message)
+        job.done.append(_waiting(send, advance))
+        job.deleted = tuple(deletions)
         job.sent_files += len(files)
-        job.sent_bytes += sum(f.size for f in files)
+        job.sent_bytes += size
+        if advance:
+            advance(size)
 
 
-def _send_all(remote: R.Remote, files: list[C.UploadFile], ops: list, advance: Callable[[int], None] | None) -> None:
-    """Every file's content to the Hub, UPLOAD_THREADS at a time, on daemon threads. A failure is
-    raised once the other threads have finished the file each was sending (none is left running);
-    an interrupt at once (the command then ends without waiting for them: cli.startup)."""
-    work: queue.Queue = queue.Queue()
-    for item in zip(files, ops, strict=True):
-        work.put(item)
-    done: queue.Queue = queue.Queue()
-    stop = threading.Event()
+def _waiting(call: Callable[[], str], advance: Callable[[int], None] | None) -> str:
+    """`call()` on a daemon thread (an interrupt ends the command at once, without waiting for it:
+    cli.startup), telling `advance` every TICK_SECONDS that time passed (a log line is due every
+    interval even mid-call: the client reports no bytes); its result, or its exception, here."""
+    outcome: queue.Queue = queue.Queue()
 
-    def worker() -> None:
-        while not stop.is_set():
-            try:
-                f, op = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                remote.send(op)
-            except BaseException as e:  # handed to the calling thread
-                done.put((f, e))
-                return
-            done.put((f, None))
+    def work() -> None:
+        try:
+            outcome.put((call(), None))
+        except BaseException as e:  # handed to the calling thread
+            outcome.put((None, e))
 
-    threads = [
-        threading.Thread(target=worker, name=f"{UPLOAD_THREAD_NAME} {n}", daemon=True)
-        for n in range(min(UPLOAD_THREADS, len(files)))
-    ]
-    for t in threads:
-        t.start()
-    try:
-        for _ in files:
-            while True:
-                try:
-                    f, error = done.get(timeout=TICK_SECONDS)
-                    break
-                except queue.Empty:
-                    if advance:
-                        advance(0)  # time passed: a log line is due every interval even mid-file
-            if error is not None:
-                stop.set()
-                for t in threads:
-                    t.join()
-                raise error
+    threading.Thread(target=work, name=UPLOAD_THREAD_NAME, daemon=True).start()
+    while True:
+        try:
+            result, error = outcome.get(timeout=TICK_SECONDS)
+        except queue.Empty:
             if advance:
-                advance(f.size)
-    finally:
-        stop.set()
+                advance(0)
+            continue
+        if error is not None:
+            raise error
+        return result
 
 
 def _result(job: UploadJob, seconds: float | None) -> UploadResult:
