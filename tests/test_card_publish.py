@@ -180,10 +180,9 @@ def test_every_members_card_passes_the_hubs_validation_locally_and_for_a_repo(
     validate(copy / CARD)
     text = (copy / CARD).read_text()
     assert "<" + "this repo>" not in text and f"vllm serve org/{member}-channel-fp8" in text
-    if member.startswith("mistral"):  # vLLM's download leaves mla/ out: the card says what fetches it
-        assert f"hf download org/{member}-channel-fp8 --include 'mla/*'" in text
-    else:
-        assert "--include 'mla/*'" not in text
+    # vLLM's download leaves mla/ out (the index's shards, or Mistral's consolidated ones): the card fetches it.
+    assert f"hf download org/{member}-channel-fp8 --include 'mla/*'\nvllm serve org/{member}-channel-fp8 " in text
+    assert ("`consolidated*.safetensors`" in text) == member.startswith("mistral")
 
 
 @pytest.mark.parametrize("source_card, expected", [

@@ -8,7 +8,12 @@ equal those without the plugin."""
 from __future__ import annotations
 
 import hashlib
+import json
+import shlex
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +81,38 @@ def test_a_repo_id_from_the_local_cache_serves_every_layer_from_the_artifacts_wi
         art_uk_t, art_uv = read_artifacts(cache["snapshot"] / "mla", layer)
         assert torch.equal(on_weights[prefix + ".W_UK_T"], art_uk_t)
         assert torch.equal(on_weights[prefix + ".W_UV"], art_uv)
+
+
+def test_online_vllm_downloads_only_the_index_shards_and_the_cards_fetch_line_brings_mla(fake_hub, cache, tmp_path):
+    """vLLM online (here against the fake Hub): with an index in the repo its download takes exactly
+    the index's shards, so mla/ is not in the snapshot and vLLM computes W_UK_T/W_UV itself; the
+    card's first line (`hf download REPO --include 'mla/*'`, the real hf command) puts mla/ into the
+    same snapshot, and the same `vllm serve REPO` then takes every layer from the artifacts."""
+    fake_hub.add_repo(REPO, cache["out"])
+    text = (cache["out"] / "README.md").read_text()
+    fetch = f"hf download {REPO} --include 'mla/*'"
+    assert fetch in text
+    env = engine_env(plugin=True)  # the fake Hub's environment (HF_ENDPOINT, an empty cache), online
+    assert "HF_HUB_OFFLINE" not in env or env["HF_HUB_OFFLINE"] in ("", "0")
+    first = tmp_path / "first"
+    first.mkdir()
+    result, log = run_engine_process(REPO, first, env)
+    snapshot = Path(env["HF_HUB_CACHE"]) / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    downloaded = sorted(p.relative_to(next(snapshot.iterdir())).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    # Its weights download takes the index's shards; its download of the rest skips every *.safetensors.
+    assert not any(p.startswith("mla/layer-") for p in downloaded), downloaded
+    assert all(
+        p in downloaded
+        for p in json.loads((cache["out"] / "model.safetensors.index.json").read_text())["weight_map"].values()
+    )
+    assert not any(f"{LAYERS}/{LAYERS} MLA layers" in ln for ln in plugin_lines(log)), plugin_lines(log)
+    assert all(s.get("loaded", 0) == 0 for s in result["plugin"]), result["plugin"]
+
+    bin_dir = Path(sys.executable).parent
+    r = subprocess.run([str(bin_dir / "hf"), *shlex.split(fetch)[1:]], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    second = tmp_path / "second"
+    second.mkdir()
+    result, log = run_engine_process(REPO, second, env)
+    lines = plugin_lines(log)
+    assert len(lines) == 1 and f"loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers" in lines[0], log[-4000:]

@@ -174,8 +174,8 @@ def _artifacts(facts: CardFacts) -> str:
 
 
 def mla_fetch_command(repo_id: str) -> str:
-    """What puts a repo's mla/ into the Hub cache's snapshot that `vllm serve REPO_ID` reads, where
-    vLLM's own download leaves it out (Mistral's layout)."""
+    """What puts a repo's mla/ into the Hub cache's snapshot that `vllm serve REPO_ID` reads: vLLM's
+    own download leaves it out (it takes the index's shards, or Mistral's consolidated ones)."""
     return f"hf download {repo_id} --include '{MLA_DIR_NAME}/*'"
 
 
@@ -190,19 +190,18 @@ def _serving(facts: CardFacts) -> str:
     mistral = facts.config_name == MISTRAL_PARAMS_NAME
     repo = facts.repo_id
     if repo:
-        first = [mla_fetch_command(repo)] if mistral else []
-        block = "\n".join([*first, f"vllm serve {repo} --tensor-parallel-size {tp}"])
-        where = f"vLLM downloads `{repo}` into the Hub cache and serves it from there" + (
-            f". For Mistral's layout vLLM's download takes only the `consolidated*.safetensors` shards and "
-            f"leaves `{MLA_DIR_NAME}/` out, so the first line fetches it into the same snapshot; without it "
-            "the plugin says so in one line and vLLM computes the absorbed weights itself."
-            if mistral
-            else f"; its download includes `{MLA_DIR_NAME}/layer-*.safetensors`, and the plugin finds them in "
-            "the snapshot: nothing to set."
+        block = f"{mla_fetch_command(repo)}\nvllm serve {repo} --tensor-parallel-size {tp}"
+        pattern = "`consolidated*.safetensors`" if mistral else "the shards its index lists"
+        where = (
+            f"vLLM downloads `{repo}` into the Hub cache and serves it from there, but its download takes only "
+            f"{pattern}, never `{MLA_DIR_NAME}/`: the first line puts `{MLA_DIR_NAME}/` into the same snapshot, "
+            "where the plugin finds it (nothing to set; offline, from a cache that holds it, the same). Without "
+            "it the plugin says so in one line and vLLM computes the absorbed weights itself"
         )
+        name = repo.rsplit("/", 1)[-1]
         local = (
-            f"\n\nOr download it first and serve the directory:\n\n```bash\nhf download {repo} --local-dir "
-            f"./{repo.rsplit('/', 1)[-1]}\nvllm serve ./{repo.rsplit('/', 1)[-1]} --tensor-parallel-size {tp}\n```"
+            f"\n\nOr download all of it and serve the directory:\n\n```bash\nhf download {repo} --local-dir "
+            f"./{name}\nvllm serve ./{name} --tensor-parallel-size {tp}\n```"
         )
     else:
         block = f'vllm serve "$PWD" --tensor-parallel-size {tp}'

@@ -57,7 +57,6 @@ class UploadJob:
     deletions: tuple[str, ...] = ()  # the other model's files the last commit deletes (--overwrite)
     missing: tuple[str, ...] = ()  # what --create makes: "repo", "branch"
     verified: str = ""
-    hashed: bool = False  # verify hashed every file in this run: the manifest's sha256 are the files'
     done: list[str] = field(default_factory=list)  # the commits made so far
     deleted: tuple[str, ...] = ()  # what the last commit, once made, deleted
     sent_files: int = 0
@@ -110,7 +109,7 @@ def prepare(
         job.verified = "skipped (--skip-verify)"
     else:
         status(f"checking {out_dir}: structure and integrity")
-        job.verified, job.hashed = _verify(contents.root, check_progress), True
+        job.verified = _verify(contents.root, check_progress)
     return job
 
 
