@@ -85,9 +85,11 @@ def test_a_repo_id_from_the_local_cache_serves_every_layer_from_the_artifacts_wi
 
 def test_online_vllm_downloads_only_the_index_shards_and_the_cards_fetch_line_brings_mla(fake_hub, cache, tmp_path):
     """vLLM online (here against the fake Hub): with an index in the repo its download takes exactly
-    the index's shards, so mla/ is not in the snapshot and vLLM computes W_UK_T/W_UV itself; the
-    card's first line (`hf download REPO --include 'mla/*'`, the real hf command) puts mla/ into the
-    same snapshot, and the same `vllm serve REPO` then takes every layer from the artifacts."""
+    the index's shards (and its download of the rest skips every *.safetensors), so mla/'s layers
+    are not in the snapshot and vLLM computes W_UK_T/W_UV itself; the card's first line (`hf
+    download REPO --include 'mla/*'`, the real hf command) puts them into the same snapshot, from
+    which `vllm serve REPO` (offline here: online, the plugin must find the snapshot of a repo id
+    itself, mla_runtime's part) takes every layer."""
     fake_hub.add_repo(REPO, cache["out"])
     text = (cache["out"] / "README.md").read_text()
     fetch = f"hf download {REPO} --include 'mla/*'"
@@ -113,6 +115,6 @@ def test_online_vllm_downloads_only_the_index_shards_and_the_cards_fetch_line_br
     assert r.returncode == 0, r.stderr
     second = tmp_path / "second"
     second.mkdir()
-    result, log = run_engine_process(REPO, second, env)
+    result, log = run_engine_process(REPO, second, env | {"HF_HUB_OFFLINE": "1"})
     lines = plugin_lines(log)
     assert len(lines) == 1 and f"loaded W_UK_T/W_UV of {LAYERS}/{LAYERS} MLA layers" in lines[0], log[-4000:]
