@@ -136,11 +136,16 @@ def test_json_summary(hub, out):
     assert summary["repo"] == REPO and summary["revision"] == "main" and summary["url"].endswith(REPO)
     assert summary["commits"] == [c.sha for c in upload_commits(hub)]
     assert summary["files"] == len(expected_tree(out)) and summary["bytes"] == summary["uploaded_bytes"] > 0
+    assert summary["card"] == f"written for {REPO}"
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
+    assert notes == [f"note: {summary['base_model_hint']}"] and f"mla-convert card {out} --base-model" in notes[0]
 
 
 def test_dry_run_lists_files_and_bytes_and_asks_the_hub_nothing(hub, out):
+    card = (out / "README.md").read_bytes()
     r = cli(out, REPO, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["card"] == f"to be written for {REPO}" and (out / "README.md").read_bytes() == card
     plan = json.loads(r.stdout)["plan"]
     assert {p["path"] for p in plan} == set(expected_tree(out))
     assert all(p["size"] == (out / p["path"]).stat().st_size for p in plan)
