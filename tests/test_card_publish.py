@@ -80,7 +80,9 @@ def test_base_model_on_convert_is_recorded_and_verified(src_copy, tmp_path):
     meta = meta_of(out)
     assert meta["base_model"] == BASE and meta["base_model_relation"] == "quantized"
     assert manifest_of(out)["source"] == {"path": str(src_copy.absolute()), "base_model": BASE}
-    assert f"[`{BASE}`](https://huggingface.co/{BASE}) converted to channel FP8" in (out / CARD).read_text()
+    text = (out / CARD).read_text()
+    assert f"[`{BASE}`](https://huggingface.co/{BASE}) converted to channel FP8" in text
+    assert f"| source | a local directory; base model `{BASE}` |" in text
     assert verify(out).ok
     bf16 = tmp_path / "bf16"
     convert(src_copy, bf16, Options(format="bf16", base_model=BASE))

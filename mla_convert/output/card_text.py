@@ -87,12 +87,7 @@ def _conversion(facts: CardFacts) -> str:
     flags = f" --format {facts.format}" + (f" --target {facts.target}" if facts.format == CHANNEL_FP8 else "")
     flags += "".join(f" --ignore '{p}'" for p in facts.ignore)
     rows = [
-        (
-            "source",
-            f"`{facts.source.repo_id or facts.source.base_model}`{revision}"
-            if facts.source.label()
-            else "a local directory (no Hub id recorded)",
-        ),
+        ("source", _source_row(facts, revision)),
         ("source fingerprint", f"`{facts.fingerprint}` (sha256 of its config, index and shard headers)"),
         (
             "architecture",
@@ -111,6 +106,14 @@ def _conversion(facts: CardFacts) -> str:
     return (
         f"## Conversion\n\n| | |\n|---|---|\n{table}\n\n`{MANIFEST_NAME}` records all of it, with every file's sha256."
     )
+
+
+def _source_row(facts: CardFacts, revision: str) -> str:
+    if facts.source.repo_id:
+        return f"`{facts.source.repo_id}`{revision}"
+    if facts.source.base_model:
+        return f"a local directory; base model `{facts.source.base_model}`"
+    return "a local directory (no Hub id recorded)"
 
 
 def _weights(facts: CardFacts) -> str:
@@ -189,6 +192,7 @@ def _serving(facts: CardFacts) -> str:
     )
     mistral = facts.config_name == MISTRAL_PARAMS_NAME
     repo = facts.repo_id
+    served = repo or '"$PWD"'
     if repo:
         block = f"{mla_fetch_command(repo)}\nvllm serve {repo} --tensor-parallel-size {tp}"
         pattern = "`consolidated*.safetensors`" if mistral else "the shards its index lists"
@@ -221,7 +225,8 @@ def _serving(facts: CardFacts) -> str:
         f"- **Gaudi (vllm-gaudi)**: install vLLM and vllm-gaudi as their documentation says, then the above. "
         f"`--tensor-parallel-size` must divide the {facts.heads} heads; each rank reads only its own heads.\n"
         "- **Other vLLM builds**: a GPU build serves it the same way. vLLM's CPU build: `python -m "
-        "vllm.entrypoints.openai.api_server --model ... --attention-backend CPU_MLA` (its `vllm` command "
+        f"vllm.entrypoints.openai.api_server --model {served} --attention-backend CPU_MLA` "
+        "(its `vllm` command "
         f"does not start, and `AMX_MLA` would not read the artifacts).{cpu}\n"
         "- Without the plugin, or with `MLA_RUNTIME_DISABLE=1`, vLLM computes the absorbed weights itself; "
         "the rest of the checkpoint loads the same.\n\n"
