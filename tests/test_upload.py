@@ -20,6 +20,7 @@ from mla_convert import upload
 from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import UploadError
+from mla_convert.verification import verify
 from support.processes import as_from_a_terminal
 
 REPO = "org/tiny-r1-channel-fp8"
@@ -114,6 +115,7 @@ def test_upload_sends_exactly_the_manifest_and_the_card_parses_back(hub, out, tm
     assert f"vllm serve {REPO} " in card.text and f"hf download {REPO} --local-dir" in card.text
     assert card.text.startswith("\n# tiny-r1-channel-fp8\n") and "<" + "this repo>" not in card.text
     assert result.card == f"written for {REPO}" and "--base-model" in result.base_model_hint
+    assert verify(out).ok  # the directory, its card rewritten for the repo, is still what was converted
     assert (
         meta["mla_convert"]["source_fingerprint"] == json.loads((out / MANIFEST_NAME).read_text())["source_fingerprint"]
     )
