@@ -160,6 +160,8 @@ def test_private_repo_on_a_new_branch(hub, out):
     assert hub.is_private(REPO) and result.created == ("repo", "branch")
     assert repo_tree(hub, "conv-v1") == expected_tree(out) and repo_tree(hub, "main") == {}
     assert result.url.endswith(f"{REPO}/tree/conv-v1")
+    text = (out / "README.md").read_text()  # the card names the branch in its download and serve lines
+    assert f"hf download {REPO} --revision conv-v1 --include 'mla/*'\nvllm serve {REPO} --revision conv-v1 " in text
 
 
 def test_private_is_refused_for_an_existing_public_repo(hub, out):

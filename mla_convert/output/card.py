@@ -210,10 +210,12 @@ class RenderedCard:
     repo_id: str | None
 
 
-def render_card(out_dir: Path, *, base_model: str | None = None, repo_id: str | None = None) -> RenderedCard:
+def render_card(
+    out_dir: Path, *, base_model: str | None = None, repo_id: str | None = None, revision: str | None = None
+) -> RenderedCard:
     """Write `out_dir`'s card again from what its manifest records (CardFacts.record, the source)
     and what the card holds of the source (its metadata and card text) and of verify (the result):
-    with `base_model` and `repo_id` when given, else the recorded ones. The card, then the manifest
+    with `base_model` and `repo_id` (and its branch, `revision`) when given, else the recorded ones. The card, then the manifest
     with the card's size and sha256 (and the base model, the repo), each atomically; interrupted
     between the two, the same call writes both again. Nothing is written when the card is already
     the one it would write. OutputError when `out_dir` is not a finished conversion with a card."""
@@ -224,8 +226,8 @@ def render_card(out_dir: Path, *, base_model: str | None = None, repo_id: str | 
     manifest, facts = _recorded_card(out_dir)
     if base_model is not None:
         facts = dataclasses.replace(facts, source=dataclasses.replace(facts.source, base_model=base_model))
-    if repo_id is not None:
-        facts = dataclasses.replace(facts, repo_id=repo_id)
+    if repo_id is not None:  # a branch other than main is named with it: `revision` (None: main)
+        facts = dataclasses.replace(facts, repo_id=repo_id, repo_revision=revision if revision != "main" else None)
     path = out_dir / CARD_NAME
     try:
         old = path.read_text(encoding="utf-8")

@@ -83,6 +83,7 @@ class CardFacts:
     config_name: str = "config.json"  # params.json for Mistral's own layout
     int4_experts: bool = False  # the source's pack-quantized INT4 experts, copied as they are
     repo_id: str | None = None  # the Hub repo the card is written for (upload); None: a local directory
+    repo_revision: str | None = None  # its branch, where not main
 
     def record(self) -> dict:
         """What the conversion manifest keeps of these (all but the source, which it records on its

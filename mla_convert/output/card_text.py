@@ -176,10 +176,14 @@ def _artifacts(facts: CardFacts) -> str:
     )
 
 
-def mla_fetch_command(repo_id: str) -> str:
+def mla_fetch_command(repo_id: str, branch: str | None = None) -> str:
     """What puts a repo's mla/ into the Hub cache's snapshot that `vllm serve REPO_ID` reads: vLLM's
     own download leaves it out (it takes the index's shards, or Mistral's consolidated ones)."""
-    return f"hf download {repo_id} --include '{MLA_DIR_NAME}/*'"
+    return f"hf download {repo_id}{_revision_flag(branch)} --include '{MLA_DIR_NAME}/*'"
+
+
+def _revision_flag(branch: str | None) -> str:
+    return f" --revision {branch}" if branch and branch != "main" else ""
 
 
 def _serving(facts: CardFacts) -> str:
@@ -191,10 +195,10 @@ def _serving(facts: CardFacts) -> str:
         else ""
     )
     mistral = facts.config_name == MISTRAL_PARAMS_NAME
-    repo = facts.repo_id
-    served = repo or '"$PWD"'
+    repo, rev = facts.repo_id, _revision_flag(facts.repo_revision)
+    served = f"{repo}{rev}" if repo else '"$PWD"'
     if repo:
-        block = f"{mla_fetch_command(repo)}\nvllm serve {repo} --tensor-parallel-size {tp}"
+        block = f"{mla_fetch_command(repo, facts.repo_revision)}\nvllm serve {repo}{rev} --tensor-parallel-size {tp}"
         pattern = "`consolidated*.safetensors`" if mistral else "the shards its index lists"
         where = (
             f"vLLM downloads `{repo}` into the Hub cache and serves it from there, but its download takes only "
@@ -204,7 +208,7 @@ def _serving(facts: CardFacts) -> str:
         )
         name = repo.rsplit("/", 1)[-1]
         local = (
-            f"\n\nOr download all of it and serve the directory:\n\n```bash\nhf download {repo} --local-dir "
+            f"\n\nOr download all of it and serve the directory:\n\n```bash\nhf download {repo}{rev} --local-dir "
             f"./{name}\nvllm serve ./{name} --tensor-parallel-size {tp}\n```"
         )
     else:

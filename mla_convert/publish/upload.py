@@ -93,7 +93,7 @@ def prepare(
     if (contents.manifest.get("options") or {}).get("card"):
         # The card names the repo (download and serve lines), recorded in the directory before any
         # byte goes up, so that the directory and the repo hold the same card.
-        written = render_card(contents.root, repo_id=repo_id).changed
+        written = render_card(contents.root, repo_id=repo_id, revision=revision).changed
         contents = C.read_contents(Path(out_dir))
     else:
         written = False
