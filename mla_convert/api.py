@@ -1,4 +1,4 @@
-"""The library's entry points: `convert`, `verify` and `upload`, keyword-only past their paths, each
+"""The library's entry points: `convert`, `verify`, `upload` and `card`, keyword-only past their paths, each
 returning a typed result (mla_convert.results). The CLI is a thin shell over these.
 
     import mla_convert
@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from mla_convert.results import ConversionResult, UploadResult, VerifyReport
-from mla_convert.settings import Options, ProgressFactory, RunSettings, UploadOptions
+from mla_convert.results import CardResult, ConversionResult, UploadResult, VerifyReport
+from mla_convert.settings import MessageFn, Options, ProgressFactory, RunSettings, UploadOptions
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Options))
 _SETTING_FIELDS = frozenset(f.name for f in dataclasses.fields(RunSettings))
@@ -79,18 +79,24 @@ def upload(
     *,
     options: UploadOptions | None = None,
     progress_factory: ProgressFactory | None = None,
+    check_progress_factory: ProgressFactory | None = None,
+    status: MessageFn | None = None,
     **fields,
 ) -> UploadResult:
     """Upload `out_dir`, a directory mla-convert wrote, to the Hub model repo `repo_id`, as
-    `mla-convert upload` does: exactly the files its manifest lists, after verify's structure and
-    integrity checks, in commits; the same call after an interruption sends only what the branch
-    does not hold yet. Token: huggingface_hub's own.
+    `mla-convert upload` does: its card written for `repo_id` first (recorded in the directory),
+    then exactly the files its manifest lists, after verify's structure and integrity checks; the
+    same call after an interruption sends only what the branch does not hold yet. Token:
+    huggingface_hub's own.
 
     `options` (UploadOptions: revision (the branch, default main), private, create, overwrite,
     skip_verify, dry_run); any of its fields may instead be given by name:
-    `upload(out, "org/name", create=True)`.
+    `upload(out, "org/name", create=True)`. `progress_factory`: the upload's bytes;
+    `check_progress_factory`: verify's reading of every file first; `status`: what runs now.
 
-    Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails.
+    Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails;
+    after KeyboardInterrupt, `e.upload_state` (publish.upload.UploadJob, when it had started) says
+    what is on the Hub.
     """
     unknown = sorted(set(fields) - _UPLOAD_FIELDS)
     if unknown:
@@ -98,4 +104,20 @@ def upload(
     options = dataclasses.replace(options or UploadOptions(), **fields)
     from mla_convert.publish.upload import prepare, run
 
-    return run(prepare(out_dir, repo_id, options), progress_factory)
+    job = prepare(out_dir, repo_id, options, check_progress=check_progress_factory, status=status)
+    return run(job, progress_factory, status)
+
+
+def card(out_dir: str | Path, *, base_model: str | None = None, repo_id: str | None = None) -> CardResult:
+    """Write the model card of `out_dir` (a finished conversion) again, without the source: with
+    `base_model` (a Hub model id) and `repo_id` (the repo its download and serve lines name) when
+    given, else the recorded ones; the manifest records the new card. verify passes afterwards.
+
+    Raises OutputError (a ConvertError) with a one-line message when it cannot: not a finished
+    conversion, converted with --no-card, or a base model or repo that is not a Hub id.
+    """
+    from mla_convert.output.card import BASE_MODEL_HINT, render_card
+
+    done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id)
+    hint = None if done.base_model else BASE_MODEL_HINT.replace("DIR", str(out_dir), 1)
+    return CardResult(str(out_dir), str(done.path), done.changed, done.base_model, done.repo_id, hint)

@@ -72,6 +72,8 @@ class ConversionResult:
     seconds: float | None = None
     gb_per_s: float | None = None
     source_fingerprint: str | None = None
+    base_model: str | None = None  # the card's base_model (a Hub model id); None: none, or no card
+    base_model_hint: str | None = None  # a card without base_model: how to set it, one line
 
     def to_json(self) -> dict:
         return _present(self)
@@ -199,9 +201,26 @@ class UploadResult:
     verified: str | None = None  # what was checked before the upload, or why not
     seconds: float | None = None
     plan: tuple[dict, ...] = ()  # each commit's files, {"commit": n, "path", "size"}, in upload order
+    card: str | None = None  # "written for REPO_ID", "already written for REPO_ID"; None: no card of its own
+    base_model_hint: str | None = None  # the card names no base model: how to set it, one line
 
     def to_json(self) -> dict:
         out = _present(self)
         for key in ("commits", "deleted", "created", "plan"):
             out[key] = [*getattr(self, key)]
         return out
+
+
+@dataclass(frozen=True)
+class CardResult:
+    """`mla-convert card DIR`: the model card written again."""
+
+    dir: str
+    card: str  # its path
+    changed: bool  # False: it already was this card (nothing written)
+    base_model: str | None  # a Hub model id, or None: the card names none
+    repo_id: str | None  # the repo it is written for, or None: the local directory
+    base_model_hint: str | None = None  # no base model: how to set it, one line
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)

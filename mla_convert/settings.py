@@ -30,6 +30,23 @@ ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes 
 ProgressFactory = Callable[[int], ProgressFn]  # factory(total_bytes) -> advance
 MessageFn = Callable[[str], None]
 
+# A Hub repo id, OWNER/NAME: the one pattern for a Hub source, an upload's REPO_ID and a card's
+# base_model (huggingface_hub's validate_repo_id rules, with the owner required).
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+REPO_ID_MAX = 96
+
+
+def is_repo_id(name) -> bool:
+    """A Hub repo id: OWNER/NAME, no `--` or `..`, at most REPO_ID_MAX characters."""
+    return (
+        isinstance(name, str)
+        and len(name) <= REPO_ID_MAX
+        and bool(REPO_ID.match(name))
+        and "--" not in name
+        and ".." not in name
+        and not name.endswith((".git", "."))
+    )
+
 
 @dataclass(frozen=True)
 class Options:
@@ -37,8 +54,16 @@ class Options:
     target: str = GAUDI3  # TARGETS: the FP8 range
     ignore: tuple[str, ...] = ()  # regexes (re.match) on module names to leave unquantized (bf16)
     card: bool = True  # README.md is the output's own model card (False: the source's README, unchanged)
+    # The card's base_model, a Hub model id. Recorded with the source in the manifest (not among
+    # the options: `mla-convert card` may set it later, and a --resume may name another).
+    base_model: str | None = None
 
     def __post_init__(self):
+        if self.base_model is not None and not is_repo_id(self.base_model):
+            raise ConvertError(
+                f"--base-model {self.base_model!r}: expected a Hub model id, OWNER/NAME (the model this one "
+                "derives from), not a path or a URL"
+            )
         if not isinstance(self.card, bool):
             raise ConvertError(f"card {self.card!r}: expected True or False")
         if isinstance(self.ignore, str) or not all(isinstance(p, str) for p in self.ignore):

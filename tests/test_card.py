@@ -43,8 +43,9 @@ def test_channel_fp8_card_names_base_model_relation_license_and_tags(converted, 
     meta = card_of(out).data.to_dict()
     source_meta = metadata_load(tiny_src / CARD)
     assert source_meta["license"] == "mit"  # the demo source card carries what a published one does
-    assert meta["base_model"] == str(tiny_src.absolute())  # a local source: its path
-    assert meta["base_model_relation"] == "quantized"
+    # A local source with no Hub id and a card naming no base: no base_model (never its path), so no relation.
+    assert "base_model" not in meta and "base_model_relation" not in meta
+    assert str(tiny_src) not in (out / CARD).read_text()  # no local path in a public card
     for key in ("license", "library_name", "pipeline_tag"):
         assert meta[key] == source_meta[key], key
     assert meta["tags"] == ["fp8", "compressed-tensors", "gaudi", "mla-convert", "deepseek_v3"]
@@ -53,7 +54,7 @@ def test_channel_fp8_card_names_base_model_relation_license_and_tags(converted, 
     assert own["format"] == FP8 and own["target"] == "gaudi3" and own["ignore"] == []
     assert own["source_fingerprint"] == manifest["source_fingerprint"]
     assert manifest["options"]["card"] is True
-    assert manifest["source"] == {"path": str(tiny_src.absolute())}
+    assert manifest["source"] == {"path": str(tiny_src.absolute()), "base_model": None}
     assert manifest["files"][CARD] == {"size": (out / CARD).stat().st_size, "sha256": sha256_of(out / CARD)}
 
 
@@ -71,10 +72,13 @@ def test_card_body_describes_the_conversion_and_keeps_the_source_card_below_a_he
     assert below, "the source's card is kept under its own heading"
     assert below.rstrip("\n").endswith(source_body(tiny_src))  # unchanged
     for needed in ("## Conversion", "## MLA artifacts", "## Serving", "## Verification", "## What was not verified",
-                   "MLA_RUNTIME_DIR", "--tensor-parallel-size", "mla_runtime", "No Gaudi hardware",
+                   "`mla-convert`", "--tensor-parallel-size", "mla_runtime", "No Gaudi hardware",
                    "2.61 %", "0.17 %", card.data.to_dict()["mla_convert"]["source_fingerprint"]):  # fmt: skip
         assert needed in top, needed
     assert "not run when this card was written" in top  # convert does not verify
+    serving = top.partition("## Serving")[2].partition("## Verification")[0]
+    assert "<" not in serving and "MLA_RUNTIME_DIR" not in serving  # no placeholder, no needless step
+    assert 'vllm serve "$PWD"' in serving and "mla-convert upload" in serving
 
 
 def test_no_card_keeps_the_source_readme_and_verify_passes(tiny_src, tmp_path, load_json):
@@ -109,7 +113,8 @@ def test_source_metadata_is_taken_as_it_is_and_a_broken_front_matter_kept_whole(
     convert(src_copy, out, Options())
     meta = card_of(out).data.to_dict()
     assert (meta["license"], meta["license_name"], meta["license_link"]) == ("other", "deepseek", "LICENSE")
-    assert meta["base_model"] == str(src_copy.absolute())  # the source itself, not what it was made from
+    assert meta["base_model"] == "someone/else"  # a fine-tune's card names its base: the Hub id there is
+    assert meta["base_model_relation"] == "quantized"
     assert "from-the-source" not in meta["tags"]  # its tags describe the source's weights
     assert card_of(out).text.rstrip().endswith("Block FP8, 128x128 scales.")
 
@@ -118,7 +123,7 @@ def test_source_metadata_is_taken_as_it_is_and_a_broken_front_matter_kept_whole(
     out = tmp_path / "b"
     convert(src_copy, out, Options())
     meta = card_of(out).data.to_dict()
-    assert "license" not in meta and meta["base_model"] == str(src_copy.absolute())
+    assert "license" not in meta and "base_model" not in meta
     assert card_of(out).text.rstrip().endswith(broken.rstrip())
     assert verify(out).ok
 
@@ -145,7 +150,10 @@ def test_source_ref_names_hub_sources_and_cache_snapshots(tmp_path):
     assert ref.base_model == "deepseek-ai/DeepSeek-R1"
     assert source_ref(tmp_path, "org/x", "c" * 40).label() == f"org/x@{'c' * 40}"
     plain = source_ref(tmp_path / "hub")
-    assert plain.repo_id is None and plain.base_model == str((tmp_path / "hub").absolute())
+    assert plain.repo_id is None and plain.base_model is None and plain.label() == ""
+    assert plain.path == str((tmp_path / "hub").absolute())
+    assert source_ref(tmp_path / "hub", base_model="org/base").base_model == "org/base"  # --base-model first
+    assert source_ref(snapshot, base_model="org/base").base_model == "org/base"
 
 
 def test_a_hub_source_is_named_by_its_id_and_commit(fake_hub, tiny_src, tmp_path, load_json):
@@ -155,7 +163,9 @@ def test_a_hub_source_is_named_by_its_id_and_commit(fake_hub, tiny_src, tmp_path
     commit = fake_hub.commit_sha("deepseek-ai/Tiny-R1")
     meta = card_of(out).data.to_dict()
     assert meta["base_model"] == "deepseek-ai/Tiny-R1" and meta["mla_convert"]["source_revision"] == commit
-    assert load_json(out / MANIFEST_NAME)["source"] == {"repo_id": "deepseek-ai/Tiny-R1", "revision": commit}
+    assert load_json(out / MANIFEST_NAME)["source"] == {
+        "repo_id": "deepseek-ai/Tiny-R1", "revision": commit, "base_model": "deepseek-ai/Tiny-R1"
+    }  # fmt: skip
     assert f"`deepseek-ai/Tiny-R1` at commit `{commit}`" in card_of(out).text
     assert verify(out).ok
 
@@ -244,10 +254,10 @@ def test_demo_card_parses_with_the_metadata_and_records_the_verify_result(tmp_pa
     assert result.report.ok
     card = card_of(Path(result.conversion.out))
     meta = card.data.to_dict()
-    assert meta["base_model_relation"] == "quantized" and meta["license"] == "mit"
+    assert meta["license"] == "mit"
     assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
     assert {"fp8", "compressed-tensors", "gaudi", "mla-convert", "deepseek_v3"} <= set(meta["tags"])
-    assert meta["base_model"] == str((tmp_path / "demo" / "source").absolute())
+    assert "base_model" not in meta and "base_model_relation" not in meta  # a synthetic source has no Hub id
     assert "**Result**: PASS" in card.text
     assert verify(result.conversion.out).ok  # the manifest follows the rewritten card
 

@@ -20,6 +20,7 @@ from mla_convert import upload
 from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import UploadError
+from mla_convert.verification import verify
 from support.processes import as_from_a_terminal
 
 REPO = "org/tiny-r1-channel-fp8"
@@ -66,11 +67,11 @@ def upload_commits(hub) -> list:
     return [c for c in hub.commits if c.summary != "initial commit"]
 
 
-def start_upload(hub, *args, commit_bytes: int, env: dict | None = None) -> subprocess.Popen:
-    """The real CLI in a child process (support/upload_cli.py: commits of at most `commit_bytes`)."""
+def start_upload(hub, *args, env: dict | None = None) -> subprocess.Popen:
+    """The real CLI in a child process (support/upload_cli.py)."""
     child_env = {**os.environ, **hub.env(hub.hf_home), "HF_TOKEN": WRITE, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), *filter(None, [child_env.get("PYTHONPATH")])])
-    command = [sys.executable, "-m", "support.upload_cli", str(commit_bytes), "upload", *map(str, args)]
+    command = [sys.executable, "-m", "support.upload_cli", "upload", *map(str, args)]
     return subprocess.Popen(
         command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=as_from_a_terminal,  # SIGINT as at a terminal, also when this run is a background job
@@ -105,9 +106,16 @@ def test_upload_sends_exactly_the_manifest_and_the_card_parses_back(hub, out, tm
     last = upload_commits(hub)[-1].added
     assert set(last) == {"config.json", "model.safetensors.index.json", "mla/manifest.json", "README.md", MANIFEST_NAME}
     # The card, downloaded from the Hub, parses with its metadata.
-    card = ModelCard.load(Path(hf_hub_download(REPO, "README.md", cache_dir=tmp_path / "dl")))
+    downloaded = Path(hf_hub_download(REPO, "README.md", cache_dir=tmp_path / "dl"))
+    card = ModelCard.load(downloaded)
     meta = card.data.to_dict()
-    assert meta["base_model_relation"] == "quantized" and "mla-convert" in meta["tags"]
+    assert "mla-convert" in meta["tags"] and "base_model" not in meta  # a local source: no base model
+    # Written for the repo before the first byte went up, and recorded: the directory holds the same card.
+    assert downloaded.read_bytes() == (out / "README.md").read_bytes()
+    assert f"vllm serve {REPO} " in card.text and f"hf download {REPO} --local-dir" in card.text
+    assert card.text.startswith("\n# tiny-r1-channel-fp8\n") and "<" + "this repo>" not in card.text
+    assert result.card == f"written for {REPO}" and "--base-model" in result.base_model_hint
+    assert verify(out).ok  # the directory, its card rewritten for the repo, is still what was converted
     assert (
         meta["mla_convert"]["source_fingerprint"] == json.loads((out / MANIFEST_NAME).read_text())["source_fingerprint"]
     )
@@ -130,11 +138,16 @@ def test_json_summary(hub, out):
     assert summary["repo"] == REPO and summary["revision"] == "main" and summary["url"].endswith(REPO)
     assert summary["commits"] == [c.sha for c in upload_commits(hub)]
     assert summary["files"] == len(expected_tree(out)) and summary["bytes"] == summary["uploaded_bytes"] > 0
+    assert summary["card"] == f"written for {REPO}"
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
+    assert notes == [f"note: {summary['base_model_hint']}"] and f"mla-convert card {out} --base-model" in notes[0]
 
 
 def test_dry_run_lists_files_and_bytes_and_asks_the_hub_nothing(hub, out):
+    card = (out / "README.md").read_bytes()
     r = cli(out, REPO, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["card"] == f"to be written for {REPO}" and (out / "README.md").read_bytes() == card
     plan = json.loads(r.stdout)["plan"]
     assert {p["path"] for p in plan} == set(expected_tree(out))
     assert all(p["size"] == (out / p["path"]).stat().st_size for p in plan)
@@ -147,6 +160,8 @@ def test_private_repo_on_a_new_branch(hub, out):
     assert hub.is_private(REPO) and result.created == ("repo", "branch")
     assert repo_tree(hub, "conv-v1") == expected_tree(out) and repo_tree(hub, "main") == {}
     assert result.url.endswith(f"{REPO}/tree/conv-v1")
+    text = (out / "README.md").read_text()  # the card names the branch in its download and serve lines
+    assert f"hf download {REPO} --revision conv-v1 --include 'mla/*'\nvllm serve {REPO} --revision conv-v1 " in text
 
 
 def test_private_is_refused_for_an_existing_public_repo(hub, out):
@@ -170,32 +185,51 @@ def test_a_missing_repo_or_branch_needs_create(hub, out):
 
 @pytest.mark.slow
 def test_sigint_in_the_middle_then_the_same_command_resumes_sending_nothing_twice(hub, out):
-    first_shard = "model-00001-of-00004.safetensors"
-    hub.hold_uploads(allow={expected_tree(out)[first_shard]})  # its transfer goes through; the rest waits
-    first = start_upload(hub, out, REPO, "--create", "--quiet", commit_bytes=3_000_000)
+    first = expected_tree(out)["model-00001-of-00004.safetensors"]
+    hub.hold_uploads(allow={first})  # its transfer goes through; the rest waits
+    child = start_upload(hub, out, REPO, "--create", "--quiet")
     try:
-        wait_for(lambda: len(upload_commits(hub)) == 1 and hub.puts_waiting > 0)
-        first.send_signal(signal.SIGINT)
-        _, stderr = first.communicate(timeout=60)
+        wait_for(lambda: first in hub.lfs_uploads and hub.puts_waiting > 0)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=60)
     finally:
-        first.kill()
+        child.kill()
         hub.release_uploads()
-    assert first.returncode == 130, stderr
+    assert child.returncode == 130, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert lines == ["error: upload interrupted: 1 commits with 1 files (2.54 MB) are on the Hub; run the same "
-                     "command to resume"]  # fmt: skip
-    assert list(repo_tree(hub)) == ["model-00001-of-00004.safetensors"]
+    assert lines == ["error: upload interrupted before any file was committed; run the same command to upload"]
+    assert repo_tree(hub) == {}  # the client's one commit of the data had not landed
 
-    again = start_upload(hub, out, REPO, "--create", "--json", commit_bytes=3_000_000)
+    again = start_upload(hub, out, REPO, "--create", "--json")
     stdout, stderr = again.communicate(timeout=300)
     assert again.returncode == 0, stderr
     summary = json.loads(stdout)
-    assert summary["skipped_files"] == 1 and summary["uploaded_files"] == summary["files"] - 1
-    assert repo_tree(hub) == expected_tree(out)
+    assert summary["uploaded_files"] == summary["files"] and len(summary["commits"]) == 2
+    tree = expected_tree(out)  # the card written for the repo, by the first run already
+    assert repo_tree(hub) == tree
+    assert hub.lfs_uploads.count(first) == 1  # the Hub's storage held it: the client did not send it again
     assert len(hub.lfs_uploads) == len(set(hub.lfs_uploads))  # no content stored twice
     committed = [p for c in upload_commits(hub) for p in c.added]
-    assert sorted(committed) == sorted(expected_tree(out))  # each file in exactly one commit
-    assert len(upload_commits(hub)) > 3  # several commits: the resume went on from the second
+    assert sorted(committed) == sorted(tree)  # each file in exactly one commit
+
+
+def test_with_hf_xet_the_client_takes_the_xet_path_which_the_fake_hub_does_not_offer(hub, out, monkeypatch):
+    """huggingface_hub 2.4 with hf_xet installed (as it requires) uploads through Xet only: its
+    upload_folder asks the Hub for each file's mode, then for a Xet write token, and has no LFS
+    fallback. The fake Hub has no Xet storage (no CAS server): it answers 404, which is one line
+    naming the way out; HF_HUB_DISABLE_XET=1 (the other tests) takes the LFS path."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)  # as without the fake's setting
+    r = cli(out, REPO, "--create")
+    line = one_line(r)
+    assert r.exit_code == 2 and "offers no Xet storage" in line and "HF_HUB_DISABLE_XET=1" in line
+    kinds = [(q.method, q.path) for q in hub.requests if q.kind in ("preupload", "info") and "/org/" in q.path]
+    assert ("POST", f"/api/models/{REPO}/preupload/main") in kinds
+    assert ("GET", f"/api/models/{REPO}/xet-write-token/main") in kinds  # the Xet path, taken
+    assert upload_commits(hub) == [] and hub.count(method="PUT") == 0
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    assert upload(out, REPO).commits and repo_tree(hub) == expected_tree(out)
 
 
 # --- refusals, before any byte goes up ------------------------------------------------------------
@@ -243,12 +277,13 @@ def test_another_model_in_the_repo_is_refused_unless_overwrite(hub, out, tiny_sr
 
 
 def test_a_card_the_hub_refuses_stops_the_upload_before_any_byte(hub, out):
-    card = (out / "README.md").read_text().replace("base_model_relation: quantized", "base_model_relation: requant")
+    # A license the Hub does not know, as a source card may carry it: the card keeps it, the Hub refuses it.
+    card = (out / "README.md").read_text().replace("license: mit", "license: MIT License")
     (out / "README.md").write_text(card)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     manifest["files"]["README.md"] = {"size": len(card.encode()), "sha256": hashlib.sha256(card.encode()).hexdigest()}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))  # the directory as converted: only the Hub objects
-    with pytest.raises(UploadError, match=r"the Hub refuses this model card.s metadata .*base_model_relation"):
+    with pytest.raises(UploadError, match=r"the Hub refuses this model card.s metadata .*license"):
         upload(out, REPO, create=True)
     assert hub.count(kind="create") == 0 and hub.count(method="PUT") == 0
 
@@ -317,8 +352,7 @@ def test_no_network_is_one_line(hub, out):
 
 @pytest.mark.slow
 def test_progress_lines_in_a_log(hub, out):
-    child = start_upload(hub, out, REPO, "--create", commit_bytes=3_000_000,
-                         env={"MLA_CONVERT_PROGRESS_INTERVAL": "0.001"})  # fmt: skip
+    child = start_upload(hub, out, REPO, "--create", env={"MLA_CONVERT_PROGRESS_INTERVAL": "0.001"})
     _, stderr = child.communicate(timeout=300)
     assert child.returncode == 0, stderr
     lines = stderr.splitlines()

@@ -13,7 +13,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from mla_convert.cli import convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
+from mla_convert.cli import card_cmd, convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
 from mla_convert.cli.help import Command
 from mla_convert.cli.startup import still_working
@@ -99,6 +99,7 @@ app.command("verify", cls=Command, short_help="Check a converted directory, and 
 app.command("upload", cls=Command, short_help="Publish a converted directory on the Hugging Face Hub.")(
     upload_cmd.upload
 )
+app.command("card", cls=Command, short_help="Write a converted directory's model card again.")(card_cmd.card)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import typer
 from mla_convert.cli import console
 from mla_convert.cli.errors import INTERRUPTED, errors_to_exit
 from mla_convert.cli.options import (
+    BaseModelOpt,
     DeviceOpt,
     DryRunOpt,
     FormatOpt,
@@ -62,6 +63,7 @@ def convert(
     target: TargetOpt = Options.target,
     ignore: IgnoreOpt = None,
     no_card: NoCardOpt = not Options.card,
+    base_model: BaseModelOpt = Options.base_model,
     revision: RevisionOpt = RunSettings.revision,
     stream: StreamOpt = RunSettings.stream,
     workers: WorkersOpt = RunSettings.workers,
@@ -84,7 +86,9 @@ def convert(
         start_heavy_process(torch=False)  # a conversion imports torch only if its kernels need it
         from mla_convert import api
 
-        options = Options(format=format, target=target, ignore=tuple(ignore or ()), card=not no_card)
+        options = Options(
+            format=format, target=target, ignore=tuple(ignore or ()), card=not no_card, base_model=base_model
+        )
         settings = RunSettings(
             workers=workers, device=device, kernels=kernels, write_io=write_io, revision=revision,
             stream=stream, dry_run=dry_run, resume=resume, overwrite=overwrite,
@@ -163,6 +167,8 @@ deepseek_r1 = with_default_source(convert, DEFAULT_R1)
 def report_summary(summary: dict, json_out: bool, quiet: bool, title: str, source_arg: str | None = None) -> None:
     if summary.get("device_check") in ("differed", "failed") and not quiet:  # the user asked for that device
         typer.echo(f"warning: --device {summary['device']}: {summary['device_reason']}", err=True)
+    if summary.get("base_model_hint") and not quiet:
+        typer.echo(f"note: {summary['base_model_hint'].replace('DIR', summary['out'], 1)}", err=True)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     elif not quiet:

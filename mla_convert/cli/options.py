@@ -160,3 +160,12 @@ FamilyOpt = Annotated[
         help=f"Which member's tiny checkpoint: {', '.join(DEMO_FAMILIES)}.",
     ),
 ]
+BaseModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-model",
+        metavar="REPO_ID",
+        help="The Hub model this one derives from, for the card's base_model (OWNER/NAME). Default: the source's "
+        "Hub id, else the source card's own base_model, else none. `mla-convert card DIR --base-model` sets it later.",
+    ),
+]

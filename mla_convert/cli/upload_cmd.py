@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -72,24 +73,37 @@ def upload(
     Token: huggingface_hub's own (HF_TOKEN, or `hf auth login`). Exit code 0: uploaded; 2: refused or failed
     (one line says why); 130, 143, 129: interrupted by
     Ctrl-C, SIGTERM or SIGHUP."""
-    state: dict = {}
-    with errors_to_exit(lambda: _interrupted(state)):
-        from mla_convert.publish import upload as publish
+    with errors_to_exit(_interrupted):
+        from mla_convert import api
 
         _client_quiet(quiet)
         if not (dry_run or skip_verify):
             start_heavy_process()  # verify's checks import torch
-        with console.reporter(quiet, "checking") as checking:
-            options = UploadOptions(revision, private, create, overwrite, skip_verify, dry_run)
-            state["job"] = job = publish.prepare(
-                dir, repo_id, options, check_progress=checking.progress_factory, status=checking.status
-            )
-        with console.reporter(quiet, "uploading") as uploading:
-            result = publish.run(job, uploading.progress_factory, uploading.status).to_json()
+        options = UploadOptions(
+            revision=revision, private=private, create=create, overwrite=overwrite, skip_verify=skip_verify,
+            dry_run=dry_run,
+        )  # fmt: skip
+        with console.reporter(quiet, "checking") as report:
+            result = api.upload(
+                dir, repo_id, options=options, progress_factory=_phase(report, "uploading"),
+                check_progress_factory=_phase(report, "checking"), status=report.status,
+            ).to_json()  # fmt: skip
+    if result.get("base_model_hint") and not quiet:
+        typer.echo(f"note: {result['base_model_hint']}", err=True)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
     elif not quiet:
         _print_result(result)
+
+
+def _phase(report: console.Reporter, description: str):
+    """A progress factory whose bar, or log lines, say which phase counts: checking, uploading."""
+
+    def factory(total: int):
+        report.description = description
+        return report.progress_factory(total)
+
+    return factory
 
 
 def _client_quiet(quiet: bool) -> None:
@@ -101,8 +115,8 @@ def _client_quiet(quiet: bool) -> None:
         logging.set_verbosity_error()
 
 
-def _interrupted(state: dict) -> str:
-    job = state.get("job")
+def _interrupted() -> str:
+    job = getattr(sys.exc_info()[1], "upload_state", None)  # publish.upload.run's, on the interrupt
     if job is None or not (job.done or job.sent_files):
         return "upload interrupted before any file was committed; run the same command to upload"
     return (
@@ -126,4 +140,6 @@ def _print_result(r: dict) -> None:
         if r["created"]:
             rows.append(("created", " and ".join(r["created"])))
         rows += [("repo", r["url"]), ("commits", ", ".join(c[:12] for c in r["commits"]) or "none: up to date")]
+    if r.get("card"):
+        rows.append(("model card", r["card"]))
     console.print_lines(out, [*rows, ("checked", r["verified"])])

@@ -11,7 +11,7 @@ from pathlib import Path
 from mla_convert.constants import CARD_NAME, COMPLETE, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
 from mla_convert.conversion.crash_points import crash_point
 from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
-from mla_convert.output.card import write_card
+from mla_convert.output.card import with_source_card, write_card
 from mla_convert.output.card_facts import CardFacts, SourceRef, source_ref
 from mla_convert.output.manifest import write_manifest
 from mla_convert.plan.planner import Plan, mla_file_rel
@@ -21,10 +21,11 @@ from mla_convert.version import __version__
 from mla_runtime.format import LayerEntry, MlaManifest
 
 
-def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRef | None = None) -> None:
+def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRef | None = None) -> SourceRef:
     """Side files, config, index, MLA manifest, the card, then the manifest 'complete' with every
     file of `files` (the shard jobs' files; the ones written here are added). `origin`: where the
-    source came from (default: its directory), for the card and the manifest."""
+    source came from (default: its directory), for the card and the manifest; returned as recorded
+    (with the source card's base_model, where it gave the card one)."""
     src = plan.source
     origin = origin or source_ref(src.root)
 
@@ -54,11 +55,16 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
     rel = f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}"
     crash_point("mla-manifest")
     record(rel, write_bytes_atomic(out_dir / rel, manifest.to_json().encode()))
+    facts = None
     if card:
         source_card = checked_member(src.root, CARD_NAME, "side file") if CARD_NAME in src.side_files else None
-        record(CARD_NAME, write_card(out_dir, card_facts(plan, origin), source_card))
+        origin = with_source_card(origin, source_card)
+        facts = card_facts(plan, origin)
+        record(CARD_NAME, write_card(out_dir, facts, source_card))
     crash_point("final-manifest")
-    write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files, origin.as_dict())
+    record_facts = facts.record() if facts is not None else None
+    write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files, origin.as_dict(), record_facts)
+    return origin
 
 
 def card_facts(plan: Plan, origin: SourceRef) -> CardFacts:

@@ -34,6 +34,7 @@ from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
 from mla_convert.kernels import native
 from mla_convert.output import preflight
+from mla_convert.output.card import BASE_MODEL_HINT
 from mla_convert.output.card_facts import SourceRef, source_ref
 from mla_convert.output.journal import Journal
 from mla_convert.output.lock import check_unlocked, locked
@@ -124,7 +125,12 @@ class _Conversion:
         s = self.settings
         self.src, self.repo = open_planned_source(self.source, s.revision, s.stream, cleanup, self.status)
         repo = self.repo
-        self.origin = source_ref(self.src.root, repo.repo_id, repo.commit) if repo else source_ref(self.src.root)
+        base = self.options.base_model
+        self.origin = (
+            source_ref(self.src.root, repo.repo_id, repo.commit, base)
+            if repo
+            else source_ref(self.src.root, base_model=base)
+        )
         if self.repo is None:  # on disk: its scales are read now, before anything is written
             check_scale_values(self.src)
 
@@ -240,7 +246,7 @@ class _Conversion:
 
     def finalize(self) -> None:
         src = self.plan.source
-        finalize(self.plan, self.out_dir, self.files, self.origin)
+        self.origin = finalize(self.plan, self.out_dir, self.files, self.origin)
         Journal(self.out_dir).remove()
         if self.streaming:
             hub.remove_staging(src.root)
@@ -252,6 +258,8 @@ class _Conversion:
             "seconds": round(seconds, 3),
             "gb_per_s": round(src.total_bytes() / seconds / 1e9, 3),
             "source_fingerprint": src.fingerprint(),
+            "base_model": self.origin.base_model if self.options.card else None,
+            "base_model_hint": BASE_MODEL_HINT if self.options.card and not self.origin.base_model else None,
         }
 
 

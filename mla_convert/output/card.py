@@ -1,7 +1,8 @@
 """The output's model card, README.md: what the converted checkpoint is, for the Hub and its reader.
 
 The metadata goes through huggingface_hub's `ModelCardData`, the Hub's model-card schema: the
-base model (the source's Hub id, else its path), `base_model_relation: quantized` for channel FP8,
+base model, a Hub model id or nothing (never a path: output.card_facts.source_ref), with
+`base_model_relation: quantized` for channel FP8,
 the source card's license, library and pipeline tag, the tags, and the card's own entry
 (CARD_METADATA_KEY: version, format, target, source revision and fingerprint), which verify
 compares with the manifest (`card_identity` against `recorded_identity`). The body
@@ -15,16 +16,18 @@ name, which downloads) and never validated against the Hub (`ModelCard.validate`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, CHANNEL_FP8, TOOL_NAME
+from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, CHANNEL_FP8, COMPLETE, MANIFEST_NAME, TOOL_NAME
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io.files import WrittenFile, write_bytes_atomic
 from mla_convert.output import card_text
 from mla_convert.output.card_facts import CardFacts, SourceRef
-from mla_convert.output.manifest import read_manifest, write_manifest
+from mla_convert.output.manifest import is_conversion_manifest, read_manifest, rewrite_manifest
 from mla_convert.results import VerifyReport
+from mla_convert.settings import is_repo_id
 
 # What the card takes from the source card's metadata, as it is there.
 SOURCE_METADATA = ("license", "license_name", "license_link", "library_name", "pipeline_tag")
@@ -57,8 +60,32 @@ def read_source_card(path: Path) -> SourceCard:
     return SourceCard(card.data.to_dict(), card.text)
 
 
-def _relation(fmt: str) -> str | None:
-    return QUANTIZED if fmt == CHANNEL_FP8 else None
+def _relation(fmt: str, base_model: str | None) -> str | None:
+    """quantized for channel FP8; none for bf16, a dtype conversion that is none of the Hub's four
+    relations (adapter, merge, quantized, finetune); none without a base model to relate to."""
+    return QUANTIZED if fmt == CHANNEL_FP8 and base_model else None
+
+
+def base_model_of(metadata: dict) -> str | None:
+    """A source card's own base_model (a fine-tune names its base), where it is one Hub model id."""
+    base = metadata.get("base_model")
+    if isinstance(base, list) and len(base) == 1:
+        base = base[0]
+    return base if is_repo_id(base) else None
+
+
+def with_source_card(origin: SourceRef, source_card: Path | None) -> SourceRef:
+    """`origin` with the source card's own base_model where it has none of its own (no
+    --base-model, no Hub id)."""
+    if origin.base_model is not None or source_card is None:
+        return origin
+    return dataclasses.replace(origin, base_model=base_model_of(read_source_card(source_card).metadata))
+
+
+BASE_MODEL_HINT = (
+    "the model card names no base model (the source is a local directory with no Hub id); set it with "
+    "`mla-convert card DIR --base-model OWNER/NAME`"
+)
 
 
 def format_tags(fmt: str) -> list[str]:
@@ -79,21 +106,34 @@ def card_metadata(facts: CardFacts, source: SourceCard | None):
         "source_fingerprint": facts.fingerprint,
     }
     return ModelCardData(
-        base_model=facts.source.base_model,
+        base_model=facts.source.base_model or None,
         tags=[*format_tags(facts.format), "gaudi", TOOL_NAME, facts.model_type],
         **{k: meta[k] for k in SOURCE_METADATA if isinstance(meta.get(k), str)},
-        base_model_relation=_relation(facts.format),
+        base_model_relation=_relation(facts.format, facts.source.base_model),
         **{CARD_METADATA_KEY: {k: v for k, v in own.items() if v is not None}},
     )
 
 
-def build_card(facts: CardFacts, source: SourceCard | None) -> str:
-    """The whole README.md: metadata, then the body, then the source's card."""
+def build_card(facts: CardFacts, source: SourceCard | None, verify_result: str | None = None) -> str:
+    """The whole README.md: metadata, then the body, then the source's card; `verify_result`: the
+    verification section's result, when one was recorded."""
     from huggingface_hub import ModelCard
 
     data = card_metadata(facts, source)
     body = card_text.body(facts, source.text if source is not None else None)
+    if verify_result is not None:
+        body = _with_verify_result(body, verify_result)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
+
+
+def _verify_span(text: str) -> tuple[int, int] | None:
+    begin, end = text.find(card_text.VERIFY_BEGIN), text.find(card_text.VERIFY_END)
+    return None if begin < 0 or end < begin else (begin + len(card_text.VERIFY_BEGIN), end)
+
+
+def _with_verify_result(text: str, result: str) -> str:
+    begin, end = _verify_span(text)
+    return f"{text[:begin]}\n{result.strip(chr(10))}\n{text[end:]}"
 
 
 def write_card(out_dir: Path, facts: CardFacts, source_card: Path | None) -> WrittenFile:
@@ -126,7 +166,7 @@ def recorded_identity(manifest: dict) -> dict:
     fmt = options.get("format")
     return {
         "base_model": source.base_model or None,
-        "base_model_relation": _relation(fmt),
+        "base_model_relation": _relation(fmt, source.base_model),
         "format": fmt,
         "target": options.get("target"),
         "source_revision": source.revision,
@@ -147,13 +187,104 @@ def record_verification(out_dir: Path, report: VerifyReport) -> WrittenFile | No
         return None
     path = out_dir / CARD_NAME
     text = path.read_text(encoding="utf-8")
-    begin, end = text.find(card_text.VERIFY_BEGIN), text.find(card_text.VERIFY_END)
-    if begin < 0 or end < begin:
+    if _verify_span(text) is None:
         raise OutputError(f"{path}: no verification section to record verify's result in")
-    head = text[: begin + len(card_text.VERIFY_BEGIN)]
-    written = write_bytes_atomic(path, f"{head}\n{card_text.verify_result(report)}\n{text[end:]}".encode())
-    files = dict(manifest["files"]) | {CARD_NAME: {"size": written.size, "sha256": written.sha256}}
-    write_manifest(
-        out_dir, manifest["status"], manifest["options"], manifest["source_fingerprint"], files, manifest.get("source")
-    )
+    written = write_bytes_atomic(path, _with_verify_result(text, card_text.verify_result(report)).encode())
+    _record_card(out_dir, manifest, written)
     return written
+
+
+def _record_card(out_dir: Path, manifest: dict, written: WrittenFile, **changes) -> None:
+    files = dict(manifest["files"]) | {CARD_NAME: {"size": written.size, "sha256": written.sha256}}
+    rewrite_manifest(out_dir, manifest, files=files, **changes)
+
+
+# --- the card written again, without the source (mla-convert card, upload) ------------------------
+
+
+@dataclass(frozen=True)
+class RenderedCard:
+    path: Path
+    changed: bool  # False: the card was already this one (nothing written)
+    base_model: str | None
+    repo_id: str | None
+
+
+def render_card(
+    out_dir: Path, *, base_model: str | None = None, repo_id: str | None = None, revision: str | None = None
+) -> RenderedCard:
+    """Write `out_dir`'s card again from what its manifest records (CardFacts.record, the source)
+    and what the card holds of the source (its metadata and card text) and of verify (the result):
+    with `base_model` and `repo_id` (and its branch, `revision`) when given, else the recorded ones. The card, then the manifest
+    with the card's size and sha256 (and the base model, the repo), each atomically; interrupted
+    between the two, the same call writes both again. Nothing is written when the card is already
+    the one it would write. OutputError when `out_dir` is not a finished conversion with a card."""
+    out_dir = Path(out_dir)
+    for name, value in (("--base-model", base_model), ("--repo-id", repo_id)):
+        if value is not None and not is_repo_id(value):
+            raise OutputError(f"{name} {value!r}: expected a Hub model id, OWNER/NAME, not a path or a URL")
+    manifest, facts = _recorded_card(out_dir)
+    if base_model is not None:
+        facts = dataclasses.replace(facts, source=dataclasses.replace(facts.source, base_model=base_model))
+    if repo_id is not None:  # a branch other than main is named with it: `revision` (None: main)
+        facts = dataclasses.replace(facts, repo_id=repo_id, repo_revision=revision if revision != "main" else None)
+    path = out_dir / CARD_NAME
+    try:
+        old = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise OutputError(f"{path}: cannot read the model card ({e})") from e
+    text = build_card(facts, _source_in(old), _verify_result_in(old))
+    recorded = manifest["files"].get(CARD_NAME) or {}
+    if text == old and recorded.get("size") == len(text.encode()):
+        return RenderedCard(path, False, facts.source.base_model, facts.repo_id)
+    written = write_bytes_atomic(path, text.encode())
+    _record_card(out_dir, manifest, written, source=facts.source.as_dict(), card=facts.record())
+    return RenderedCard(path, True, facts.source.base_model, facts.repo_id)
+
+
+def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:
+    where = out_dir / MANIFEST_NAME
+    try:
+        manifest = read_manifest(out_dir)
+    except (OSError, ValueError) as e:
+        raise OutputError(f"{where}: unreadable conversion manifest ({e})") from e
+    if manifest is None or not is_conversion_manifest(manifest):
+        raise OutputError(f"{out_dir}: not an mla-convert output (no {MANIFEST_NAME})")
+    if manifest.get("status") != COMPLETE:
+        raise OutputError(
+            f"{out_dir}: the conversion did not finish; finish it with `mla-convert convert ... --resume`"
+        )
+    if not (manifest.get("options") or {}).get("card"):
+        raise OutputError(f"{out_dir}: converted with --no-card: its README.md is the source's, not a card to write")
+    record = manifest.get("card")
+    try:
+        facts = CardFacts.from_record(record, SourceRef.from_dict(manifest.get("source")))
+    except (TypeError, KeyError, AttributeError) as e:
+        raise OutputError(
+            f"{where}: records no facts for the card (an earlier mla-convert wrote it and did not keep them); "
+            "convert again to get a card that can be written again"
+        ) from e
+    return manifest, facts
+
+
+def _source_in(card: str) -> SourceCard | None:
+    """What the card holds of the source's card: its metadata (the fields SOURCE_METADATA takes)
+    and its text, below SOURCE_BEGIN."""
+    from huggingface_hub import ModelCard
+
+    at = card.find(card_text.SOURCE_BEGIN)
+    if at < 0:
+        return None
+    try:
+        metadata = ModelCard(card, ignore_metadata_errors=True).data.to_dict()
+    except ValueError:
+        metadata = {}
+    return SourceCard(metadata, card[at + len(card_text.SOURCE_BEGIN) :].strip("\n"))
+
+
+def _verify_result_in(card: str) -> str | None:
+    span = _verify_span(card)
+    if span is None:
+        return None
+    result = card[span[0] : span[1]].strip("\n")
+    return None if result.startswith("**Result**: not run") else result

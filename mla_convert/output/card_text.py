@@ -7,7 +7,7 @@ vLLM"), from scripts/accuracy_runtime.py.
 
 from __future__ import annotations
 
-from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MISTRAL_PARAMS_NAME, MLA_DIR_NAME
 from mla_convert.output.card_facts import CardFacts
 from mla_convert.results import VerifyReport
 from mla_convert.units import gb
@@ -16,6 +16,9 @@ from mla_convert.units import gb
 # (output.card.record_verification).
 VERIFY_BEGIN, VERIFY_END = "<!-- mla-convert:verify -->", "<!-- /mla-convert:verify -->"
 SOURCE_HEADING = "# The source's model card"
+# The source's card follows this line, as it is: `mla-convert card` takes it from here.
+SOURCE_BEGIN = "<!-- mla-convert:source-card -->"
+PACKAGE = "mla-convert"  # the Python package, installed from its source repository
 
 # README, "Serving with vLLM": relative error of the absorbed weights against the exact value of the
 # source kv_b_proj (scripts/accuracy_runtime.py, R1's kv_b_proj shape, on a CPU).
@@ -32,12 +35,12 @@ ACCURACY_ROWS = (
 def body(facts: CardFacts, source_text: str | None) -> str:
     """Every section, then the source's card (when the source has one) under SOURCE_HEADING."""
     parts = [
-        _title(facts),
+        _title(facts, source_text is not None),
         _conversion(facts),
         _weights(facts),
         _artifacts(facts),
         _serving(facts),
-        _verification(),
+        _verification(facts),
         _not_verified(facts),
     ]
     if source_text is not None:
@@ -51,15 +54,30 @@ def _format_words(facts: CardFacts) -> str:
     return "bf16"
 
 
-def _title(facts: CardFacts) -> str:
-    name = facts.source.base_model.rstrip("/").rsplit("/", 1)[-1]
+def model_name(facts: CardFacts) -> str:
+    """The model as the card's title names it: the repo's name, else its base model's with the
+    format, else its architecture's (never a local directory's name)."""
+    if facts.repo_id:
+        return facts.repo_id.rsplit("/", 1)[-1]
+    base = facts.source.base_model
+    words = "channel FP8" if facts.format == CHANNEL_FP8 else "bf16"
+    return f"{base.rsplit('/', 1)[-1]}, {words}" if base else f"{facts.architecture}, {words}"
+
+
+def _what(facts: CardFacts) -> str:
+    base = facts.source.base_model
+    return f"[`{base}`](https://huggingface.co/{base})" if base else f"A `{facts.architecture}` checkpoint"
+
+
+def _title(facts: CardFacts, with_source_card: bool) -> str:
     return (
-        f"# {name}, {facts.format}, for vLLM on Intel Gaudi\n\n"
-        f"`{facts.source.base_model}` converted to {_format_words(facts)} by mla-convert {facts.version}, with "
+        f"# {model_name(facts)}\n\n"
+        f"{_what(facts)} converted to {_format_words(facts)} by mla-convert {facts.version}, with "
         f"every MLA layer's `W_UK_T` / `W_UV` precomputed under `{MLA_DIR_NAME}/`, for serving with vLLM "
-        "(vllm-gaudi on Intel Gaudi, or any other vLLM build). The source's own model card is kept at the "
-        "end; it describes the source's weights, not these."
-    )
+        "(vllm-gaudi on Intel Gaudi, or any other vLLM build)."
+        + (" The source's own model card is kept at the end; it describes the source's weights, not these."
+           if with_source_card else "")
+    )  # fmt: skip
 
 
 def _conversion(facts: CardFacts) -> str:
@@ -69,7 +87,7 @@ def _conversion(facts: CardFacts) -> str:
     flags = f" --format {facts.format}" + (f" --target {facts.target}" if facts.format == CHANNEL_FP8 else "")
     flags += "".join(f" --ignore '{p}'" for p in facts.ignore)
     rows = [
-        ("source", f"`{facts.source.base_model}`{revision}"),
+        ("source", _source_row(facts, revision)),
         ("source fingerprint", f"`{facts.fingerprint}` (sha256 of its config, index and shard headers)"),
         (
             "architecture",
@@ -88,6 +106,14 @@ def _conversion(facts: CardFacts) -> str:
     return (
         f"## Conversion\n\n| | |\n|---|---|\n{table}\n\n`{MANIFEST_NAME}` records all of it, with every file's sha256."
     )
+
+
+def _source_row(facts: CardFacts, revision: str) -> str:
+    if facts.source.repo_id:
+        return f"`{facts.source.repo_id}`{revision}"
+    if facts.source.base_model:
+        return f"a local directory; base model `{facts.source.base_model}`"
+    return "a local directory (no Hub id recorded)"
 
 
 def _weights(facts: CardFacts) -> str:
@@ -150,6 +176,16 @@ def _artifacts(facts: CardFacts) -> str:
     )
 
 
+def mla_fetch_command(repo_id: str, branch: str | None = None) -> str:
+    """What puts a repo's mla/ into the Hub cache's snapshot that `vllm serve REPO_ID` reads: vLLM's
+    own download leaves it out (it takes the index's shards, or Mistral's consolidated ones)."""
+    return f"hf download {repo_id}{_revision_flag(branch)} --include '{MLA_DIR_NAME}/*'"
+
+
+def _revision_flag(branch: str | None) -> str:
+    return f" --revision {branch}" if branch and branch != "main" else ""
+
+
 def _serving(facts: CardFacts) -> str:
     tp = next(t for t in (8, 4, 2, 1) if facts.heads % t == 0)
     cpu = (
@@ -158,21 +194,43 @@ def _serving(facts: CardFacts) -> str:
         if facts.format == CHANNEL_FP8
         else ""
     )
+    mistral = facts.config_name == MISTRAL_PARAMS_NAME
+    repo, rev = facts.repo_id, _revision_flag(facts.repo_revision)
+    served = f"{repo}{rev}" if repo else '"$PWD"'
+    if repo:
+        block = f"{mla_fetch_command(repo, facts.repo_revision)}\nvllm serve {repo}{rev} --tensor-parallel-size {tp}"
+        pattern = "`consolidated*.safetensors`" if mistral else "the shards its index lists"
+        where = (
+            f"vLLM downloads `{repo}` into the Hub cache and serves it from there, but its download takes only "
+            f"{pattern}, never `{MLA_DIR_NAME}/`: the first line puts `{MLA_DIR_NAME}/` into the same snapshot, "
+            "where the plugin finds it (nothing to set; offline, from a cache that holds it, the same). Without "
+            "it the plugin says so in one line and vLLM computes the absorbed weights itself"
+        )
+        name = repo.rsplit("/", 1)[-1]
+        local = (
+            f"\n\nOr download all of it and serve the directory:\n\n```bash\nhf download {repo}{rev} --local-dir "
+            f"./{name}\nvllm serve ./{name} --tensor-parallel-size {tp}\n```"
+        )
+    else:
+        block = f'vllm serve "$PWD" --tensor-parallel-size {tp}'
+        where = (
+            "Run from this directory, vLLM serves it as it is, and the plugin reads its "
+            f"`{MLA_DIR_NAME}/`. `mla-convert upload . OWNER/NAME` publishes it and writes this card for that repo "
+            "(the serve line then names it)"
+        )
+        local = ""
     return (
         "## Serving\n\n"
-        "Install `mla-convert` in vLLM's environment: its vLLM plugin, `mla_runtime`, makes every MLA "
-        "attention layer take `W_UK_T` / `W_UV` from the served directory's `mla/` instead of computing them. "
-        "It reads them from a directory, so download the repo first:\n\n"
-        "```bash\n"
-        "hf download <this repo> --local-dir ./model\n"
-        f"vllm serve ./model --tensor-parallel-size {tp}\n"
-        "```\n\n"
+        f"Install the Python package `{PACKAGE}` (from its source repository, `pip install ./{PACKAGE}` of a "
+        "clone) in vLLM's environment: its vLLM plugin, `mla_runtime`, makes every MLA attention layer take "
+        f"`W_UK_T` / `W_UV` from the served checkpoint's `{MLA_DIR_NAME}/` instead of computing them. It adds "
+        "typer, rich and huggingface_hub there, never torch.\n\n"
+        f"```bash\n{block}\n```\n\n{where}.{local}\n\n"
         f"- **Gaudi (vllm-gaudi)**: install vLLM and vllm-gaudi as their documentation says, then the above. "
         f"`--tensor-parallel-size` must divide the {facts.heads} heads; each rank reads only its own heads.\n"
-        "- **A Hub id served as is** (`vllm serve <this repo>`): set `MLA_RUNTIME_DIR` to the `mla/` folder of "
-        "the downloaded snapshot.\n"
         "- **Other vLLM builds**: a GPU build serves it the same way. vLLM's CPU build: `python -m "
-        "vllm.entrypoints.openai.api_server --model ./model --attention-backend CPU_MLA` (its `vllm` command "
+        f"vllm.entrypoints.openai.api_server --model {served} --attention-backend CPU_MLA` "
+        "(its `vllm` command "
         f"does not start, and `AMX_MLA` would not read the artifacts).{cpu}\n"
         "- Without the plugin, or with `MLA_RUNTIME_DISABLE=1`, vLLM computes the absorbed weights itself; "
         "the rest of the checkpoint loads the same.\n\n"
@@ -181,7 +239,7 @@ def _serving(facts: CardFacts) -> str:
     )
 
 
-def _verification() -> str:
+def _verification(facts: CardFacts) -> str:
     return (
         "## Verification\n\n"
         "`mla-convert verify DIR [--source SOURCE]` checks, in groups:\n\n"
@@ -195,9 +253,13 @@ def _verification() -> str:
         "- **mla**: `W_UK_T` / `W_UV` against the split of `kv_b_proj`, and the absorbed decode path against "
         "the naive one.\n\n"
         f"{VERIFY_BEGIN}\n"
-        "**Result**: not run when this card was written (at the end of the conversion). On a download, "
-        "`mla-convert verify ./model` needs no source.\n"
-        f"{VERIFY_END}"
+        "**Result**: not run when this card was written (at the end of the conversion). "
+        + (
+            f"On a download, `mla-convert verify ./{facts.repo_id.rsplit('/', 1)[-1]}` needs no source.\n"
+            if facts.repo_id
+            else "`mla-convert verify .` in this directory needs no source.\n"
+        )
+        + f"{VERIFY_END}"
     )
 
 
@@ -235,9 +297,10 @@ def _not_verified(facts: CardFacts) -> str:
 
 
 def _source_card(facts: CardFacts, source_text: str) -> str:
+    name = facts.source.repo_id or facts.source.base_model
     return (
         f"---\n\n{SOURCE_HEADING}\n\n"
-        f"Below, unchanged, is the model card of the source, `{facts.source.base_model}`. It describes the "
-        "source's weights, not the converted ones above.\n\n"
+        f"Below, unchanged, is the model card of the source{f', `{name}`' if name else ''}. It describes the "
+        f"source's weights, not the converted ones above.\n\n{SOURCE_BEGIN}\n\n"
         f"{source_text.strip(chr(10))}"
     )

@@ -15,9 +15,16 @@ from mla_convert.version import __version__
 
 
 def manifest_bytes(
-    status: str, options: dict, source_fingerprint: str, files: dict[str, dict], source: dict | None = None
+    status: str,
+    options: dict,
+    source_fingerprint: str,
+    files: dict[str, dict],
+    source: dict | None = None,
+    card: dict | None = None,
 ) -> bytes:
-    """`source`: where the source came from (output.card.SourceRef.as_dict), recorded once known."""
+    """`source`: where the source came from (output.card_facts.SourceRef.as_dict), recorded once
+    known; `card`: what the model card says of the conversion (CardFacts.record), so that it can be
+    written again without the source."""
     doc = {
         "tool": TOOL_NAME,
         "version": __version__,
@@ -28,13 +35,32 @@ def manifest_bytes(
     }
     if source is not None:
         doc["source"] = source
+    if card is not None:
+        doc["card"] = card
+    return _doc_bytes(doc)
+
+
+def _doc_bytes(doc: dict) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
 def write_manifest(
-    out_dir: Path, status: str, options: dict, fingerprint: str, files: dict[str, dict], source: dict | None = None
+    out_dir: Path,
+    status: str,
+    options: dict,
+    fingerprint: str,
+    files: dict[str, dict],
+    source: dict | None = None,
+    card: dict | None = None,
 ) -> None:
-    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, manifest_bytes(status, options, fingerprint, files, source))
+    data = manifest_bytes(status, options, fingerprint, files, source, card)
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, data)
+
+
+def rewrite_manifest(out_dir: Path, manifest: dict, **changes) -> None:
+    """The manifest as read, with `changes` to its top-level entries, written atomically; every
+    other entry (its version, status, options) as it was."""
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, _doc_bytes(manifest | changes))
 
 
 def read_manifest(out_dir: Path) -> dict | None:

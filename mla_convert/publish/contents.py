@@ -1,18 +1,15 @@
 """What `upload` sends: exactly the files a finished conversion's manifest lists, and the manifest,
-in a fixed order and in commits of bounded size.
+in a fixed order and in two calls of the client's upload_folder.
 
 The order (docs/design.md, "The model card and the upload"): the model shards, the MLA layer
-files, the other files (tokenizer, code, ...); then, in one last commit, what makes the repo a
-model: config.json, the index, mla/manifest.json, the card and the conversion manifest. Until
-that commit lands the repo holds no config.json, so nothing loads a half-uploaded model.
+files, the other files (tokenizer, code, ...) in a first call; then, in a last one, what makes the
+repo a model: config.json (params.json), the index, mla/manifest.json, the card and the conversion
+manifest. Until that call lands the repo holds no config, so nothing loads a half-uploaded model.
 
 `read_contents` refuses a directory whose manifest is not a finished conversion's, that lacks a
 file it lists (or holds it at another size), or that holds any file it does not list, hidden
 ones too (a `.partial` file, a journal, a staging directory): the directory is not what was
 converted. It reads sizes only; verify's checks (publish.upload) read the bytes.
-
-COMMIT_BYTES and COMMIT_FILES bound a commit; they are read when the commits are made, so a test
-may lower them (tests/support/upload_cli.py) to get several commits from a tiny checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +27,8 @@ from mla_convert.constants import (
     CONFIG_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
+    MISTRAL_INDEX_NAME,
+    MISTRAL_PARAMS_NAME,
     MLA_DIR_NAME,
     MLA_MANIFEST_NAME,
 )
@@ -37,13 +37,11 @@ from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
 
-# A commit carries at most this much (about 8 of R1's 4.3 GB shards) and this many files. Files of
-# a commit that did not land are sent again by the resume, unless the Hub still has their content
-# (its LFS batch API then reports them present, and the client skips them).
-COMMIT_BYTES = 32 * 1024**3
-COMMIT_FILES = 100
-
-LAST = (CONFIG_NAME, INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}", CARD_NAME, MANIFEST_NAME)
+# What makes the repo a model (Mistral's layout: params.json and its index), in the last call.
+LAST = (
+    CONFIG_NAME, MISTRAL_PARAMS_NAME, INDEX_NAME, MISTRAL_INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
+    CARD_NAME, MANIFEST_NAME,
+)  # fmt: skip
 FORBIDDEN_PARTS = (".git", ".cache")  # the Hub refuses paths through these
 
 
@@ -150,17 +148,14 @@ def upload_order(files: list[UploadFile]) -> list[UploadFile]:
 
 
 def commits_of(files: list[UploadFile]) -> list[list[UploadFile]]:
-    """`files` (in upload order) in commits: LAST's files together in the last one, the others in
-    order, at most COMMIT_BYTES (or a single larger file) and COMMIT_FILES in each."""
+    """`files` (in upload order) in the upload's calls: every file but LAST's, then LAST's."""
     data, last = [f for f in files if f.rel not in LAST], [f for f in files if f.rel in LAST]
-    commits: list[list[UploadFile]] = []
-    for f in data:
-        current = commits[-1] if commits else None
-        if current is None or sum(g.size for g in current) + f.size > COMMIT_BYTES or len(current) >= COMMIT_FILES:
-            commits.append([f])
-        else:
-            current.append(f)
-    return commits + ([last] if last else [])
+    return [c for c in (data, last) if c]
+
+
+def exact_pattern(rel: str) -> str:
+    """A glob (the client's allow_patterns, fnmatch) that matches `rel` and nothing else."""
+    return re.sub(r"([*?\[])", r"[\1]", rel)
 
 
 def _sha256(path: Path) -> str:

@@ -3,8 +3,10 @@ branch already holds, one file's content sent, one commit; every failure as one 
 that says what to do, its cause chained.
 
 Token, endpoint and offline mode are huggingface_hub's own (HF_TOKEN or `hf auth login`,
-HF_ENDPOINT, HF_HUB_OFFLINE). Files go up with the client's `preupload_lfs_files` (its LFS or Xet
-transfer, with its own retries of each request) and are committed with `create_commit`.
+HF_ENDPOINT, HF_HUB_OFFLINE). Files go up with the client's own `upload_folder`, given exactly
+the files to send: with hf_xet installed (huggingface_hub 2.4 requires it) its streamed Xet
+pipeline, committing in batches of its choosing; with HF_HUB_DISABLE_XET=1, one create_commit
+over its LFS transfer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from mla_convert.source.hub import http_error_line
 RESUMES = "run the same command again: what is on the Hub already is not sent again"
 QUOTA_WORDS = ("storage", "quota", "limit reached", "exceeded")
 CREATE, READ, WRITE = "create", "read", "write"  # what a request was doing, for a 403's message
+# Where the client asks for a Xet write token (hf_xet's error names the URL); a server without Xet
+# answers 404, and the client with hf_xet installed has no other way up (no LFS fallback).
+XET_TOKEN_PATH = "/xet-write-token/"
 
 
 @dataclass(frozen=True)
@@ -100,30 +105,17 @@ class Remote:
                     raise
                 raise UploadError(f"{path}: the Hub refuses this model card's metadata ({_card_errors(e)})") from e
 
-    def operation(self, path: Path, rel: str, sha256: str | None):
-        """A file to commit; `sha256`, when already checked, saves the client a reading of the file."""
-        from huggingface_hub import CommitOperationAdd
+    def upload_files(self, root: Path, rels: list[str], deletions: list[str], message: str) -> str:
+        """`rels` (paths relative to `root`, as in the repo) sent and committed by the client's
+        upload_folder, `deletions` deleted in the same call; returns the (last) commit's id."""
+        from mla_convert.publish.contents import exact_pattern
 
-        op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
-        if sha256 is not None:
-            op.upload_info.sha256 = bytes.fromhex(sha256)
-        return op
-
-    def send(self, op) -> None:
-        """One file's content to the Hub's storage, not committed yet (nothing, for a file the Hub
-        keeps in git: its content goes with the commit)."""
         with hub_errors(self.repo_id, WRITE):
-            self.api.preupload_lfs_files(self.repo_id, additions=[op], revision=self.revision, num_threads=1)
-
-    def commit(self, ops: list, deletions: list[str], message: str) -> str:
-        """Commit `ops` (sent already) and delete `deletions`; returns the commit id."""
-        from huggingface_hub import CommitOperationDelete
-
-        operations = [*ops, *(CommitOperationDelete(path_in_repo=p) for p in deletions)]
-        with hub_errors(self.repo_id, WRITE):
-            info = self.api.create_commit(
-                self.repo_id, operations=operations, commit_message=message, revision=self.revision
-            )
+            info = self.api.upload_folder(
+                repo_id=self.repo_id, folder_path=root, revision=self.revision, commit_message=message,
+                allow_patterns=[exact_pattern(r) for r in rels] or [exact_pattern("\0")],  # none: match nothing
+                delete_patterns=[exact_pattern(r) for r in deletions] or None,
+            )  # fmt: skip
         return info.oid
 
 
@@ -154,6 +146,12 @@ def classify(e: BaseException, repo_id: str, doing: str) -> str | None:
             return f"{repo_id}: no such branch on the Hub; pass --create to make it"
         if isinstance(e, errors.OfflineModeIsEnabled):
             return "HF_HUB_OFFLINE=1 is set: an upload needs the Hub; unset it"
+        if XET_TOKEN_PATH in str(e) and "404" in str(e):
+            return (
+                f"{repo_id}: the Hub at {endpoint()} offers no Xet storage (its Xet token endpoint answered 404), and "
+                "huggingface_hub with hf_xet installed uploads through Xet only; set HF_HUB_DISABLE_XET=1 to upload "
+                "over LFS"
+            )
         if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
             return _http_line(e, repo_id, doing)
         if isinstance(e, (ConnectionError, TimeoutError, *network_errors())):

@@ -9,15 +9,17 @@ will make them), and what the branch holds is either this upload's files already
 are skipped) or another model's (refused unless --overwrite); the Hub accepts the card's
 metadata; and verify's structure and integrity checks pass (every file hashed; --skip-verify).
 
-`run` makes the repo and the branch if asked, then sends the commits of publish.contents in order,
-skipping the files the branch holds at the same sha256: UPLOAD_THREADS files at a time go to the
-Hub's storage (huggingface_hub's preupload_lfs_files: LFS or Xet, each request retried by the
-client), then one create_commit lands them. An interrupted upload is resumed by the same command:
-it lists the branch again and sends only what is not there.
+`run` makes the repo and the branch if asked, then hands the files the branch does not hold at the
+same sha256 to the client's own upload_folder, in two calls (publish.contents): the data, then
+what makes the repo a model. The client sends and commits them (with hf_xet, its streamed Xet
+pipeline, in commits of its choosing; without, one create_commit over LFS). An interrupted upload
+is resumed by the same command: it lists the branch again and sends only what is not there, and
+the Hub's storage skips content it holds already.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import re
 import threading
@@ -26,19 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, MANIFEST_NAME
+from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME
 from mla_convert.errors import UploadError
+from mla_convert.output.card import BASE_MODEL_HINT, render_card
+from mla_convert.output.card_facts import SourceRef
 from mla_convert.output.out_dir import some
 from mla_convert.publish import contents as C
 from mla_convert.publish import remote as R
 from mla_convert.results import UploadResult
-from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions
+from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions, is_repo_id
 from mla_convert.units import gb
 
-UPLOAD_THREADS = 4  # files sent at once
-UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for them (cli.startup)
+UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for it (cli.startup)
 TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -55,11 +57,12 @@ class UploadJob:
     deletions: tuple[str, ...] = ()  # the other model's files the last commit deletes (--overwrite)
     missing: tuple[str, ...] = ()  # what --create makes: "repo", "branch"
     verified: str = ""
-    hashed: bool = False  # verify hashed every file in this run: the manifest's sha256 are the files'
     done: list[str] = field(default_factory=list)  # the commits made so far
     deleted: tuple[str, ...] = ()  # what the last commit, once made, deleted
     sent_files: int = 0
     sent_bytes: int = 0
+    card: str | None = None  # results.UploadResult.card
+    base_model_hint: str | None = None
 
     def to_send(self) -> list[list[C.UploadFile]]:
         return [[f for f in commit if f.rel not in self.on_hub] for commit in self.commits]
@@ -81,12 +84,22 @@ def prepare(
     revision = _check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))
-    commits = C.commits_of(list(contents.files))
-    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
     if options.dry_run:
+        job = UploadJob(contents, repo_id, revision, options.private, True, C.commits_of(list(contents.files)))
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
+        job.card, job.base_model_hint = _card_state(contents, repo_id, written=False)
         return job
     R.check_token()
+    if (contents.manifest.get("options") or {}).get("card"):
+        # The card names the repo (download and serve lines), recorded in the directory before any
+        # byte goes up, so that the directory and the repo hold the same card.
+        written = render_card(contents.root, repo_id=repo_id, revision=revision).changed
+        contents = C.read_contents(Path(out_dir))
+    else:
+        written = False
+    commits = C.commits_of(list(contents.files))
+    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
+    job.card, job.base_model_hint = _card_state(contents, repo_id, written)
     status(f"asking the Hub about {repo_id}")
     remote = R.Remote(repo_id, revision)
     _compare_with_hub(job, remote, options.create, options.overwrite)
@@ -96,12 +109,25 @@ def prepare(
         job.verified = "skipped (--skip-verify)"
     else:
         status(f"checking {out_dir}: structure and integrity")
-        job.verified, job.hashed = _verify(contents.root, check_progress), True
+        job.verified = _verify(contents.root, check_progress)
     return job
 
 
+def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
+    """What the result says of the card: for which repo it is written, and, when it names no base
+    model, how to set it."""
+    manifest = contents.manifest
+    if not (manifest.get("options") or {}).get("card"):
+        return None, None
+    card = f"written for {repo_id}" if written else f"already written for {repo_id}"
+    if (manifest.get("card") or {}).get("repo_id") != repo_id and not written:
+        card = f"to be written for {repo_id}"  # a dry run writes nothing
+    base = SourceRef.from_dict(manifest.get("source")).base_model
+    return card, None if base else BASE_MODEL_HINT.replace("DIR", str(contents.root), 1)
+
+
 def _check_names(repo_id: str, revision: str | None) -> str:
-    if not _REPO_ID.match(repo_id or ""):
+    if not is_repo_id(repo_id):
         raise UploadError(f"REPO_ID {repo_id!r}: expected OWNER/NAME, a model repo on the Hub")
     revision = revision or "main"
     if re.fullmatch(r"[0-9a-f]{40}", revision):
@@ -185,84 +211,64 @@ def run(
     t0 = time.perf_counter()
     if job.dry_run:
         return _result(job, None)
-    status = status or (lambda message: None)
+    try:
+        _commit_all(job, progress_factory, status or (lambda message: None))
+    except KeyboardInterrupt as e:
+        e.upload_state = job  # what is on the Hub, for the command's last line
+        raise
+    return _result(job, round(time.perf_counter() - t0, 3))
+
+
+def _commit_all(job: UploadJob, progress_factory: ProgressFactory | None, status: MessageFn) -> None:
     remote = R.Remote(job.repo_id, job.revision)
     if "repo" in job.missing:
         status(f"creating {job.repo_id}")
         remote.create_repo(job.private)
     if "branch" in job.missing:
         remote.create_branch()
-    commits = job.to_send()
-    advance = progress_factory(sum(f.size for c in commits for f in c)) if progress_factory else None
-    for i, files in enumerate(commits, start=1):
-        last = i == len(commits)
-        if not files and not (last and job.deletions):
+    calls = job.to_send()
+    advance = progress_factory(sum(f.size for c in calls for f in c)) if progress_factory else None
+    for i, files in enumerate(calls, start=1):
+        last = i == len(calls)
+        deletions = list(job.deletions) if last else []
+        if not files and not deletions:
             continue
-        status(f"uploading part {i} of {len(commits)} to {job.repo_id}")
-        ops = [
-            remote.operation(
-                job.contents.root / f.rel, f.rel, f.sha256 if job.hashed or f.rel == MANIFEST_NAME else None
-            )
-            for f in files
-        ]
-        _send_all(remote, files, ops, advance)
-        message = (
-            f"mla-convert upload, part {i} of {len(commits)}: {len(files)} files, {gb(sum(f.size for f in files))}"
-        )
-        job.done.append(remote.commit(ops, list(job.deletions) if last else [], message))
-        job.deleted = job.deletions if last else ()
+        status(f"uploading part {i} of {len(calls)} to {job.repo_id}")
+        size = sum(f.size for f in files)
+        message = f"mla-convert upload, part {i} of {len(calls)}: {len(files)} files, {gb(size)}"
+        rels = [f.rel for f in files]
+        send = functools.partial(remote.upload_files, job.contents.root, rels, deletions, message)
+        job.done.append(_waiting(send, advance))
+        job.deleted = tuple(deletions)
         job.sent_files += len(files)
-        job.sent_bytes += sum(f.size for f in files)
-    return _result(job, round(time.perf_counter() - t0, 3))
+        job.sent_bytes += size
+        if advance:
+            advance(size)
 
 
-def _send_all(remote: R.Remote, files: list[C.UploadFile], ops: list, advance: Callable[[int], None] | None) -> None:
-    """Every file's content to the Hub, UPLOAD_THREADS at a time, on daemon threads. A failure is
-    raised once the other threads have finished the file each was sending (none is left running);
-    an interrupt at once (the command then ends without waiting for them: cli.startup)."""
-    work: queue.Queue = queue.Queue()
-    for item in zip(files, ops, strict=True):
-        work.put(item)
-    done: queue.Queue = queue.Queue()
-    stop = threading.Event()
+def _waiting(call: Callable[[], str], advance: Callable[[int], None] | None) -> str:
+    """`call()` on a daemon thread (an interrupt ends the command at once, without waiting for it:
+    cli.startup), telling `advance` every TICK_SECONDS that time passed (a log line is due every
+    interval even mid-call: the client reports no bytes); its result, or its exception, here."""
+    outcome: queue.Queue = queue.Queue()
 
-    def worker() -> None:
-        while not stop.is_set():
-            try:
-                f, op = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                remote.send(op)
-            except BaseException as e:  # handed to the calling thread
-                done.put((f, e))
-                return
-            done.put((f, None))
+    def work() -> None:
+        try:
+            outcome.put((call(), None))
+        except BaseException as e:  # handed to the calling thread
+            outcome.put((None, e))
 
-    threads = [
-        threading.Thread(target=worker, name=f"{UPLOAD_THREAD_NAME} {n}", daemon=True)
-        for n in range(min(UPLOAD_THREADS, len(files)))
-    ]
-    for t in threads:
-        t.start()
-    try:
-        for _ in files:
-            while True:
-                try:
-                    f, error = done.get(timeout=TICK_SECONDS)
-                    break
-                except queue.Empty:
-                    if advance:
-                        advance(0)  # time passed: a log line is due every interval even mid-file
-            if error is not None:
-                stop.set()
-                for t in threads:
-                    t.join()
-                raise error
+    threading.Thread(target=work, name=UPLOAD_THREAD_NAME, daemon=True).start()
+    while True:
+        try:
+            result, error = outcome.get(timeout=TICK_SECONDS)
+        except queue.Empty:
             if advance:
-                advance(f.size)
-    finally:
-        stop.set()
+                advance(0)
+            continue
+        if error is not None:
+            raise error
+        return result
 
 
 def _result(job: UploadJob, seconds: float | None) -> UploadResult:
@@ -278,5 +284,6 @@ def _result(job: UploadJob, seconds: float | None) -> UploadResult:
         uploaded_bytes=sum(f.size for f in sent) if job.dry_run else job.sent_bytes,
         skipped_files=len(skipped), skipped_bytes=sum(f.size for f in skipped), commits=tuple(job.done),
         deleted=job.deleted, created=job.missing if not job.dry_run else (),
-        verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (),
+        verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (), card=job.card,
+        base_model_hint=job.base_model_hint,
     )  # fmt: skip

@@ -9,21 +9,19 @@ header, with its small files staged in a temporary directory; nothing is downloa
 from __future__ import annotations
 
 import contextlib
-import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.errors import ConvertError, SourceError
+from mla_convert.settings import is_repo_id
 from mla_convert.source import hub
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
-
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def is_hub_source(source: str) -> bool:
     """A Hub repo id that is not also an existing local path."""
-    return not Path(source).expanduser().exists() and bool(_REPO_ID.match(source))
+    return not Path(source).expanduser().exists() and is_repo_id(source)
 
 
 def resolve_source(source: str, revision: str | None = None) -> Path:
@@ -34,7 +32,7 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
         if not path.is_dir():
             raise SourceError(f"{source}: not a directory; SOURCE is a checkpoint directory or a Hub repo id")
         return path
-    if not _REPO_ID.match(source):
+    if not is_repo_id(source):
         raise SourceError(f"{source}: no such directory, and not a Hub repo id (owner/name)")
     if hub.offline():
         return hub.cached_snapshot(source, revision)

@@ -49,6 +49,36 @@ import yaml
 LFS_JSON = "application/vnd.git-lfs+json"
 LFS_SIZE = 10 * 1024 * 1024  # the Hub's own threshold: a file this large is always LFS
 RELATIONS = ("adapter", "merge", "quantized", "finetune")  # the Hub's base_model_relation values
+# The Hub's license identifiers: the table of hub-docs docs/hub/repositories-licenses.md (the
+# "region licenses" block, read at commit 008d54d), `other` asking for license_name.
+LICENSES = (
+    "apache-2.0", "mit", "openrail", "bigscience-openrail-m", "creativeml-openrail-m", "bigscience-bloom-rail-1.0",
+    "bigcode-openrail-m", "afl-3.0", "artistic-2.0", "bsl-1.0", "bsd", "bsd-2-clause", "bsd-3-clause",
+    "bsd-3-clause-clear", "c-uda", "cc", "cc0-1.0", "cc-by-2.0", "cc-by-2.5", "cc-by-3.0", "cc-by-4.0",
+    "cc-by-sa-3.0", "cc-by-sa-4.0", "cc-by-nc-2.0", "cc-by-nc-3.0", "cc-by-nc-4.0", "cc-by-nd-4.0",
+    "cc-by-nc-nd-3.0", "cc-by-nc-nd-4.0", "cc-by-nc-sa-2.0", "cc-by-nc-sa-3.0", "cc-by-nc-sa-4.0",
+    "cdla-sharing-1.0", "cdla-permissive-1.0", "cdla-permissive-2.0", "wtfpl", "ecl-2.0", "epl-1.0", "epl-2.0",
+    "etalab-2.0", "eupl-1.1", "agpl-3.0", "gfdl", "gpl", "gpl-2.0", "gpl-3.0", "lgpl", "lgpl-2.1", "lgpl-3.0", "isc",
+    "lppl-1.3c", "ms-pl", "mpl-2.0", "odc-by", "odbl", "openrail++", "osl-3.0", "postgresql", "ofl-1.1", "ncsa",
+    "unlicense", "zlib", "pddl", "lgpl-lr", "deepfloyd-if-license", "llama2", "gemma", "unknown", "other",
+)  # fmt: skip
+# The Hub's tasks (pipeline_tag): the keys of PIPELINE_DATA in huggingface.js
+# packages/tasks/src/pipelines.ts (read at commit 2c3c6c2).
+TASKS = (
+    "text-classification", "token-classification", "table-question-answering", "question-answering",
+    "zero-shot-classification", "translation", "summarization", "feature-extraction", "text-generation",
+    "text2text-generation", "fill-mask", "sentence-similarity", "text-to-speech", "text-to-audio",
+    "automatic-speech-recognition", "audio-to-audio", "audio-classification", "voice-activity-detection",
+    "depth-estimation", "image-classification", "object-detection", "image-segmentation", "text-to-image",
+    "image-to-text", "image-to-image", "image-to-video", "unconditional-image-generation", "video-classification",
+    "reinforcement-learning", "robotics", "tabular-classification", "tabular-regression", "tabular-to-text",
+    "table-to-text", "multiple-choice", "text-retrieval", "time-series-forecasting", "text-to-video",
+    "image-text-to-text", "visual-question-answering", "document-question-answering", "zero-shot-image-classification",
+    "graph-ml", "mask-generation", "zero-shot-object-detection", "text-to-3d", "image-to-3d",
+    "image-feature-extraction", "video-text-to-text", "keypoint-detection", "other",
+)  # fmt: skip
+# A model id as the Hub names one: NAME or OWNER/NAME (huggingface_hub's validate_repo_id).
+MODEL_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 GITATTRIBUTES = (
     "*.bin filter=lfs diff=lfs merge=lfs -text\n"
     "*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
@@ -270,11 +300,10 @@ class UploadEndpoints:
             meta = yaml.safe_load(match.group(1))
         except yaml.YAMLError as e:
             return self._send_json(h, rec, 400, {"errors": [{"message": f"Invalid YAML: {e}"}], "warnings": []})
-        errors = []
         if meta is not None and not isinstance(meta, dict):
-            errors.append("the metadata must be a mapping")
-        elif meta and meta.get("base_model_relation") not in (None, *RELATIONS):
-            errors.append(f'"base_model_relation" must be one of {", ".join(RELATIONS)}')
+            errors = ["the metadata must be a mapping"]
+        else:
+            errors = front_matter_errors(meta or {})
         status = 400 if errors else 200
         self._send_json(h, rec, status, {"errors": [{"message": m} for m in errors], "warnings": []})
 
@@ -508,6 +537,37 @@ class UploadEndpoints:
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{f.sha256}\nsize {f.size}\n".encode()
             return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(pointer), True, len(pointer))
         return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(data), False, None)
+
+
+def front_matter_errors(meta: dict) -> list[str]:
+    """What the Hub's validate-yaml refuses in the fields a converted model's card carries, with the
+    Hub's kind of message (`"datasets" with value "..." is not valid. If possible, use a dataset id
+    from https://hf.co/datasets`, as publicly reported, in its model form). Existence on the Hub is
+    not checked: the fake knows only its own repos."""
+    errors = []
+    bases = meta.get("base_model")
+    for base in bases if isinstance(bases, list) else [] if bases is None else [bases]:
+        if not (isinstance(base, str) and MODEL_ID.match(base) and "--" not in base and ".." not in base):
+            errors.append(f'"base_model" with value "{base}" is not valid. Use a model id from https://hf.co/models')
+    if meta.get("base_model_relation") not in (None, *RELATIONS):
+        errors.append(f'"base_model_relation" must be one of {", ".join(RELATIONS)}')
+    license = meta.get("license")
+    if license is not None and license not in LICENSES:
+        errors.append(
+            f'"license" with value "{license}" is not valid. Use a license identifier from '
+            "https://hf.co/docs/hub/repositories-licenses, or other with license_name"
+        )
+    if license == "other" and not (isinstance(meta.get("license_name"), str) and meta["license_name"]):
+        errors.append('"license_name" is required when "license" is other')
+    for key in ("license_name", "license_link"):
+        if key in meta and not isinstance(meta[key], str):
+            errors.append(f'"{key}" must be a string')
+    tags = meta.get("tags")
+    if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        errors.append('"tags" must be an array of strings')
+    if meta.get("pipeline_tag") is not None and meta["pipeline_tag"] not in TASKS:
+        errors.append(f'"pipeline_tag" with value "{meta["pipeline_tag"]}" is not a valid task')
+    return errors
 
 
 def _git_sha1(data: bytes) -> str:

@@ -1,10 +1,9 @@
-"""The real CLI in this process, with commits of at most COMMIT_BYTES bytes, so that a tiny
-checkpoint goes up in several commits (an interrupted upload then has some on the Hub already):
+"""The real CLI in this process, as `mla-convert ARGS...` runs it:
 
-    python -m support.upload_cli COMMIT_BYTES ARGS...   # runs `mla-convert ARGS...`
+    python -m support.upload_cli ARGS...
 
-It sets `mla_convert.publish.contents.COMMIT_BYTES`, which that module documents as the seam; the
-product never reads it from its environment. tests/test_upload.py starts it (`start_upload`).
+tests/test_upload.py starts it (`start_upload`) in a child process, with the fake Hub's
+environment, to send it real signals.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import sys
 
 from mla_convert.cli import main
-from mla_convert.publish import contents
 
 if __name__ == "__main__":
-    contents.COMMIT_BYTES = int(sys.argv[1])
-    sys.argv = ["mla-convert", *sys.argv[2:]]
+    sys.argv = ["mla-convert", *sys.argv[1:]]
     main()

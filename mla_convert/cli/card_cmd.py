@@ -1,0 +1,65 @@
+"""`mla-convert card DIR [--base-model ID] [--repo-id ID]`: a converted directory's model card
+written again, without the source (mla_convert.card)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mla_convert.cli import console
+from mla_convert.cli.errors import errors_to_exit
+from mla_convert.cli.options import JsonOpt, QuietOpt
+from mla_convert.output.lock import locked
+
+DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")]
+CardBaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-model",
+        metavar="REPO_ID",
+        help="The Hub model it derives from, for the card's base_model (OWNER/NAME). Default: the recorded one.",
+    ),
+]
+RepoIdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--repo-id",
+        metavar="REPO_ID",
+        help="The Hub repo the card is for: its download and serve lines name it (upload sets it). Default: "
+        "the recorded one.",
+    ),
+]
+
+
+def card(
+    dir: DirArg,
+    base_model: CardBaseOpt = None,
+    repo_id: RepoIdOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write a converted directory's model card (README.md) again, and its record in the manifest, from
+    what the manifest records: no source needed, and verify passes afterwards.
+
+    Exit code 0: written (or already this card); 2: refused (one line says why)."""
+    with errors_to_exit("interrupted; run the same command again to write the card"):
+        from mla_convert import api
+
+        with locked(dir, "card", None):  # not while a conversion or a verify holds it
+            result = api.card(dir, base_model=base_model, repo_id=repo_id).to_json()
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    if quiet:
+        return
+    if result["base_model_hint"]:
+        typer.echo(f"note: {result['base_model_hint']}", err=True)
+    rows = [
+        ("model card", f"{result['card']} ({'written' if result['changed'] else 'unchanged: already this card'})"),
+        ("base_model", result["base_model"] or "none"),
+        ("for", result["repo_id"] or "the local directory"),
+    ]
+    console.print_lines(console.rich_console(), rows)
