@@ -32,6 +32,7 @@ and vLLM's values stay: the plugin never breaks a start through its own fault.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import sys
 import time
@@ -41,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-from . import envs, versions
+from . import envs, versions, vllm_names
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
 from .spot_check import spot_check
 
-# A child of vLLM's logger, so the lines go wherever vLLM's own log lines go.
-logger = logging.getLogger("vllm.mla_runtime")
+logger = logging.getLogger(vllm_names.LOGGER)
 
 NAMES = ("W_UK_T", "W_UV")
 WRAPPED = "__mla_runtime_wrapped__"
@@ -352,8 +352,8 @@ _sources: dict[str, _Source | None] = {}  # served model (or $MLA_RUNTIME_DIR) -
 
 def _vllm_config_of(layer):
     cfg = getattr(layer, "_vllm_config", None)
-    if cfg is None and "vllm.config" in sys.modules:
-        getter = getattr(sys.modules["vllm.config"], "get_current_vllm_config_or_none", None)
+    if cfg is None and vllm_names.CONFIG_MODULE in sys.modules:
+        getter = getattr(sys.modules[vllm_names.CONFIG_MODULE], vllm_names.CONFIG_GETTER, None)
         cfg = getter() if getter else None
     return cfg
 
@@ -394,9 +394,10 @@ def _source_for(layer) -> _Source | None:
 def _tp_rank_size() -> tuple[int, int]:
     """This process's tensor-parallel rank and size (0, 1 when vLLM's TP group is not set up)."""
     try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        return int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
+        distributed = importlib.import_module(vllm_names.DISTRIBUTED_MODULE)
+        rank = getattr(distributed, vllm_names.TP_RANK_GETTER)()
+        size = getattr(distributed, vllm_names.TP_SIZE_GETTER)()
+        return int(rank), int(size)
     except (ImportError, AssertionError, AttributeError):
         return 0, 1
 

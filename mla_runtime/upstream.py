@@ -13,16 +13,15 @@ from __future__ import annotations
 import logging
 
 from . import absorbed, versions
-
-MODULE = "vllm.model_executor.layers.attention.mla_attention"
-CLASS = "MLAAttention"
+from .vllm_names import HOOKED_METHOD
+from .vllm_names import UPSTREAM_CLASS as CLASS
 
 
 def hook(module) -> bool:
     """Wrap `module.MLAAttention.process_weights_after_loading`; False (with one warning) when the
     hook point is missing, or when it is wrapped already."""
     cls = getattr(module, CLASS, None)
-    if not isinstance(cls, type) or not callable(getattr(cls, "process_weights_after_loading", None)):
+    if not isinstance(cls, type) or not callable(getattr(cls, HOOKED_METHOD, None)):
         absorbed.say_once(
             f"hook:{module.__name__}", logging.WARNING,
             "mla_runtime: %s has no %s.process_weights_after_loading in %s (tested: %s); vLLM computes "
