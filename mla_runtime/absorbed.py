@@ -8,7 +8,9 @@ has stored W_UK_T / W_UV, those tensors take the artifacts' values. Shared by bo
    `split_kv_b_proj` in vLLM 0.32 and 0.33, a processing policy in later vLLM, vllm-gaudi's own
    dequant): the plugin depends only on what it leaves on the layer;
 2. steps aside when the layer holds no W_UK_T / W_UV tensors (AMX_MLA and ROCm aiter pack their
-   own) or derives more from them (DCP's W_UK_T_dcp_qrep), saying so once;
+   own) or derives more from them inside vLLM's method (DCP's W_UK_T_dcp_qrep, and from vLLM 0.34
+   W_UV_dcp, an all-gather over the DCP ranks that the A2A combine applies instead of W_UV: the
+   plugin would have to join that collective on every rank alike), saying so once;
 3. reads this rank's heads of the layer's artifacts, spot-checks them against the served
    kv_b_proj (spot_check.py), and puts their values into the tensors vLLM stored, keeping their
    registration (parameter or attribute), shape, dtype, device and strides. It copies in place, as
@@ -263,6 +265,10 @@ class _Source:
             return self.step_aside(layer, f"the attention backend ({impl}) keeps no W_UK_T/W_UV: it computes its own")
         if getattr(layer, "W_UK_T_dcp_qrep", None) is not None:
             return self.step_aside(layer, "DCP query replication gathers W_UK_T_dcp_qrep from vLLM's own W_UK_T")
+        if getattr(layer, "W_UV_dcp", None) is not None:
+            return self.step_aside(
+                layer, "DCP's all-to-all combine applies W_UV_dcp, gathered from vLLM's own W_UV of every DCP rank"
+            )
         t0 = time.perf_counter()
         try:
             values = self.fetch(layer)

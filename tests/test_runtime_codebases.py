@@ -75,7 +75,7 @@ class AmxLikeImpl:
 
 
 def build(codebase, model_dir: Path, served: dict[int, torch.Tensor], *, plugin_on: bool, monkeypatch,
-          act_dtype=torch.bfloat16, impl_cls=None, dcp: bool = False):  # fmt: skip
+          act_dtype=torch.bfloat16, impl_cls=None, dcp: bool = False, dcp_a2a_ranks: int = 1):  # fmt: skip
     """MLA layers of the code base with an unquantized bf16 kv_b_proj holding `served`, loaded and
     post-processed as vLLM's loader does (standins/mla_engine.py), the plugin on or off."""
     if plugin_on:
@@ -83,7 +83,7 @@ def build(codebase, model_dir: Path, served: dict[int, torch.Tensor], *, plugin_
     else:
         monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
     return mla_engine().build_and_load(codebase, model_dir, served, num_heads=HEADS, act_dtype=act_dtype,
-                                       impl_cls=impl_cls, dcp_q_replicate=dcp)  # fmt: skip
+                                       impl_cls=impl_cls, dcp_q_replicate=dcp, dcp_a2a_ranks=dcp_a2a_ranks)  # fmt: skip
 
 
 def reload(layers, weights: dict[int, torch.Tensor], act_dtype=torch.bfloat16) -> None:
@@ -266,6 +266,29 @@ def test_dcp_query_replication_is_left_to_vllm(codebase, tmp_path, monkeypatch, 
         assert on[i].W_UK_T_dcp_qrep is not None
         assert torch.equal(on[i].W_UK_T, off[i].W_UK_T) and torch.equal(on[i].W_UK_T_dcp_qrep, on[i].W_UK_T)
     assert sum("W_UK_T_dcp_qrep" in line for line in plugin_lines(caplog)) == 1
+    assert plugin.summary()[0]["not-used"] == LAYERS
+
+
+@pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])  # the first with W_UV_dcp
+def test_dcp_a2a_combine_is_left_to_vllm(codebase, tmp_path, monkeypatch, caplog):
+    """DCP over 2 ranks with the A2A combine: vLLM gathers W_UV_dcp from its own W_UV inside the hook,
+    and the combine applies it instead of W_UV. Artifacts put into W_UV afterwards would not be in it,
+    so the layer keeps vLLM's values throughout, with one line saying why."""
+    exact = exact_weights()
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    served = {i: x * (1 + 2**-9) for i, x in exact.items()}  # vLLM's values differ from the artifacts'
+    off = build(codebase, tmp_path, served, plugin_on=False, monkeypatch=monkeypatch, dcp_a2a_ranks=2)
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        on = build(codebase, tmp_path, served, plugin_on=True, monkeypatch=monkeypatch, dcp_a2a_ranks=2)
+    for i in range(LAYERS):
+        layer = on[i]
+        assert layer.W_UV_dcp is not None and layer.W_UV_dcp.shape == (2 * HEADS, 512, 128)
+        # what the combine applies is the gather of what the layer holds (the stand-in's peers hold the same)
+        assert torch.equal(layer.W_UV_dcp, torch.cat([layer.W_UV.contiguous()] * 2))
+        for name in ("W_UK_T", "W_UV", "W_UV_dcp"):
+            assert torch.equal(getattr(layer, name), getattr(off[i], name)), name
+    aside = [line for line in plugin_lines(caplog) if "W_UV_dcp" in line]
+    assert len(aside) == 1 and "the artifacts are not used there" in aside[0], plugin_lines(caplog)
     assert plugin.summary()[0]["not-used"] == LAYERS
 
 
