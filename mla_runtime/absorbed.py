@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from . import envs, versions, vllm_names
+from . import envs, hub_cache, versions, vllm_names
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
 from .spot_check import spot_check
@@ -378,15 +378,15 @@ def _source_for(layer) -> _Source | None:
     key = f"{env_dir}|{model_dir}"
     if key in _sources:
         return _sources[key]
+    snapshot = None if env_dir or model_dir is not None else _cached_snapshot(layer)
     if env_dir:
         where = env_dir
     elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir():
         where = model_dir / MLA_DIR_NAME
+    elif snapshot is not None and (snapshot.path / MLA_DIR_NAME).is_dir():  # a Hub id, from the local cache
+        where = snapshot.path / MLA_DIR_NAME
     else:
-        logger.info(
-            "mla_runtime: no MLA artifacts for %s (no %s/ directory, %s unset); vLLM computes W_UK_T/W_UV itself",
-            model_dir or "the served model", MLA_DIR_NAME, envs.DIR,
-        )  # fmt: skip
+        _say_no_artifacts(model_dir, snapshot)
         _sources[key] = None
         return None
     config = None
@@ -395,6 +395,33 @@ def _source_for(layer) -> _Source | None:
         config = hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else None
     _sources[key] = _Source(where, model_dir, config, fallback=envs.fallback(), check=envs.spot_check())
     return _sources[key]
+
+
+def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
+    """The local cache's snapshot of the Hub id vLLM serves, if it is one and is cached."""
+    model_config = getattr(_vllm_config_of(layer), "model_config", None)
+    model = getattr(model_config, "model", None)
+    if not isinstance(model, str):
+        return None
+    revision = getattr(model_config, "revision", None)
+    return hub_cache.snapshot_of(model, revision if isinstance(revision, str) else None)
+
+
+def _say_no_artifacts(model_dir: Path | None, snapshot: hub_cache.Snapshot | None) -> None:
+    if model_dir is not None:
+        snapshot = hub_cache.snapshot_at(model_dir)
+    if snapshot is not None and hub_cache.mistral_layout_without_artifacts(snapshot.path):
+        logger.info(
+            "mla_runtime: no %s/ in %s: for a model in Mistral's layout vLLM downloads only consolidated*.safetensors "
+            "of %s, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or set "
+            "%s); vLLM computes W_UK_T/W_UV itself",
+            MLA_DIR_NAME, snapshot.path, snapshot.repo_id, snapshot.fetch_command(), envs.DIR,
+        )  # fmt: skip
+        return
+    logger.info(
+        "mla_runtime: no MLA artifacts for %s (no %s/ directory, %s unset); vLLM computes W_UK_T/W_UV itself",
+        model_dir or "the served model", MLA_DIR_NAME, envs.DIR,
+    )  # fmt: skip
 
 
 def _tp_rank_size() -> tuple[int, int]:
