@@ -436,11 +436,22 @@ def _tp_rank_size() -> tuple[int, int]:
 
 
 def _count_mla_layers(layer) -> int | None:
-    """MLA layers this process builds (vLLM's static forward context), or None when unknown."""
+    """MLA layers this process builds whose class the plugin hooked (vLLM's static forward context),
+    or None when unknown. Others (Kimi-K3's dense MultiHeadLatentAttention, no MLAAttention) are
+    named once: vLLM computes their weights."""
     ctx = getattr(getattr(_vllm_config_of(layer), "compilation_config", None), "static_forward_context", None)
     if not ctx:
         return None
-    return sum(1 for m in ctx.values() if hasattr(m, "kv_b_proj") and hasattr(m, "kv_lora_rank"))
+    mla = [m for m in ctx.values() if hasattr(m, "kv_b_proj") and hasattr(m, "kv_lora_rank")]
+    hooked = [m for m in mla if getattr(getattr(type(m), vllm_names.HOOKED_METHOD, None), WRAPPED, False)]
+    others = sorted({type(m).__name__ for m in mla} - {type(m).__name__ for m in hooked})
+    if others:
+        say_once(
+            "unhooked", logging.INFO,
+            "mla_runtime: %d MLA layers of %s are no %s (nor a subclass): vLLM computes their W_UK_T/W_UV and the "
+            "artifacts are not used there", len(mla) - len(hooked), ", ".join(others), vllm_names.UPSTREAM_CLASS,
+        )  # fmt: skip
+    return len(hooked)
 
 
 def summary() -> list[dict]:

@@ -165,7 +165,7 @@ def channel_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale).to(torch.float8_e4m3fn), scale.float()
 
 
-def build_kimi(v034, model_dir, served: dict[int, torch.Tensor], *, dcp_a2a: bool = False):
+def build_kimi(v034, model_dir, served: dict[int, torch.Tensor], *, dcp_a2a: bool = False, dense: tuple = ()):
     """Kimi-K3.1 DSA layers as vLLM 0.34 builds and loads them (channel-FP8 kv_b_proj), then the
     specialized decode built once the weights are loaded, as the model state does."""
     kimi = importlib.import_module("vllm_034.kimi_k3")
@@ -180,10 +180,12 @@ def build_kimi(v034, model_dir, served: dict[int, torch.Tensor], *, dcp_a2a: boo
     with engine().default_dtype(torch.bfloat16):
         for i in range(len(served)):
             block = nn.Module()
-            block.self_attn = kimi.KimiK3DSAAttention(
-                num_heads=HEADS, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, kv_lora_rank=512,
-                quant_config=kimi.ChannelFp8Config(), prefix=f"model.layers.{i}.self_attn", vllm_config=vllm_config,
-            )  # fmt: skip
+            kw = dict(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512,
+                      quant_config=kimi.ChannelFp8Config(), prefix=f"model.layers.{i}.self_attn", vllm_config=vllm_config)  # fmt: skip
+            if i in dense:  # Kimi-K3's dense MLA (no MLAAttention)
+                block.self_attn = kimi.MultiHeadLatentAttention(**kw)
+            else:
+                block.self_attn = kimi.KimiK3DSAAttention(qk_rope_head_dim=64, **kw)
             layers.append(block)
         model = kimi.KimiK3ForCausalLM(layers, specialized_decode=True)
     v034.loader.initialize_model_done(model)
@@ -194,7 +196,7 @@ def build_kimi(v034, model_dir, served: dict[int, torch.Tensor], *, dcp_a2a: boo
         kv_b.weight_scale.weight_loader(kv_b.weight_scale, scale)
     v034.loader.process_weights_after_loading(model)
     model.build_specialized_decode(mla.get_dcp_group() if dcp_a2a else mla._DcpGroup(2))
-    return model, {i: b.self_attn.mla_attn.mla_attn for i, b in enumerate(layers)}
+    return model, {i: b.self_attn if i in dense else b.self_attn.mla_attn.mla_attn for i, b in enumerate(layers)}
 
 
 @pytest.mark.parametrize("dcp_a2a", [False, True])
@@ -240,3 +242,22 @@ def test_kimi_k31_dsa_layers_and_their_specialized_decode(v034, tmp_path, monkey
         assert addresses(layer) == first[i]
         refs = decode.query_weights[layer.layer_name]
         assert refs[0] is layer.W_UK_T and not torch.equal(refs[0], read_artifacts(tmp_path / "mla", i)[0])
+
+
+def test_mla_layers_that_are_no_mlaattention_are_named_once_and_the_count_is_of_the_others(v034, tmp_path,
+                                                                                           monkeypatch, caplog):  # fmt: skip
+    """A model with Kimi-K3's dense MultiHeadLatentAttention beside DSA layers: vLLM computes the dense
+    layers' weights (one line names the class), the DSA layers take the artifacts, and the summary
+    line counts the layers the plugin serves, so it is still written once."""
+    exact = engine().random_kv_b(LAYERS, *DIMS.kv_b_shape())
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        _, on = build_kimi(v034, tmp_path, exact, dense=(1,))
+    lines = plugin_lines(caplog)
+    named = [line for line in lines if "MultiHeadLatentAttention" in line]
+    assert len(named) == 1 and "1 MLA layers of MultiHeadLatentAttention are no MLAAttention" in named[0], lines
+    summary = [line for line in lines if line.startswith("mla_runtime: loaded")]
+    assert len(summary) == 1 and "2/2 MLA layers" in summary[0], lines
+    dense_uk_t = split_kv_b_proj(on[1].kv_b_proj.weight.float() * on[1].kv_b_proj.weight_scale, DIMS)[0]
+    assert torch.equal(on[1].W_UK_T, dense_uk_t.to(torch.bfloat16))  # vLLM's (eye-path) dequant, not the artifacts
+    assert torch.equal(on[0].W_UK_T, read_artifacts(tmp_path / "mla", 0)[0])

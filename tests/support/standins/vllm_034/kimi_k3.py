@@ -9,6 +9,9 @@
   finalize_model_weights) packs the DSA projections when there is no specialized decode, else
   refreshes the specialized decode after a reload; `build_specialized_decode`, which the model
   state calls once the weights are loaded;
+- mla.py, Kimi-K3's dense `MultiHeadLatentAttention` (lines 130-490): its own AttentionLayerBase,
+  no MLAAttention, registered in the static forward context; its hook absorbs kv_b_proj itself
+  with the module-level `split_kv_b_proj` (unless the weights come pre-processed);
 - specialized_decode/: what the specialized decode keeps of an MLA layer's W_UK_T / W_UV. Its
   query stage (cutedsl/dsa/query_stage.py) and prefetch (runtime/prefetch.py) hold references to
   the layer's tensors (`layer.W_UK_T`, `layer.W_UV`); under DCP its prepared core
@@ -70,6 +73,36 @@ class KimiK3DSAAttention(nn.Module):
 
     def pack_projections(self) -> None:
         return None  # the fused path needs the fp8_ds_mla cache and an unquantized q_b_proj
+
+
+class MultiHeadLatentAttention(nn.Module, vllm_upstream.AttentionLayerBase):
+    def __init__(self, *, num_heads: int, qk_nope_head_dim: int, v_head_dim: int, kv_lora_rank: int,
+                 quant_config=None, prefix: str = "", vllm_config=None):  # fmt: skip
+        super().__init__()
+        self.num_local_heads, self.qk_nope_head_dim, self.v_head_dim = num_heads, qk_nope_head_dim, v_head_dim
+        self.kv_lora_rank = kv_lora_rank
+        self.act_dtype = torch.get_default_dtype()
+        self.layer_name, self.quant_config = prefix, quant_config
+        self.kv_b_proj = vllm_upstream.ColumnParallelLinear(
+            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), quant_config=quant_config,
+            prefix=f"{prefix}.kv_b_proj",
+        )  # fmt: skip
+        vllm_upstream.set_default_quant_scales(self, register_buffer=True)
+        ctx = vllm_config.compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        ctx[prefix] = self
+
+    def process_weights_after_loading(self) -> None:
+        from .mla_attention import split_kv_b_proj
+        from .utils import is_weights_pre_processed, replace_parameter
+
+        if not (is_weights_pre_processed() and getattr(self, "W_UV", None) is not None):
+            W_UK, W_UV = split_kv_b_proj(self.kv_b_proj, self.act_dtype, self.kv_lora_rank, self.num_local_heads,
+                                         self.qk_nope_head_dim, self.v_head_dim)  # fmt: skip
+            replace_parameter(self, "W_UV", W_UV.transpose(0, 1))
+            replace_parameter(self, "W_UK_T", W_UK.permute(1, 2, 0))
+        vllm_upstream.set_default_quant_scales(self, register_buffer=False)
 
 
 class SpecializedDecode:
