@@ -448,8 +448,9 @@ def _count_mla_layers(layer) -> int | None:
     if others:
         say_once(
             "unhooked", logging.INFO,
-            "mla_runtime: %d MLA layers of %s are no %s (nor a subclass): vLLM computes their W_UK_T/W_UV and the "
+            "mla_runtime: %d MLA layers of %s do not run the hooked %s.%s: vLLM computes their W_UK_T/W_UV and the "
             "artifacts are not used there", len(mla) - len(hooked), ", ".join(others), vllm_names.UPSTREAM_CLASS,
+            vllm_names.HOOKED_METHOD,
         )  # fmt: skip
     return len(hooked)
 

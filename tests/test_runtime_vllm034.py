@@ -255,7 +255,9 @@ def test_mla_layers_that_are_no_mlaattention_are_named_once_and_the_count_is_of_
         _, on = build_kimi(v034, tmp_path, exact, dense=(1,))
     lines = plugin_lines(caplog)
     named = [line for line in lines if "MultiHeadLatentAttention" in line]
-    assert len(named) == 1 and "1 MLA layers of MultiHeadLatentAttention are no MLAAttention" in named[0], lines
+    assert (
+        len(named) == 1 and "1 MLA layers of MultiHeadLatentAttention do not run the hooked MLAAttention" in named[0]
+    ), lines
     summary = [line for line in lines if line.startswith("mla_runtime: loaded")]
     assert len(summary) == 1 and "2/2 MLA layers" in summary[0], lines
     dense_uk_t = split_kv_b_proj(on[1].kv_b_proj.weight.float() * on[1].kv_b_proj.weight_scale, DIMS)[0]
