@@ -8,7 +8,9 @@ has stored W_UK_T / W_UV, those tensors take the artifacts' values. Shared by bo
    `split_kv_b_proj` in vLLM 0.32 and 0.33, a processing policy in later vLLM, vllm-gaudi's own
    dequant): the plugin depends only on what it leaves on the layer;
 2. steps aside when the layer holds no W_UK_T / W_UV tensors (AMX_MLA and ROCm aiter pack their
-   own) or derives more from them (DCP's W_UK_T_dcp_qrep), saying so once;
+   own) or derives more from them inside vLLM's method (DCP's W_UK_T_dcp_qrep, and from vLLM 0.34
+   W_UV_dcp, an all-gather over the DCP ranks that the A2A combine applies instead of W_UV: the
+   plugin would have to join that collective on every rank alike), saying so once;
 3. reads this rank's heads of the layer's artifacts, spot-checks them against the served
    kv_b_proj (spot_check.py), and puts their values into the tensors vLLM stored, keeping their
    registration (parameter or attribute), shape, dtype, device and strides. It copies in place, as
@@ -32,6 +34,7 @@ and vLLM's values stay: the plugin never breaks a start through its own fault.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import sys
 import time
@@ -41,13 +44,12 @@ from pathlib import Path
 
 import torch
 
-from . import envs, versions
+from . import envs, hub_cache, versions, vllm_names
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
 from .spot_check import spot_check
 
-# A child of vLLM's logger, so the lines go wherever vLLM's own log lines go.
-logger = logging.getLogger("vllm.mla_runtime")
+logger = logging.getLogger(vllm_names.LOGGER)
 
 NAMES = ("W_UK_T", "W_UV")
 WRAPPED = "__mla_runtime_wrapped__"
@@ -263,6 +265,10 @@ class _Source:
             return self.step_aside(layer, f"the attention backend ({impl}) keeps no W_UK_T/W_UV: it computes its own")
         if getattr(layer, "W_UK_T_dcp_qrep", None) is not None:
             return self.step_aside(layer, "DCP query replication gathers W_UK_T_dcp_qrep from vLLM's own W_UK_T")
+        if getattr(layer, "W_UV_dcp", None) is not None:
+            return self.step_aside(
+                layer, "DCP's all-to-all combine applies W_UV_dcp, gathered from vLLM's own W_UV of every DCP rank"
+            )
         t0 = time.perf_counter()
         try:
             values = self.fetch(layer)
@@ -352,8 +358,8 @@ _sources: dict[str, _Source | None] = {}  # served model (or $MLA_RUNTIME_DIR) -
 
 def _vllm_config_of(layer):
     cfg = getattr(layer, "_vllm_config", None)
-    if cfg is None and "vllm.config" in sys.modules:
-        getter = getattr(sys.modules["vllm.config"], "get_current_vllm_config_or_none", None)
+    if cfg is None and vllm_names.CONFIG_MODULE in sys.modules:
+        getter = getattr(sys.modules[vllm_names.CONFIG_MODULE], vllm_names.CONFIG_GETTER, None)
         cfg = getter() if getter else None
     return cfg
 
@@ -372,15 +378,15 @@ def _source_for(layer) -> _Source | None:
     key = f"{env_dir}|{model_dir}"
     if key in _sources:
         return _sources[key]
+    snapshot = None if env_dir or model_dir is not None else _cached_snapshot(layer)
     if env_dir:
         where = env_dir
     elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir():
         where = model_dir / MLA_DIR_NAME
+    elif snapshot is not None and (snapshot.path / MLA_DIR_NAME).is_dir():  # a Hub id, from the local cache
+        where = snapshot.path / MLA_DIR_NAME
     else:
-        logger.info(
-            "mla_runtime: no MLA artifacts for %s (no %s/ directory, %s unset); vLLM computes W_UK_T/W_UV itself",
-            model_dir or "the served model", MLA_DIR_NAME, envs.DIR,
-        )  # fmt: skip
+        _say_no_artifacts(model_dir, snapshot)
         _sources[key] = None
         return None
     config = None
@@ -391,22 +397,62 @@ def _source_for(layer) -> _Source | None:
     return _sources[key]
 
 
+def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
+    """The local cache's snapshot of the Hub id vLLM serves, if it is one and is cached."""
+    model_config = getattr(_vllm_config_of(layer), "model_config", None)
+    model = getattr(model_config, "model", None)
+    if not isinstance(model, str):
+        return None
+    revision = getattr(model_config, "revision", None)
+    return hub_cache.snapshot_of(model, revision if isinstance(revision, str) else None)
+
+
+def _say_no_artifacts(model_dir: Path | None, snapshot: hub_cache.Snapshot | None) -> None:
+    if model_dir is not None:
+        snapshot = hub_cache.snapshot_at(model_dir)
+    if snapshot is not None and hub_cache.mistral_layout_without_artifacts(snapshot.path):
+        logger.info(
+            "mla_runtime: no %s/ in %s: for a model in Mistral's layout vLLM downloads only consolidated*.safetensors "
+            "of %s, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or set "
+            "%s); vLLM computes W_UK_T/W_UV itself",
+            MLA_DIR_NAME, snapshot.path, snapshot.repo_id, snapshot.fetch_command(), envs.DIR,
+        )  # fmt: skip
+        return
+    logger.info(
+        "mla_runtime: no MLA artifacts for %s (no %s/ directory, %s unset); vLLM computes W_UK_T/W_UV itself",
+        model_dir or "the served model", MLA_DIR_NAME, envs.DIR,
+    )  # fmt: skip
+
+
 def _tp_rank_size() -> tuple[int, int]:
     """This process's tensor-parallel rank and size (0, 1 when vLLM's TP group is not set up)."""
     try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        return int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
+        distributed = importlib.import_module(vllm_names.DISTRIBUTED_MODULE)
+        rank = getattr(distributed, vllm_names.TP_RANK_GETTER)()
+        size = getattr(distributed, vllm_names.TP_SIZE_GETTER)()
+        return int(rank), int(size)
     except (ImportError, AssertionError, AttributeError):
         return 0, 1
 
 
 def _count_mla_layers(layer) -> int | None:
-    """MLA layers this process builds (vLLM's static forward context), or None when unknown."""
+    """MLA layers this process builds whose class the plugin hooked (vLLM's static forward context),
+    or None when unknown. Others (Kimi-K3's dense MultiHeadLatentAttention, no MLAAttention) are
+    named once: vLLM computes their weights."""
     ctx = getattr(getattr(_vllm_config_of(layer), "compilation_config", None), "static_forward_context", None)
     if not ctx:
         return None
-    return sum(1 for m in ctx.values() if hasattr(m, "kv_b_proj") and hasattr(m, "kv_lora_rank"))
+    mla = [m for m in ctx.values() if hasattr(m, "kv_b_proj") and hasattr(m, "kv_lora_rank")]
+    hooked = [m for m in mla if getattr(getattr(type(m), vllm_names.HOOKED_METHOD, None), WRAPPED, False)]
+    others = sorted({type(m).__name__ for m in mla} - {type(m).__name__ for m in hooked})
+    if others:
+        say_once(
+            "unhooked", logging.INFO,
+            "mla_runtime: %d MLA layers of %s do not run the hooked %s.%s: vLLM computes their W_UK_T/W_UV and the "
+            "artifacts are not used there", len(mla) - len(hooked), ", ".join(others), vllm_names.UPSTREAM_CLASS,
+            vllm_names.HOOKED_METHOD,
+        )  # fmt: skip
+    return len(hooked)
 
 
 def summary() -> list[dict]:

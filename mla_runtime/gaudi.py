@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 
 from . import absorbed, versions
-
-MODULE = "vllm_gaudi.attention.oot_mla"
-CLASS = "HPUMLAAttention"
+from .vllm_names import GAUDI_CLASS as CLASS
+from .vllm_names import HOOKED_METHOD
 
 
 def hook(module) -> bool:
@@ -25,7 +24,7 @@ def hook(module) -> bool:
     hook point is missing, or when it is wrapped already."""
     cls = getattr(module, CLASS, None)
     gaudi = versions.vllm_gaudi_version()
-    if not isinstance(cls, type) or not callable(getattr(cls, "process_weights_after_loading", None)):
+    if not isinstance(cls, type) or not callable(getattr(cls, HOOKED_METHOD, None)):
         absorbed.say_once(
             f"hook:{module.__name__}", logging.WARNING,
             "mla_runtime: %s has no %s.process_weights_after_loading in vllm-gaudi %s with %s (tested: %s); "

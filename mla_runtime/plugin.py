@@ -1,8 +1,8 @@
 """vLLM general plugin: MLA attention layers take W_UK_T / W_UV from mla-convert's artifacts.
 
 Registration only. Declared in pyproject.toml under `vllm.general_plugins`; vLLM calls `register()`
-in every process, possibly more than once. It imports nothing but the standard library and
-mla_runtime.envs, and arranges for the two hooks to run when their modules are imported (or at
+in every process, possibly more than once. It imports nothing but the standard library,
+mla_runtime.envs and mla_runtime.vllm_names (the vLLM names hooked and read), and arranges for the two hooks to run when their modules are imported (or at
 once, if they already are), so a process that never builds an MLA model pays nothing:
 
 - upstream.py: vLLM's `MLAAttention.process_weights_after_loading`;
@@ -21,12 +21,9 @@ import sys
 from collections.abc import Callable
 
 from . import envs
+from .vllm_names import GAUDI_MODULE, LOGGER, UPSTREAM_MODULE
 
-# A child of vLLM's logger, so the lines go wherever vLLM's own log lines go.
-logger = logging.getLogger("vllm.mla_runtime")
-
-UPSTREAM_MODULE = "vllm.model_executor.layers.attention.mla_attention"
-GAUDI_MODULE = "vllm_gaudi.attention.oot_mla"
+logger = logging.getLogger(LOGGER)
 
 
 def register() -> None:

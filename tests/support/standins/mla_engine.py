@@ -5,10 +5,17 @@ and the code base's `MLAAttention`, the weights through their loader, then vLLM'
 reload as vLLM's layerwise reload does it (the new weights copied into the existing parameters,
 then each layer's `process_weights_after_loading` again). hpu_engine.py does the same for
 vllm-gaudi's layers.
+
+From vllm 0.34.0 on (a code base with `loader`), as that vLLM does it: the model is built under the
+activation dtype as the default dtype (MLAAttention reads `act_dtype` from it), its reload metadata
+recorded, and post-processed by the code base's `process_weights_after_loading(model, ...)` (quant
+methods, then `finalize_model_weights`: every hook with no argument, children first); a reload goes
+through the code base's reload (layerwise, direct with `VLLM_RELOAD_MODE=direct`, or kernel format).
 """
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import torch
@@ -32,23 +39,72 @@ def perturbed(weights: dict[int, torch.Tensor], rel: float, seed: int = 1) -> di
     return out
 
 
+class Layers(dict):
+    """{layer index: MLAAttention}, with the model they belong to (`.model`) and its code base."""
+
+    model: nn.Module
+    codebase: object
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def vllm_config_for(model_dir, dcp_comm_backend: str = "ag_rs"):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model=None if model_dir is None else str(model_dir), hf_config=None),
+        compilation_config=SimpleNamespace(static_forward_context={}),
+        parallel_config=SimpleNamespace(dcp_comm_backend=dcp_comm_backend),
+    )
+
+
 def build_and_load(codebase, model_dir, served: dict[int, torch.Tensor], *, num_heads: int, kv_lora_rank: int = 512,
-                   act_dtype: torch.dtype = torch.bfloat16, impl_cls=None, dcp_q_replicate: bool = False):  # fmt: skip
-    """{layer index: MLAAttention} of `codebase` (a codebases.Codebase), kv_b_proj holding bf16(`served`)."""
+                   act_dtype: torch.dtype = torch.bfloat16, impl_cls=None, dcp_q_replicate: bool = False,
+                   dcp_a2a_ranks: int = 1):  # fmt: skip
+    """{layer index: MLAAttention} of `codebase` (a codebases.Codebase), kv_b_proj holding bf16(`served`).
+    `dcp_a2a_ranks` > 1 (vllm 0.34.0): DCP over that many ranks with the A2A combine (W_UV_dcp)."""
     cls = codebase.mla_attention.MLAAttention
     if impl_cls is not None:
         cls = type(f"{cls.__name__}With{impl_cls.__name__}", (cls,), {"impl_cls": impl_cls})
-    vllm_config = SimpleNamespace(
-        model_config=SimpleNamespace(model=None if model_dir is None else str(model_dir), hf_config=None),
-        compilation_config=SimpleNamespace(static_forward_context={}),
-    )
+    if dcp_a2a_ranks > 1:
+        if not hasattr(codebase.mla_attention, "_DCP_WORLD_SIZE"):
+            raise ValueError(f"{codebase.name}: the stand-in has no W_UV_dcp")
+        cls = type(f"{cls.__name__}WithDcp", (cls,), {"impl_cls": _dcp_impl(cls.impl_cls, dcp_a2a_ranks)})
+    if hasattr(codebase.mla_attention, "_DCP_WORLD_SIZE"):
+        codebase.mla_attention._DCP_WORLD_SIZE = dcp_a2a_ranks
+    vllm_config = vllm_config_for(model_dir, "a2a" if dcp_a2a_ranks > 1 else "ag_rs")
+    if codebase.loader is not None:
+        with default_dtype(act_dtype):
+            model, layers = _build(cls, served, kv_lora_rank, num_heads, dcp_q_replicate, vllm_config)
+        codebase.loader.initialize_model_done(model)
+        _load(model, served)
+        codebase.loader.process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    else:
+        model, layers = _build(cls, served, kv_lora_rank, num_heads, dcp_q_replicate, vllm_config)
+        _load(model, served)
+        vllm_upstream.process_weights_after_loading(model, act_dtype)
+    out = Layers(layers)
+    out.model, out.codebase = model, codebase
+    return out
+
+
+def _dcp_impl(base, ranks: int):
+    return type(f"{base.__name__}Dcp{ranks}", (base,), {"dcp_world_size": ranks})
+
+
+def _build(cls, served, kv_lora_rank, num_heads, dcp_q_replicate, vllm_config):
     model = nn.ModuleList()
     layers = {}
     for i, w in served.items():
         block = nn.Module()
         prefix = f"model.layers.{i}.self_attn"
         block.kv_b_proj = vllm_upstream.ColumnParallelLinear(kv_lora_rank, w.shape[0], prefix=f"{prefix}.kv_b_proj")
-        block.kv_b_proj.weight.weight_loader(block.kv_b_proj.weight, w.to(torch.bfloat16))
         block.attn = cls(
             num_heads=num_heads, scale=1.0, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
             q_lora_rank=None, kv_lora_rank=kv_lora_rank, kv_b_proj=block.kv_b_proj,
@@ -56,13 +112,25 @@ def build_and_load(codebase, model_dir, served: dict[int, torch.Tensor], *, num_
         )  # fmt: skip
         model.append(block)
         layers[i] = block.attn
-    vllm_upstream.process_weights_after_loading(model, act_dtype)
-    return layers
+    return model, layers
 
 
-def reload(layers: dict, weights: dict[int, torch.Tensor], act_dtype: torch.dtype = torch.bfloat16) -> None:
+def _load(model: nn.Module, served: dict[int, torch.Tensor]) -> None:
+    for block, w in zip(model, served.values(), strict=True):
+        block.kv_b_proj.weight.weight_loader(block.kv_b_proj.weight, w.to(torch.bfloat16))
+
+
+def reload(layers: dict, weights: dict[int, torch.Tensor], act_dtype: torch.dtype = torch.bfloat16,
+           kernel_format: bool = False) -> None:  # fmt: skip
     """vLLM's layerwise reload for these layers: kv_b_proj's new weights copied into its existing
-    parameter (the original storage), then every layer's process_weights_after_loading again."""
+    parameter (the original storage), then every layer's process_weights_after_loading again.
+    On vllm 0.34.0: the code base's reload of the whole model (the mode $VLLM_RELOAD_MODE names,
+    or with `kernel_format` the weights copied by name and finalize_model_weights run)."""
+    codebase = getattr(layers, "codebase", None)
+    if codebase is not None and codebase.reload is not None:
+        names = {f"{pos}.kv_b_proj.weight": weights[i].to(torch.bfloat16) for pos, i in enumerate(layers)}
+        codebase.reload.reload_weights(layers.model, names, is_checkpoint_format=not kernel_format)
+        return
     with torch.no_grad():
         for i, layer in layers.items():
             layer.kv_b_proj.weight.copy_(weights[i].to(torch.bfloat16))
