@@ -25,14 +25,15 @@ from mla_convert.constants import (
     WRITE_MODES,
 )
 from mla_convert.errors import ConvertError
+from mla_runtime import hub_cache
 
 ProgressFn = Callable[[int], None]  # advance(nbytes): called with source bytes processed
 ProgressFactory = Callable[[int], ProgressFn]  # factory(total_bytes) -> advance
 MessageFn = Callable[[str], None]
 
-# A Hub repo id, OWNER/NAME: the one pattern for a Hub source, an upload's REPO_ID and a card's
-# base_model (huggingface_hub's validate_repo_id rules, with the owner required).
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A Hub repo id, OWNER/NAME, for a Hub source, an upload's REPO_ID and a card's base_model: the
+# runtime's pattern (huggingface_hub's validate_repo_id rules, with the owner required).
+REPO_ID = hub_cache.REPO_ID
 REPO_ID_MAX = 96
 
 

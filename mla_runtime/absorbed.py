@@ -410,11 +410,11 @@ def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
 def _say_no_artifacts(model_dir: Path | None, snapshot: hub_cache.Snapshot | None) -> None:
     if model_dir is not None:
         snapshot = hub_cache.snapshot_at(model_dir)
-    if snapshot is not None and hub_cache.mistral_layout_without_artifacts(snapshot.path):
+    if snapshot is not None and hub_cache.lacks_artifacts(snapshot.path):
         logger.info(
-            "mla_runtime: no %s/ in %s: for a model in Mistral's layout vLLM downloads only consolidated*.safetensors "
-            "of %s, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or set "
-            "%s); vLLM computes W_UK_T/W_UV itself",
+            "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or Mistral's consolidated shards) "
+            "of %s names, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or "
+            "set %s); vLLM computes W_UK_T/W_UV itself",
             MLA_DIR_NAME, snapshot.path, snapshot.repo_id, snapshot.fetch_command(), envs.DIR,
         )  # fmt: skip
         return

@@ -2,10 +2,10 @@
 Standard library only (the plugin does not import huggingface_hub).
 
 vLLM downloads a Hub id into the cache (`<hub cache>/models--ORG--NAME/snapshots/<commit>/`) with
-the patterns of its load format. For a model in Mistral's own layout (params.json, consolidated
-shards) those are `consolidated*.safetensors` alone, so an mla-convert output's `mla/` directory is
-not in the snapshot; the plugin then names the exact command that fetches it (it downloads nothing
-itself). The cache is found as huggingface_hub finds it: $HF_HUB_CACHE, else $HF_HOME/hub, else
+the patterns of its load format: the shards its index names (or, in Mistral's own layout,
+`consolidated*.safetensors`), and the other files without any `*.safetensors`. So an mla-convert
+output's `mla/` directory is never in the snapshot vLLM makes; the plugin then names the exact
+command that fetches it (it downloads nothing itself). The cache is found as huggingface_hub finds it: $HF_HUB_CACHE, else $HF_HOME/hub, else
 $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
 """
 
@@ -17,10 +17,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .format import MISTRAL_CONFIG_NAME, MLA_DIR_NAME
+from .format import MLA_DIR_NAME
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A Hub repo id, OWNER/NAME (huggingface_hub's rules, owner required): the one pattern of both
+# packages (mla_convert.settings.is_repo_id adds the length and `--` / `..` rules).
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def hub_cache_dir() -> Path:
@@ -53,7 +55,7 @@ class Snapshot:
 
 def snapshot_of(repo_id: str, revision: str | None = None) -> Snapshot | None:
     """The cached snapshot of `repo_id` at `revision` (a branch, tag or commit; default main)."""
-    if not _REPO_ID.match(repo_id or ""):
+    if not REPO_ID.match(repo_id or ""):
         return None
     repo_dir = hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
     rev = revision or "main"
@@ -79,12 +81,6 @@ def snapshot_at(path: Path) -> Snapshot | None:
     return Snapshot("/".join(parts), path.name, path)
 
 
-def mistral_layout_without_artifacts(path: Path) -> bool:
-    """A directory in Mistral's own layout (params.json next to consolidated shards) with no `mla/`:
-    what vLLM's download of a Mistral-layout Hub repo leaves in the cache."""
-    path = Path(path)
-    return (
-        (path / MISTRAL_CONFIG_NAME).is_file()
-        and any(path.glob("consolidated*.safetensors"))
-        and not (path / MLA_DIR_NAME).is_dir()
-    )
+def lacks_artifacts(path: Path) -> bool:
+    """A snapshot with no `mla/`: what vLLM's own download of an mla-convert output leaves."""
+    return not (Path(path) / MLA_DIR_NAME).is_dir()

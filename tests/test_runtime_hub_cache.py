@@ -1,6 +1,6 @@
-"""A model in Mistral's layout served by Hub id: vLLM downloads only `consolidated*.safetensors` (and
-params.json) into the local Hugging Face cache, so an mla-convert output's `mla/` is not in the
-snapshot. The plugin downloads nothing; it says in one line the exact command that fetches it, and a
+"""A model served by Hub id: vLLM downloads only the weights its index names (in Mistral's layout,
+`consolidated*.safetensors` and params.json) into the local Hugging Face cache, so an mla-convert
+output's `mla/` is not in the snapshot, whatever the layout. The plugin downloads nothing; it says in one line the exact command that fetches it, and a
 snapshot that has it (after that command) is served from it with no variable set.
 
 Real components: a real cache filled by the real huggingface_hub client from the project's loopback
@@ -72,7 +72,7 @@ def test_the_missing_mla_dir_is_named_with_its_command_which_then_serves_it(serv
     (line,) = lines(caplog)
     command = f"hf download {REPO} --revision {commit} --include 'mla/*' --cache-dir {snapshot.parent.parent.parent}"
     assert f"no mla/ in {snapshot}" in line and f"`{command}`" in line, line
-    assert "consolidated*.safetensors" in line and plugin.summary() == []
+    assert "vLLM downloads only the weights the index" in line and plugin.summary() == []
     assert not (snapshot / "mla").exists()  # nothing downloaded by the plugin
 
     # the command as printed, run as the user would: the artifacts land in that snapshot
@@ -106,23 +106,37 @@ def test_a_snapshot_directory_served_by_path_gets_the_same_line(served, vllm_sta
     assert f"hf download {REPO} --revision {commit} --include 'mla/*'" in line and str(snapshot) in line, line
 
 
-def test_other_layouts_and_plain_directories_keep_the_ordinary_line(served, vllm_standin, fake_hub, tmp_path, caplog):
-    """config.json layout in the cache (vLLM's patterns there include mla/: nothing to fetch), and a
-    local directory that is no cache snapshot: the line that there are no artifacts, no command."""
+def test_a_config_json_layout_snapshot_without_mla_gets_the_command_too(
+    served, vllm_standin, fake_hub, tmp_path, caplog
+):
+    """vLLM's download of a config.json-layout repo takes the index's shards and the other files
+    without any *.safetensors (tests/test_vllm_hub_cache.py measures it in the real engine): no
+    mla/ either, so the same line with its command."""
     import huggingface_hub
 
     weights = served.random_kv_b(LAYERS, *DIMS.kv_b_shape())
     hf_layout = tmp_path / "hf"
     hf_layout.mkdir()
     (hf_layout / "config.json").write_text("{}")
-    (hf_layout / "model.safetensors").write_bytes(b"\0" * 8)
-    fake_hub.add_repo("acme/hf-layout", hf_layout)
-    huggingface_hub.snapshot_download("acme/hf-layout", allow_patterns=["*.safetensors", "*.json"])
+    (hf_layout / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 8)
+    write_artifacts(hf_layout / "mla", weights, DIMS)
+    commit = fake_hub.add_repo("acme/hf-layout", hf_layout)
+    huggingface_hub.snapshot_download("acme/hf-layout", allow_patterns=["model-*.safetensors", "config.json"])
+    with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
+        served.build_and_load(vllm_standin, "acme/hf-layout", weights, num_heads=HEADS)
+    (line,) = lines(caplog)
+    assert f"hf download acme/hf-layout --revision {commit} --include 'mla/*'" in line, line
+
+
+def test_plain_directories_and_uncached_ids_keep_the_ordinary_line(served, vllm_standin, tmp_path, caplog):
+    """A local directory that is no cache snapshot, and a Hub id not in the cache: the line that
+    there are no artifacts, no command."""
+    weights = served.random_kv_b(LAYERS, *DIMS.kv_b_shape())
     local = tmp_path / "local"
     local.mkdir()
     (local / "params.json").write_text("{}")
     (local / "consolidated.safetensors").write_bytes(b"\0" * 8)
-    for model in ("acme/hf-layout", local, "acme/not-in-the-cache"):
+    for model in (local, "acme/not-in-the-cache"):
         plugin.reset()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
