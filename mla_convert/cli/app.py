@@ -102,6 +102,7 @@ app.command("upload", cls=Command, short_help="Publish a converted directory on 
 
 
 def main() -> None:
+    streams.reopen_closed()  # first: no output file may take fd 0, 1 or 2 (cli.streams)
     # Hitting a file size limit (ulimit -f) then fails the write with EFBIG, which becomes a clean
     # error with the partial file removed, instead of the default SIGXFSZ core dump.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
