@@ -85,8 +85,8 @@ def reopen_closed() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))
+        if getattr(sys, name) is None:  # the process's own stream, for as long as it runs
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))  # noqa: SIM115
 
 
 def guard() -> tuple[GuardedStream, GuardedStream]:
