@@ -6,18 +6,23 @@ import concurrent.futures as cf
 import multiprocessing
 import multiprocessing.context
 import os
+import queue
 import signal
 
 from mla_convert.process.interrupts import STOP_SIGNALS
 from mla_convert.process.parent_death import die_with_parent
 
+_REPORTS = None  # in a worker: the parent's queue for what its tasks report as they go (`report`)
 
-def worker_init(threads: int) -> None:
+
+def worker_init(threads: int, reports=None) -> None:
     """Runs first in every worker: keep freed heap pages, and share the cores among the workers
-    (for the native kernels, and for torch once a job imports it)."""
+    (for the native kernels, and for torch once a job imports it); `reports`: the pool's queue."""
     from mla_convert.process import threads as shares
     from mla_convert.process.heap import keep_freed_pages
 
+    global _REPORTS
+    _REPORTS = reports
     keep_freed_pages()
     shares.share_cores(threads)
 
@@ -62,13 +67,36 @@ class _Worker(multiprocessing.context.SpawnProcess):
         return {k: v for k, v in self.__dict__.items() if k != "starter"}
 
 
-def process_pool(workers: int) -> cf.ProcessPoolExecutor:
-    """`workers` processes, each with its share of the cores for torch's thread pool."""
+def process_pool(workers: int, reports=None) -> cf.ProcessPoolExecutor:
+    """`workers` processes, each with its share of the cores for torch's thread pool; `reports`
+    (from `new_reports`): where their tasks' `report` calls go."""
     threads = max(1, (os.cpu_count() or 1) // workers)
     # spawn: fork after torch's thread pools have started can hang
     return cf.ProcessPoolExecutor(
-        workers, mp_context=_SpawnWithoutSigint(), initializer=worker_init, initargs=(threads,)
+        workers, mp_context=_SpawnWithoutSigint(), initializer=worker_init, initargs=(threads, reports)
     )
+
+
+def new_reports():
+    """A queue for `process_pool(..., reports=)`: the parent reads it (get_nowait) while tasks run.
+    Its writers never wait on the parent: a worker's feeder thread sends, the task goes on."""
+    return multiprocessing.get_context("spawn").Queue()
+
+
+def report(item) -> None:
+    """In a worker: send `item` (small, picklable) to the pool's reports queue; without one, nothing."""
+    if _REPORTS is not None:
+        _REPORTS.put(item)
+
+
+def drain(reports) -> list:
+    """What is in `reports` now, without waiting."""
+    items = []
+    while True:
+        try:
+            items.append(reports.get_nowait())
+        except queue.Empty:
+            return items
 
 
 def stop(pool: cf.ProcessPoolExecutor) -> None:
