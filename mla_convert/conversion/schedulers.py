@@ -12,11 +12,12 @@ from pathlib import Path
 
 from mla_convert.conversion.crash_points import crash_point
 from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, run_reported_shard_job, start_shard_job
+from mla_convert.errors import ConvertError
 from mla_convert.io.shard_writer import BackgroundCommits
 from mla_convert.output.journal import Journal, remove_partials
 from mla_convert.plan.planner import Plan
 from mla_convert.process.interrupts import deferred
-from mla_convert.process.workers import drain, new_reports, process_pool
+from mla_convert.process.workers import drain, new_reports, process_pool, result
 from mla_convert.process.workers import stop as workers_stop
 from mla_convert.settings import ProgressFn
 from mla_convert.source import hub
@@ -24,6 +25,10 @@ from mla_convert.source import hub
 JobDone = Callable[[str, list], None]  # (job file, [(relative path, size, sha256)])
 InputsReady = Callable[[JobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
 RecordFn = Callable[[JobSpec, list], None]  # the step after each finished job (execute's record)
+WORKER_KILLED = (
+    "a worker process was killed (by the out-of-memory killer?); use fewer --workers, then finish it "
+    "with the same command and --resume"
+)
 REPORTS_EVERY = 0.1  # seconds between looks at the workers' progress reports (the bar redraws at 10 Hz)
 
 
@@ -111,7 +116,7 @@ def run_in_pool(
                     break
             for fut in finished:
                 spec = running.pop(fut)
-                record(spec, fut.result())
+                record(spec, result(fut))
                 if progress:
                     total = sum(t.nbytes for t in spec.sources.values())
                     progress(max(0, total - reported.pop(spec.job.file, 0)))
@@ -132,12 +137,14 @@ def run_in_pool(
                     running[pool.submit(run_reported_shard_job, spec)] = spec
             while running:
                 collect()
-        except BaseException:
+        except BaseException as e:
             # Ctrl-C or a failed job: stop the other jobs now rather than let them finish, and
             # remove the files they were writing (a killed job cannot remove its own).
             workers_stop(pool)
             if specs:
                 remove_partials(Path(specs[0].out_dir))
+            if isinstance(e, cf.BrokenExecutor):  # a worker ended by SIGKILL: the OOM killer, most likely
+                raise ConvertError(WORKER_KILLED) from e
             raise
 
 

@@ -31,7 +31,7 @@ from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
 from mla_convert.process.torch_import import import_torch
-from mla_convert.process.workers import report
+from mla_convert.process.workers import errors_intact, report
 from mla_convert.settings import ProgressFn
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
 from mla_runtime.format import ARTIFACT_ST_DTYPE, MlaDims, w_uk_t_name, w_uv_name
@@ -228,8 +228,10 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
 
 def run_reported_shard_job(spec: JobSpec) -> list[tuple[str, int, str]]:
     """run_shard_job in a worker process, each tensor's source bytes reported to the parent as
-    (job file, bytes) as it is done (process.workers.report), so that progress moves with the work."""
-    return run_shard_job(spec, lambda n: report((spec.job.file, n)))
+    (job file, bytes) as it is done (process.workers.report), so that progress moves with the work;
+    an error raised whole in the parent by process.workers.result, as with one worker."""
+    with errors_intact():
+        return run_shard_job(spec, lambda n: report((spec.job.file, n)))
 
 
 def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:

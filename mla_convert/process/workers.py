@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.context
 import os
+import pickle
 import queue
 import signal
+import traceback
 
 from mla_convert.process.interrupts import STOP_SIGNALS
 from mla_convert.process.parent_death import die_with_parent
@@ -87,6 +91,52 @@ def report(item) -> None:
     """In a worker: send `item` (small, picklable) to the pool's reports queue; without one, nothing."""
     if _REPORTS is not None:
         _REPORTS.put(item)
+
+
+class _Carried(Exception):
+    """A task's exception and its causes, pickled one by one: a process pool sends the exception
+    alone, its __cause__ replaced by the worker's traceback as text, and a one-worker run's message
+    (the hint that comes from an OSError's errno, say) would be lost with it."""
+
+    def __init__(self, chain: list[bytes], where: str):
+        super().__init__(chain, where)
+        self.chain, self.where = chain, where
+
+
+@contextlib.contextmanager
+def errors_intact():
+    """Around a task in a worker: an exception leaves it whole (`result` raises it again)."""
+    try:
+        yield
+    except Exception as e:
+        raise _Carried(_pickled_causes(e), traceback.format_exc()) from None
+
+
+def _pickled_causes(e: BaseException | None) -> list[bytes]:
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        try:
+            data = pickle.dumps(e)
+            pickle.loads(data)
+        except Exception:  # one that does not survive pickling: its type's name and message
+            data = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+        chain.append(data)
+        e = e.__cause__
+    return chain
+
+
+def result(future: cf.Future):
+    """future.result(); a task run under `errors_intact` raises here what it raised in the worker:
+    the same type and message, with the same causes (the worker's traceback as a note)."""
+    try:
+        return future.result()
+    except _Carried as carried:
+        errors = [pickle.loads(data) for data in carried.chain]
+        for e, cause in itertools.pairwise(errors):
+            e.__cause__ = cause
+        errors[0].add_note(f"raised in a worker process:\n{carried.where}")
+        raise errors[0] from errors[0].__cause__
 
 
 def drain(reports) -> list:
