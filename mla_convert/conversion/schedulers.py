@@ -117,9 +117,9 @@ def run_in_pool(
             for fut in finished:
                 spec = running.pop(fut)
                 record(spec, result(fut))
+                already = reported.pop(spec.job.file, 0)
                 if progress:
-                    total = sum(t.nbytes for t in spec.sources.values())
-                    progress(max(0, total - reported.pop(spec.job.file, 0)))
+                    progress(max(0, sum(t.nbytes for t in spec.sources.values()) - already))
 
         try:
             for spec in specs:
