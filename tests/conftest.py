@@ -1,5 +1,6 @@
 """Fixtures every test module can take; what they wrap lives in tests/support/ (see its __init__)."""
 
+import contextlib
 import os
 import shutil
 import sys
@@ -156,22 +157,55 @@ def vllm_gaudi_standin(vllm_standin):
 @pytest.fixture(autouse=True, scope="session")
 def _temporary_files_under_the_sessions_base(tmp_path_factory):
     """Whatever the code under test and its child processes put in the temporary directory (a
-    demo's default directory, a kernel build, a download's staging) lands under this session's
-    pytest base directory, which pytest removes after a passing session (pyproject.toml:
-    tmp_path_retention_policy). torch's compile cache stays where it was: a cache shared between
-    sessions, not something a test leaves behind."""
-    import getpass
+    demo's default directory, a kernel build, a download's staging, torch's compile cache) lands
+    under this session's pytest base directory, which pytest removes after a passing session
+    (pyproject.toml: tmp_path_retention_policy). A compile cache the user points
+    TORCHINDUCTOR_CACHE_DIR at is theirs: used, and left alone."""
     import tempfile
 
     mp = pytest.MonkeyPatch()
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch's default: /tmp/torchinductor_USER, left behind
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("torchinductor")))
     tmp = tmp_path_factory.mktemp("tmpdir")
     mp.setenv("TMPDIR", str(tmp))
     mp.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     yield tmp
     mp.undo()
     tempfile.tempdir = None
+
+
+_PYTEST_ROOT = pytest.StashKey[tuple[Path, bool]]()
+
+
+def _pytest_root() -> Path:
+    """The directory that holds pytest's numbered base directories (pytest-of-USER), found as pytest finds it."""
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (ImportError, OSError, KeyError):
+        user = "unknown"
+    return Path(os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()).resolve() / f"pytest-of-{user}"
+
+
+def pytest_sessionstart(session):
+    root = _pytest_root()
+    session.config.stash[_PYTEST_ROOT] = (root, root.exists() or root.is_symlink())
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own, which removes this session's base directory
+def pytest_sessionfinish(session, exitstatus):
+    """A passing session that created pytest-of-USER removes it too once it is empty (pytest leaves
+    it, and a dangling pytest-current link, behind); one that existed before the session stays."""
+    root, existed = session.config.stash.get(_PYTEST_ROOT, (None, True))
+    if existed or exitstatus != 0 or not root.is_dir() or root.is_symlink():
+        return
+    current = root / "pytest-current"
+    if current.is_symlink() and not current.exists():
+        current.unlink()
+    with contextlib.suppress(OSError):  # not empty: another session is using it
+        root.rmdir()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 from mla_convert.cli import card_cmd, convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
-from mla_convert.cli.help import Command
+from mla_convert.cli.help import Command, whole_words
 from mla_convert.cli.startup import still_working
 from mla_convert.process import interrupts
 from mla_convert.version import __version__
@@ -50,6 +50,10 @@ class _OneLineErrors(TyperGroup):
             sys.exit(code)
         return code
 
+    def format_help(self, ctx, formatter) -> None:
+        with whole_words(formatter):
+            super().format_help(ctx, formatter)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -61,9 +65,9 @@ class _OneLineErrors(TyperGroup):
 app = typer.Typer(
     name="mla-convert",
     cls=_OneLineErrors,
-    help="Convert MLA checkpoints of the DeepSeek-V3 family (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2, GLM-5, "
-    "DeepSeek-V2, Moonlight; block-FP8 or BF16) for vLLM on Intel Gaudi (channel FP8 or bf16), with each MLA "
-    "layer's W_UK_T / W_UV precomputed next to the model.",
+    help="Convert MLA checkpoints of the DeepSeek-V3 family (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2/K2.5/K2.6, "
+    "GLM-5, DeepSeek-V2, Moonlight, Mistral-Large-3; block-FP8, BF16, or Kimi's INT4 experts) for vLLM on "
+    "Intel Gaudi (channel FP8 or bf16), with each MLA layer's W_UK_T / W_UV precomputed next to the model.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -103,6 +107,7 @@ app.command("card", cls=Command, short_help="Write a converted directory's model
 
 
 def main() -> None:
+    streams.reopen_closed()  # first: no output file may take fd 0, 1 or 2 (cli.streams)
     # Hitting a file size limit (ulimit -f) then fails the write with EFBIG, which becomes a clean
     # error with the partial file removed, instead of the default SIGXFSZ core dump.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -77,7 +77,7 @@ def convert(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Convert a checkpoint of the MLA family (block-FP8 or BF16) and precompute its MLA weights."""
+    """Convert a checkpoint of the MLA family (block-FP8, BF16, or INT4 experts) and precompute its MLA weights."""
     with (
         errors_to_exit(functools.partial(_interrupted, out), functools.partial(next_step, out)),
         console.reporter(quiet, "converting") as report,

@@ -18,7 +18,8 @@ from mla_convert.units import gb
 
 def demo(
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Where to put the demo (default: a new temporary directory).")
+        Path | None,
+        typer.Option("--out", "-o", metavar="DIR", help="Where to put the demo (default: a new temporary directory)."),
     ] = None,
     format: FormatOpt = Options.format,
     target: TargetOpt = Options.target,

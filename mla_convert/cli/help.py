@@ -5,10 +5,16 @@ column at 80 columns and ends long words with an ellipsis).
 
 Typer shows each parameter's Python type (`<bool>`, `<list[str]>`, `<path>`) and a required
 argument as `{source}`; `Command` shows the option's metavar (set in cli.options) and the
-argument's name in capitals instead."""
+argument's name in capitals instead.
+
+click wraps help text as textwrap does by default, also after a hyphen: `mistral-large-3-bf16`
+came out as `mistral-` and `large-3-bf16`, a name that no longer copies. `whole_words` wraps
+between words only (a word longer than the line is still cut)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import re
 
 from typer.core import TyperCommand
@@ -20,8 +26,36 @@ def _argument_name(param) -> str:
     return param.metavar or param.name.upper()
 
 
+@contextlib.contextmanager
+def whole_words(formatter):
+    """While `formatter` (click's HelpFormatter, Typer's copy of click or click itself) writes:
+    lines wrap at spaces, never after a hyphen inside a name."""
+    try:  # the wrapper click's wrap_text imports as it runs
+        textwrap = importlib.import_module(type(formatter).__module__.rpartition(".")[0] + "._textwrap")
+    except ImportError:
+        textwrap = None
+    original = getattr(textwrap, "TextWrapper", None)
+    if original is None:  # another click layout: its own wrapping, as it was
+        yield
+        return
+
+    class WholeWords(original):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "break_on_hyphens": False})
+
+    textwrap.TextWrapper = WholeWords
+    try:
+        yield
+    finally:
+        textwrap.TextWrapper = original
+
+
 class Command(TyperCommand):
     """A Typer command whose usage line and help rows read as a user types them."""
+
+    def format_help(self, ctx, formatter) -> None:
+        with whole_words(formatter):
+            super().format_help(ctx, formatter)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

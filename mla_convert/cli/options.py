@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from mla_convert.constants import FORMATS, KERNEL_MODES, TARGETS, WRITE_MODES
-from mla_convert.source.family import MEMBERS, SUPPORTED_ARCHITECTURES
+from mla_convert.source.family import MEMBERS, MISTRAL_LARGE_3, SUPPORTED_ARCHITECTURES
 
 
 def choices(values: tuple[str, ...]) -> str:
@@ -73,7 +73,9 @@ SourceArg = Annotated[
     str,
     typer.Argument(
         metavar="SOURCE",
-        help=f"Checkpoint directory or Hub repo id; its config.json names one of {', '.join(SUPPORTED_ARCHITECTURES)}.",
+        help="Checkpoint directory or Hub repo id: one whose config.json names "
+        f"{', '.join(a for a in SUPPORTED_ARCHITECTURES if a != MISTRAL_LARGE_3)}; or Mistral-Large-3 in "
+        "Mistral's own layout (params.json and consolidated shards, no config.json).",
     ),
 ]
 IgnoreOpt = Annotated[

@@ -11,6 +11,11 @@ goes on; its exit code and the manifest tell the truth.
 At the end (`outcome`) a stdout that was lost to a reader that went away (`verify | head`) leaves
 the command's exit code as it is; one that could not be written otherwise (a full disk) is one
 line on stderr and exit code 2, since what the command printed there is lost.
+
+A descriptor that was never there (`2>&-`, `>&-`, `<&-`: some daemons, cron jobs and CI runners
+start processes so) is /dev/null from the first line of `main` (`reopen_closed`): the command
+runs and ends as with it open, and what it prints is dropped. Before that, the next file the
+command opened would get descriptor 1 or 2, and what it printed would land inside that file.
 """
 
 from __future__ import annotations
@@ -64,6 +69,24 @@ class GuardedStream:
 
     def __getattr__(self, name):  # encoding, errors, isatty, fileno, buffer...: the stream's own
         return getattr(self._stream, name)
+
+
+def reopen_closed() -> None:
+    """Point stdin, stdout and stderr that are closed at /dev/null, and give Python a stream for each
+    (it sets sys.stdout None for a closed fd 1). First thing in `main`: before it no file the command
+    opens stays open, so none of its outputs can take descriptor 0, 1 or 2."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError as e:
+            if e.errno != errno.EBADF:
+                continue
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:  # the process's own stream, for as long as it runs
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))  # noqa: SIM115
 
 
 def guard() -> tuple[GuardedStream, GuardedStream]:

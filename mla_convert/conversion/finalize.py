@@ -1,7 +1,8 @@
-"""The last stage of a conversion: side files, the config (config.json, or params.json for Mistral's
-own layout), the index (model.safetensors.index.json, or consolidated.safetensors.index.json), the
-MLA manifest and the model card (README.md, which takes the place of the source's: output.card),
-each written atomically and hashed; then the conversion manifest marks the output complete."""
+"""The last stage of a conversion: side files, the MLA manifest, the model card (README.md, which
+takes the place of the source's: output.card), the index (model.safetensors.index.json, or
+consolidated.safetensors.index.json) and the config (config.json, or params.json for Mistral's own
+layout), each written atomically and hashed; then the conversion manifest marks the output
+complete. What makes a directory a model is written last, as upload sends it last."""
 
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ from mla_runtime.format import LayerEntry, MlaManifest
 
 
 def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRef | None = None) -> SourceRef:
-    """Side files, config, index, MLA manifest, the card, then the manifest 'complete' with every
+    """Side files, MLA manifest, the card, index, config, then the manifest 'complete' with every
     file of `files` (the shard jobs' files; the ones written here are added). `origin`: where the
     source came from (default: its directory), for the card and the manifest; returned as recorded
-    (with the source card's base_model, where it gave the card one)."""
+    (with the source card's base_model, where it gave the card one).
+
+    What makes the directory a model comes last, the config after the index (vLLM loads every
+    *.safetensors of a directory that has a config and no index): until the config is in place,
+    an interrupted run leaves nothing a loader takes for a model (`unmake_model`)."""
     src = plan.source
     origin = origin or source_ref(src.root)
 
@@ -36,12 +41,6 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
     for rel in src.side_files:
         if not (card and rel == CARD_NAME):  # the card takes the source's README's place
             record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
-    record(plan.config_name, write_bytes_atomic(out_dir / plan.config_name, _json_bytes(plan.config)))
-    weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
-    total = sum(job.out_bytes for job in plan.shards)
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    crash_point("index")
-    record(plan.index_name, write_bytes_atomic(out_dir / plan.index_name, _json_bytes(index)))
     layers = tuple(
         LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
         for i in plan.mla_layers
@@ -61,10 +60,25 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
         origin = with_source_card(origin, source_card)
         facts = card_facts(plan, origin)
         record(CARD_NAME, write_card(out_dir, facts, source_card))
+    weight_map = {t.name: job.file for job in plan.shards for t in job.tensors}
+    total = sum(job.out_bytes for job in plan.shards)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    crash_point("index")
+    record(plan.index_name, write_bytes_atomic(out_dir / plan.index_name, _json_bytes(index)))
+    crash_point("config")
+    record(plan.config_name, write_bytes_atomic(out_dir / plan.config_name, _json_bytes(plan.config)))
     crash_point("final-manifest")
     record_facts = facts.record() if facts is not None else None
     write_manifest(out_dir, COMPLETE, plan.options.as_dict(), src.fingerprint(), files, origin.as_dict(), record_facts)
     return origin
+
+
+def unmake_model(plan: Plan, out_dir: Path) -> None:
+    """Remove the config and the index that an earlier, interrupted run of this conversion wrote
+    (the manifest already says incomplete): a --resume cut short leaves no loadable-looking model.
+    finalize writes both again, the same bytes."""
+    for rel in (plan.config_name, plan.index_name):
+        (out_dir / rel).unlink(missing_ok=True)
 
 
 def card_facts(plan: Plan, origin: SourceRef) -> CardFacts:

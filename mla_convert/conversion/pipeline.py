@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mla_convert.constants import INCOMPLETE, MLA_DIR_NAME, STAGING_DIR_NAME
 from mla_convert.conversion.compute import Compute, check_device, choose_compute
-from mla_convert.conversion.finalize import finalize
+from mla_convert.conversion.finalize import finalize, unmake_model
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
 from mla_convert.conversion.shard_job import job_specs, release_buffers
@@ -223,6 +223,7 @@ class _Conversion:
             raise OutputError(f"--write-io: {e}") from e
         self.summary |= {"write_io": self.write_io, "write_io_reason": why}
         write_manifest(out_dir, INCOMPLETE, self.plan.options.as_dict(), self.plan.source.fingerprint(), {})
+        unmake_model(self.plan, out_dir)  # a resumed run's: until finalize, nothing here looks loadable
         (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
 
     # --- 7. the shard jobs ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
 from mla_convert.process.torch_import import import_torch
+from mla_convert.process.workers import errors_intact, report
 from mla_convert.settings import ProgressFn
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
 from mla_runtime.format import ARTIFACT_ST_DTYPE, MlaDims, w_uk_t_name, w_uv_name
@@ -214,15 +215,23 @@ class _Inputs:
 PendingFiles = list[tuple[str, cf.Future]]  # (relative path, future of its WrittenFile)
 
 
-def run_shard_job(spec: JobSpec) -> list[tuple[str, int, str]]:
+def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
     """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds), committed.
 
     Returns (relative path, size, sha256) of every file written. Memory: the tensor being converted
     (a chunk of its rows, on the native path) and the writers' staging buffers.
     """
     with BackgroundCommits() as commits:
-        pending = start_shard_job(spec, commits)
+        pending = start_shard_job(spec, commits, progress)
     return committed(pending)
+
+
+def run_reported_shard_job(spec: JobSpec) -> list[tuple[str, int, str]]:
+    """run_shard_job in a worker process, each tensor's source bytes reported to the parent as
+    (job file, bytes) as it is done (process.workers.report), so that progress moves with the work;
+    an error raised whole in the parent by process.workers.result, as with one worker."""
+    with errors_intact():
+        return run_shard_job(spec, lambda n: report((spec.job.file, n)))
 
 
 def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:

@@ -46,35 +46,44 @@ def run_demo(
 
 
 def _prepare(root: Path, overwrite: bool) -> None:
-    """`root` created or empty; with `overwrite`, an earlier demo in it is deleted, and only that."""
+    """`root` created or empty; with `overwrite`, an earlier demo in it is deleted, and only that.
+    A refusal says what will work: --overwrite only where --overwrite would then go ahead."""
     out.check_writable(root)
     if not out.is_empty(root):
+        delete = _earlier_demo(root, overwrite)
         if not overwrite:
-            raise OutputError(f"{root}: directory is not empty; delete it, pick another --out, or pass --overwrite")
-        _earlier_demo(root)()
+            raise OutputError(
+                f"{root}: directory holds an earlier demo; pass --overwrite to replace it, or pick another --out"
+            )
+        delete()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"{root}: cannot create the demo directory ({e.strerror or e})") from e
 
 
-def _earlier_demo(root: Path):
-    """A function that deletes the earlier demo in `root`; refuses if `root` holds anything else."""
+def _earlier_demo(root: Path, overwrite: bool):
+    """A function that deletes the earlier demo in `root`; refuses if `root` holds anything else
+    (`overwrite`: whether the user asked for that, for the refusal's words)."""
     try:
         listed = set(json.loads((root / MARKER).read_text())["source_files"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OutputError(
-            f"{root}: --overwrite replaces only an earlier demo (one with {MARKER}), and this directory is not "
-            f"one; pick another --out, or empty it yourself"
-        ) from e
+        why = (
+            f"--overwrite replaces only an earlier demo (one with {MARKER}), and this directory is not one"
+            if overwrite
+            else f"directory is not empty, and not an earlier demo (it has no {MARKER})"
+        )
+        raise OutputError(f"{root}: {why}; pick another --out (a new or empty directory), or empty it yourself") from e
     outputs = [p for p in root.glob("converted-*") if p.is_dir() and not p.is_symlink()]
     earlier = [out.earlier_output(p, ()) for p in outputs]
     claimed = {MARKER} | listed | {f"{p.name}/{rel}" for p in outputs for rel in files_under(p)}
     foreign = [rel for rel in files_under(root) if rel not in claimed]
     if foreign:
+        then = "" if overwrite else ", then pass --overwrite to replace the demo"
         raise OutputError(
-            f"{root}: --overwrite would delete {out.some(foreign)}, which the demo did not write; "
-            "move it out of --out first"
+            f"{root}: {'--overwrite would delete ' if overwrite else 'directory holds an earlier demo and '}"
+            f"{out.some(foreign)}, which the demo did not write; move it out of --out first{then}, "
+            "or pick another --out"
         )
 
     def delete() -> None:

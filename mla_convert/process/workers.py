@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.context
 import os
+import pickle
+import queue
 import signal
+import traceback
 
 from mla_convert.process.interrupts import STOP_SIGNALS
 from mla_convert.process.parent_death import die_with_parent
 
+_REPORTS = None  # in a worker: the parent's queue for what its tasks report as they go (`report`)
 
-def worker_init(threads: int) -> None:
+
+def worker_init(threads: int, reports=None) -> None:
     """Runs first in every worker: keep freed heap pages, and share the cores among the workers
-    (for the native kernels, and for torch once a job imports it)."""
+    (for the native kernels, and for torch once a job imports it); `reports`: the pool's queue."""
     from mla_convert.process import threads as shares
     from mla_convert.process.heap import keep_freed_pages
 
+    global _REPORTS
+    _REPORTS = reports
     keep_freed_pages()
     shares.share_cores(threads)
 
@@ -62,13 +71,82 @@ class _Worker(multiprocessing.context.SpawnProcess):
         return {k: v for k, v in self.__dict__.items() if k != "starter"}
 
 
-def process_pool(workers: int) -> cf.ProcessPoolExecutor:
-    """`workers` processes, each with its share of the cores for torch's thread pool."""
+def process_pool(workers: int, reports=None) -> cf.ProcessPoolExecutor:
+    """`workers` processes, each with its share of the cores for torch's thread pool; `reports`
+    (from `new_reports`): where their tasks' `report` calls go."""
     threads = max(1, (os.cpu_count() or 1) // workers)
     # spawn: fork after torch's thread pools have started can hang
     return cf.ProcessPoolExecutor(
-        workers, mp_context=_SpawnWithoutSigint(), initializer=worker_init, initargs=(threads,)
+        workers, mp_context=_SpawnWithoutSigint(), initializer=worker_init, initargs=(threads, reports)
     )
+
+
+def new_reports():
+    """A queue for `process_pool(..., reports=)`: the parent reads it (get_nowait) while tasks run.
+    Its writers never wait on the parent: a worker's feeder thread sends, the task goes on."""
+    return multiprocessing.get_context("spawn").Queue()
+
+
+def report(item) -> None:
+    """In a worker: send `item` (small, picklable) to the pool's reports queue; without one, nothing."""
+    if _REPORTS is not None:
+        _REPORTS.put(item)
+
+
+class _Carried(Exception):
+    """A task's exception and its causes, pickled one by one: a process pool sends the exception
+    alone, its __cause__ replaced by the worker's traceback as text, and a one-worker run's message
+    (the hint that comes from an OSError's errno, say) would be lost with it."""
+
+    def __init__(self, chain: list[bytes], where: str):
+        super().__init__(chain, where)
+        self.chain, self.where = chain, where
+
+
+@contextlib.contextmanager
+def errors_intact():
+    """Around a task in a worker: an exception leaves it whole (`result` raises it again)."""
+    try:
+        yield
+    except Exception as e:
+        raise _Carried(_pickled_causes(e), traceback.format_exc()) from None
+
+
+def _pickled_causes(e: BaseException | None) -> list[bytes]:
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        try:
+            data = pickle.dumps(e)
+            pickle.loads(data)
+        except Exception:  # one that does not survive pickling: its type's name and message
+            data = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+        chain.append(data)
+        e = e.__cause__
+    return chain
+
+
+def result(future: cf.Future):
+    """future.result(); a task run under `errors_intact` raises here what it raised in the worker:
+    the same type and message, with the same causes (the worker's traceback as a note)."""
+    try:
+        return future.result()
+    except _Carried as carried:
+        errors = [pickle.loads(data) for data in carried.chain]
+        for e, cause in itertools.pairwise(errors):
+            e.__cause__ = cause
+        errors[0].add_note(f"raised in a worker process:\n{carried.where}")
+        raise errors[0] from errors[0].__cause__
+
+
+def drain(reports) -> list:
+    """What is in `reports` now, without waiting."""
+    items = []
+    while True:
+        try:
+            items.append(reports.get_nowait())
+        except queue.Empty:
+            return items
 
 
 def stop(pool: cf.ProcessPoolExecutor) -> None:
