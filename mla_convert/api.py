@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from mla_convert.output.lock import locked
 from mla_convert.results import CardResult, ConversionResult, UploadResult, VerifyReport
 from mla_convert.settings import MessageFn, Options, ProgressFactory, RunSettings, UploadOptions
 
@@ -60,17 +61,21 @@ def verify(
     source: str | Path | None = None,
     workers: int = 1,
     progress_factory: ProgressFactory | None = None,
+    notice: MessageFn | None = None,
 ) -> VerifyReport:
     """Verify `out_dir`, a directory mla-convert wrote, optionally against its `source` (every
     tensor compared with the exact value of the source's). `report.ok` when every check passed;
     `report.failures()` names each failure's check, file, tensor, expected and found.
 
-    Raises VerificationError (a ConvertError) when verification cannot run: not an mla-convert
-    output, an unreadable manifest, a `source` that cannot be opened.
+    Holds `out_dir`'s lock while it reads, as `mla-convert verify` does: refused (OutputError,
+    naming the PID) while a conversion, a card or an upload holds it; `notice` hears of a stale
+    lock taken over. Raises VerificationError (a ConvertError) when verification cannot run: not
+    an mla-convert output, an unreadable manifest, a `source` that cannot be opened.
     """
     from mla_convert.verification.api import verify as run
 
-    return run(out_dir, source, workers=workers, progress_factory=progress_factory)
+    with locked(Path(out_dir), "verify", notice):
+        return run(out_dir, source, workers=workers, progress_factory=progress_factory)
 
 
 def upload(
@@ -94,9 +99,11 @@ def upload(
     `upload(out, "org/name", create=True)`. `progress_factory`: the upload's bytes;
     `check_progress_factory`: verify's reading of every file first; `status`: what runs now.
 
-    Raises UploadError (a ConvertError) with a one-line message when the upload is refused or fails;
-    after KeyboardInterrupt, `e.upload_state` (publish.upload.UploadJob, when it had started) says
-    what is on the Hub.
+    Holds `out_dir`'s lock from the first check to the last call (it writes the card there, and
+    a conversion must not rewrite the files under it): refused, naming the PID, while another run
+    holds it. Raises UploadError (a ConvertError) with a one-line message when the upload is
+    refused or fails; after KeyboardInterrupt, `e.upload_state` (publish.upload.UploadJob, when it
+    had started) says what is on the Hub.
     """
     unknown = sorted(set(fields) - _UPLOAD_FIELDS)
     if unknown:
@@ -104,8 +111,9 @@ def upload(
     options = dataclasses.replace(options or UploadOptions(), **fields)
     from mla_convert.publish.upload import prepare, run
 
-    job = prepare(out_dir, repo_id, options, check_progress=check_progress_factory, status=status)
-    return run(job, progress_factory, status)
+    with locked(Path(out_dir), "upload", status):
+        job = prepare(out_dir, repo_id, options, check_progress=check_progress_factory, status=status)
+        return run(job, progress_factory, status)
 
 
 def card(out_dir: str | Path, *, base_model: str | None = None, repo_id: str | None = None) -> CardResult:
@@ -113,11 +121,13 @@ def card(out_dir: str | Path, *, base_model: str | None = None, repo_id: str | N
     `base_model` (a Hub model id) and `repo_id` (the repo its download and serve lines name) when
     given, else the recorded ones; the manifest records the new card. verify passes afterwards.
 
-    Raises OutputError (a ConvertError) with a one-line message when it cannot: not a finished
-    conversion, converted with --no-card, or a base model or repo that is not a Hub id.
+    Holds `out_dir`'s lock while it writes, as `mla-convert card` does. Raises OutputError (a
+    ConvertError) with a one-line message when it cannot: another run holds the directory, not a
+    finished conversion, converted with --no-card, or a base model or repo that is not a Hub id.
     """
     from mla_convert.output.card import BASE_MODEL_HINT, render_card
 
-    done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id)
+    with locked(Path(out_dir), "card", None):
+        done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id)
     hint = None if done.base_model else BASE_MODEL_HINT.replace("DIR", str(out_dir), 1)
     return CardResult(str(out_dir), str(done.path), done.changed, done.base_model, done.repo_id, hint)

@@ -65,3 +65,38 @@ def test_a_stale_lock_is_taken_over_and_said_so(tiny_src, converted, tmp_path, r
     assert took_over[0].endswith("which is no longer running")
     assert not (out / LOCK).exists()
     assert tree_hashes(out) == tree_hashes(converted["channel-fp8"])
+
+
+def test_the_api_takes_the_lock_as_the_commands_do(converted, tmp_path):
+    """mla_convert.verify / card / upload on a directory another process holds are refused naming
+    its PID (before, only the verify command took the lock); once it lets go they run, and leave
+    no lock file behind."""
+    import shutil
+    import subprocess
+    import sys
+
+    import mla_convert
+
+    out = tmp_path / "out"
+    shutil.copytree(converted["channel-fp8"], out)
+    hold = (
+        "import sys; from pathlib import Path; from mla_convert.output.lock import OutLock\n"
+        "lock = OutLock(Path(sys.argv[1]), 'convert'); lock.acquire(); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refusal = rf"in use by mla-convert convert \(PID {holder.pid}, since "
+        with pytest.raises(OutputError, match=refusal):
+            mla_convert.verify(out)
+        with pytest.raises(OutputError, match=refusal):
+            mla_convert.card(out, base_model="acme/base")
+        with pytest.raises(OutputError, match=refusal):
+            mla_convert.upload(out, "acme/model", dry_run=True)
+    finally:
+        holder.communicate(input="", timeout=60)
+    assert mla_convert.verify(out).ok
+    assert mla_convert.card(out, base_model="acme/base").base_model == "acme/base"
+    assert mla_convert.upload(out, "acme/model", dry_run=True).files
+    assert not (out / LOCK).exists()

@@ -12,7 +12,6 @@ import typer
 from mla_convert.cli import console
 from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import JsonOpt, QuietOpt
-from mla_convert.output.lock import locked
 
 DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")]
 CardBaseOpt = Annotated[
@@ -48,8 +47,7 @@ def card(
     with errors_to_exit("interrupted; run the same command again to write the card"):
         from mla_convert import api
 
-        with locked(dir, "card", None):  # not while a conversion or a verify holds it
-            result = api.card(dir, base_model=base_model, repo_id=repo_id).to_json()
+        result = api.card(dir, base_model=base_model, repo_id=repo_id).to_json()  # locked there
     if json_out:
         typer.echo(json.dumps(result, indent=2))
         return

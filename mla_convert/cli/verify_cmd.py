@@ -13,7 +13,6 @@ from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import QuietOpt
 from mla_convert.cli.startup import start_heavy_process
 from mla_convert.io.read_ahead import read_ahead_in_background
-from mla_convert.output.lock import locked
 from mla_convert.verification.order import files_at_once, first_files
 
 
@@ -46,8 +45,9 @@ def verify(
         from mla_convert import api
 
         progress.status(f"reading the headers in {dir}")
-        with locked(dir, "verify", progress.notice):  # not while a conversion writes there (output.lock)
-            report = api.verify(dir, source=source, workers=workers, progress_factory=progress.progress_factory)
+        report = api.verify(
+            dir, source=source, workers=workers, progress_factory=progress.progress_factory, notice=progress.notice
+        )
         report = report.to_json()
     if json_out:
         typer.echo(json.dumps(report, indent=2))

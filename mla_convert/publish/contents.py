@@ -26,6 +26,7 @@ from mla_convert.constants import (
     COMPLETE,
     CONFIG_NAME,
     INDEX_NAME,
+    LOCK_NAME,
     MANIFEST_NAME,
     MISTRAL_INDEX_NAME,
     MISTRAL_PARAMS_NAME,
@@ -116,7 +117,7 @@ def _check_directory(root: Path, listed: list[UploadFile]) -> None:
             full = os.path.join(dirpath, name)
             on_disk[os.path.relpath(full, root).replace(os.sep, "/")] = os.lstat(full).st_size
     expected = {f.rel: f.size for f in listed}
-    unlisted = sorted(set(on_disk) - set(expected) - {MANIFEST_NAME})
+    unlisted = sorted(set(on_disk) - set(expected) - {MANIFEST_NAME, LOCK_NAME})  # LOCK_NAME: this upload's own
     if unlisted:
         raise UploadError(
             f"{root}: holds {some(unlisted)} that its manifest does not list; not uploaded: move "
