@@ -379,9 +379,15 @@ def _check_fingerprints(manifest, artifacts_dir: Path, model_dir, expected_finge
         conv = Path(model_dir) / CONVERT_MANIFEST_NAME
         if conv.exists():
             try:
-                fp = json.loads(conv.read_text()).get("source_fingerprint")
+                record = json.loads(conv.read_text())
+                fp, status = record.get("source_fingerprint"), record.get("status")
             except (OSError, json.JSONDecodeError, AttributeError) as e:
                 raise ArtifactError(f"{conv}: cannot read ({e})") from e
+            if status != "complete":  # a conversion cut short: its files may be half there
+                raise ArtifactError(
+                    f"{model_dir}: an unfinished mla-convert conversion ({CONVERT_MANIFEST_NAME} says {status!r}); "
+                    "finish it with the same mla-convert command and --resume, then start again"
+                )
             if fp is not None:
                 fingerprints.append((str(fp), str(conv)))
     for fp, origin in fingerprints:

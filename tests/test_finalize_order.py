@@ -66,3 +66,19 @@ def test_mistral_layout_writes_its_params_json_last(family_checkpoints, tmp_path
     assert (out / "consolidated.safetensors.index.json").is_file()
     assert run_cli("convert", src, "--out", out, "--resume", "--quiet").returncode == 0
     assert tree_hashes(out) == tree_hashes(expected)
+
+
+def test_the_plugin_refuses_the_window_left_with_one_line_saying_to_resume(tiny_src, tmp_path, run_cli):
+    """Killed between the config and the manifest, the directory looks loadable: the plugin's
+    loader (mla_runtime.artifacts.open_artifacts, what it runs at vLLM's start) refuses it, saying
+    to --resume; once resumed, it opens."""
+    from mla_runtime.artifacts import open_artifacts
+    from mla_runtime.format import ArtifactError
+
+    out = tmp_path / "out"
+    assert run_cli("convert", tiny_src, "--out", out, "--quiet", crash_at="final-manifest").returncode == -9
+    assert vllm_would_load(out)
+    with pytest.raises(ArtifactError, match=r"an unfinished mla-convert conversion .* says 'incomplete'.*--resume"):
+        open_artifacts(out / "mla", model_dir=out)
+    assert run_cli("convert", tiny_src, "--out", out, "--resume", "--quiet").returncode == 0
+    assert open_artifacts(out / "mla", model_dir=out).layers == [0, 1, 2, 3]
