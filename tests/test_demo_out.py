@@ -47,3 +47,23 @@ def test_what_the_refusal_of_an_earlier_demo_suggests_works(tmp_path, run_cli):
     assert r.returncode == 0, r.stderr
     assert Path(kept).read_text() == "mine"
     assert sorted(p.name for p in root.iterdir()) == [".mla-convert-demo.json", "converted-channel-fp8", "source"]
+
+
+def test_an_interrupted_demos_line_says_what_will_work(tmp_path, run_cli):
+    """Interrupted before its source was complete (no marker yet), --overwrite is refused, so the
+    line says to remove the directory (before: 'run it again with --overwrite' in every case);
+    with the marker written, --overwrite works and the line says so."""
+    from mla_convert.cli.demo_cmd import _interrupted
+
+    root = tmp_path / "demo"
+    (root / "source").mkdir(parents=True)
+    (root / "source" / "config.json").write_text("{}")  # what the demo had begun to write
+    line = _interrupted(root)
+    assert "--overwrite" not in line and f"remove {root}" in line, line
+    r = run_cli("demo", "--out", root, "--quiet", "--overwrite")
+    assert r.returncode == 2 and "replaces only an earlier demo" in one_error_line(r.stderr)
+
+    shutil.rmtree(root)  # what the line says
+    assert run_cli("demo", "--out", root, "--quiet").returncode == 0
+    assert "with --overwrite" in _interrupted(root)  # a complete source: --overwrite replaces it
+    assert run_cli("demo", "--out", root, "--quiet", "--overwrite").returncode == 0

@@ -12,6 +12,7 @@ from mla_convert.cli import console
 from mla_convert.cli.convert_cmd import report_summary
 from mla_convert.cli.errors import errors_to_exit, fail
 from mla_convert.cli.options import DEMO_DEFAULT, DEMO_FAMILIES, FamilyOpt, FormatOpt, JsonOpt, QuietOpt, TargetOpt
+from mla_convert.constants import DEMO_MARKER_NAME
 from mla_convert.settings import Options
 from mla_convert.units import gb
 
@@ -33,7 +34,7 @@ def demo(
     """Write a tiny checkpoint of a family member (DeepSeek-R1's by default), convert, verify, report. Offline."""
     if member not in DEMO_FAMILIES:
         fail(f"--family {member!r}: expected one of {', '.join(DEMO_FAMILIES)}", 2)
-    with errors_to_exit("demo interrupted; run it again with --overwrite, or remove its directory"):
+    with errors_to_exit(lambda: _interrupted(out)):
         from mla_convert.demo.run import run_demo
 
         result = run_demo(out, Options(format=format, target=target), overwrite, DEMO_FAMILIES[member])
@@ -49,3 +50,13 @@ def demo(
     if not report["ok"]:
         console.print_verify_report(report, quiet=True)  # the failures, one per line
         raise typer.Exit(1)
+
+
+def _interrupted(out: Path | None) -> str:
+    """What to do after an interrupted demo: --overwrite works once its source is complete (the
+    marker written); before that, the directory holds only what the demo began to write."""
+    if out is None:
+        return "demo interrupted; run it again (it takes a new temporary directory)"
+    if (out / DEMO_MARKER_NAME).is_file():
+        return "demo interrupted; run it again with --overwrite, or remove its directory"
+    return f"demo interrupted before its source checkpoint was complete; remove {out} (only the demo wrote there), then run it again"
