@@ -41,8 +41,8 @@ def verify(
     was changed)."""
     read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
     with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
-        progress.status("starting (loading torch)")
-        start_heavy_process()
+        progress.status("starting")
+        start_heavy_process(torch=False)  # torch only where a check needs it (verification.stream)
         from mla_convert import api
 
         progress.status(f"reading the headers in {dir}")

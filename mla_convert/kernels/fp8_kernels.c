@@ -727,3 +727,180 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
         max_abs[r] = mabs, max_ratio[r] = mratio, n_bad[r] = nb, first_bad[r] = fb, amax_x[r] = ax;
     }
 }
+
+/* ---- verify on raw buffers (no torch): first difference, scale limit, MLA artifacts ---------- */
+
+/* The first byte offset where a and b differ, -1 where the n bytes are equal (a copied tensor). */
+int64_t mla_first_difference(const uint8_t *a, const uint8_t *b, int64_t n) {
+    const int64_t step = 1 << 20;
+    for (int64_t i = 0; i < n; i += step) {
+        const int64_t m = n - i < step ? n - i : step;
+        if (memcmp(a + i, b + i, (size_t)m))
+            for (int64_t j = i; j < i + m; j++)
+                if (a[j] != b[j])
+                    return j;
+    }
+    return -1;
+}
+
+/* verify's scale limit for rows [0, n): how many rows have amax > 0 and not sc <= (amax + eps) /
+ * fp8_max * (1 + rel), each operation in fp32 as in torch. *near counts the rows within 2^-12
+ * relative of their limit, where torch may round its scalar division differently: the caller
+ * then decides in torch. */
+int64_t mla_scale_over_limit(const float *sc, const float *amax, int64_t n, float eps, float fp8_max, float rel,
+                             int64_t *near) {
+    int64_t over = 0, close = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float limit = (amax[r] + eps) / fp8_max * (1.0f + rel);
+        over += amax[r] > 0.0f && !(sc[r] <= limit);
+        const float gap = sc[r] - limit;
+        close += amax[r] > 0.0f && (gap < 0.0f ? -gap : gap) <= limit * 0x1p-12f;
+    }
+    *near = close;
+    return over;
+}
+
+/* The MLA artifacts of heads [h0, h1) against a channel-FP8 kv_b_proj (codes q [N(P+V), L], row
+ * scales sc): how many elements of W_UK_T [N, P, L] (uk) and W_UV [N, L, V] (uv), bf16, are out
+ * of the artifact bound |a - fl(q s)| <= |a| * rel + s * half_step (as verify/bounds.py, fp32). */
+int64_t mla_artifact_bound(const uint8_t *q, const float *sc, const uint16_t *uk, const uint16_t *uv, int64_t l,
+                           int64_t p, int64_t v, float rel, float half_step, int64_t h0, int64_t h1) {
+    int64_t bad = 0;
+    for (int64_t h = h0; h < h1; h++) {
+        for (int64_t i = 0; i < p + v; i++) {
+            const int64_t row = h * (p + v) + i;
+            const uint8_t *qrow = q + row * l;
+            const float s = sc[row], floor_err = s * half_step;
+            for (int64_t j = 0; j < l; j++) {
+                const float a = widen_bf16(i < p ? uk[(h * p + i) * l + j] : uv[(h * l + j) * v + (i - p)]);
+                const float d = a - decode_e4m3fn(qrow[j]) * s;
+                const float ad = d < 0.0f ? -d : d, aa = a < 0.0f ? -a : a;
+                bad += !(ad <= aa * rel + floor_err);
+            }
+        }
+    }
+    return bad;
+}
+
+/* verify's functional MLA check (verify/bounds.py: naive_mla_decode against absorbed_mla_decode),
+ * in fp32 with its own summation order. The decode inputs come from mla_normal_fill (seeded), so
+ * the tests can run the torch reference on the very same ones. */
+#include <math.h>
+
+/* n standard normal floats from a splitmix64 stream (Box-Muller), advancing *state. */
+void mla_normal_fill(uint64_t *state, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 2) {
+        double u[2];
+        for (int j = 0; j < 2; j++) {
+            uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            u[j] = ((double)(z >> 11) + 0.5) * 0x1p-53; /* in (0, 1) */
+        }
+        const double rad = sqrt(-2.0 * log(u[0])), ang = 6.283185307179586 * u[1];
+        out[i] = (float)(rad * cos(ang));
+        if (i + 1 < n)
+            out[i + 1] = (float)(rad * sin(ang));
+    }
+}
+
+#define DOT_LANES 16
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float acc[DOT_LANES] = {0};
+    int64_t i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (int j = 0; j < DOT_LANES; j++)
+        s += acc[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void softmax_row(float *x, int64_t n, float temperature) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] /= temperature;
+        m = x[i] > m ? x[i] : m;
+    }
+    for (int64_t i = 0; i < n; i++)
+        sum += (x[i] = expf(x[i] - m));
+    for (int64_t i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
+/* Relative Frobenius error of the absorbed decode (uk: W_UK_T [N, P, L], uv: W_UV [N, L, V], bf16)
+ * against the naive one (kvb: fp32 kv_b_proj [N(P+V), L]) for queries q_nope [B, N, P], q_pe
+ * [B, N, R] and a cache latent [T, L], k_pe [T, R]. -1: out of memory. */
+double mla_functional_error(const float *kvb, const uint16_t *uk, const uint16_t *uv, int64_t n, int64_t p,
+                            int64_t v, int64_t l, int64_t r, int64_t b, int64_t t, const float *q_nope,
+                            const float *q_pe, const float *latent, const float *k_pe) {
+    const int64_t pv = p + v;
+    float *kv = malloc(sizeof(float) * (size_t)(n * t * pv));          /* [N, T, P+V] */
+    float *logits = malloc(sizeof(float) * (size_t)(n * b * t));       /* [N, B, T] naive */
+    float *logits2 = malloc(sizeof(float) * (size_t)(n * b * t));      /* [N, B, T] absorbed */
+    float *ql = malloc(sizeof(float) * (size_t)(b * l));                /* one head's [B, L] */
+    float *row = malloc(sizeof(float) * (size_t)(l > v ? l : v));
+    double err = -1.0;
+    if (!kv || !logits || !logits2 || !ql || !row)
+        goto done;
+    for (int64_t h = 0; h < n; h++) /* naive: up-project the cache */
+        for (int64_t j = 0; j < pv; j++)
+            for (int64_t s = 0; s < t; s++)
+                kv[(h * t + s) * pv + j] = dot_f32(latent + s * l, kvb + (h * pv + j) * l, l);
+    for (int64_t h = 0; h < n; h++)
+        for (int64_t q = 0; q < b; q++) {
+            const float *qn = q_nope + (q * n + h) * p, *qr = q_pe + (q * n + h) * r;
+            for (int64_t s = 0; s < t; s++)
+                logits[(h * b + q) * t + s] = dot_f32(qn, kv + (h * t + s) * pv, p) + dot_f32(qr, k_pe + s * r, r);
+            /* absorbed: q_nope @ W_UK_T, then against the latent cache */
+            for (int64_t j = 0; j < l; j++)
+                ql[q * l + j] = 0.0f;
+            for (int64_t i = 0; i < p; i++)
+                for (int64_t j = 0; j < l; j++)
+                    ql[q * l + j] += qn[i] * widen_bf16(uk[(h * p + i) * l + j]);
+            for (int64_t s = 0; s < t; s++)
+                logits2[(h * b + q) * t + s] = dot_f32(ql + q * l, latent + s * l, l) + dot_f32(qr, k_pe + s * r, r);
+        }
+    double mean = 0.0, var = 0.0;
+    const int64_t m = n * b * t;
+    for (int64_t i = 0; i < m; i++)
+        mean += logits[i];
+    mean /= (double)m;
+    for (int64_t i = 0; i < m; i++)
+        var += (logits[i] - mean) * (logits[i] - mean);
+    const float spread = m > 1 ? (float)sqrt(var / (double)(m - 1)) : 0.0f;
+    const float temperature = spread > 0.0f ? spread : 1.0f;
+    double dd = 0.0, rr = 0.0;
+    for (int64_t h = 0; h < n; h++)
+        for (int64_t q = 0; q < b; q++) {
+            float *a1 = logits + (h * b + q) * t, *a2 = logits2 + (h * b + q) * t;
+            softmax_row(a1, t, temperature);
+            softmax_row(a2, t, temperature);
+            float *x = ql + q * l; /* attn2 @ latent: [L] */
+            for (int64_t j = 0; j < l; j++)
+                x[j] = 0.0f;
+            for (int64_t s = 0; s < t; s++)
+                for (int64_t j = 0; j < l; j++)
+                    x[j] += a2[s] * latent[s * l + j];
+            for (int64_t k = 0; k < v; k++)
+                row[k] = 0.0f;
+            for (int64_t j = 0; j < l; j++)
+                for (int64_t k = 0; k < v; k++)
+                    row[k] += x[j] * widen_bf16(uv[(h * l + j) * v + k]);
+            for (int64_t k = 0; k < v; k++) {
+                float ref = 0.0f;
+                for (int64_t s = 0; s < t; s++)
+                    ref += a1[s] * kv[(h * t + s) * pv + p + k];
+                dd += ((double)row[k] - ref) * ((double)row[k] - ref);
+                rr += (double)ref * ref;
+            }
+        }
+    err = rr > 0.0 ? sqrt(dd / rr) : (dd == 0.0 ? 0.0 : INFINITY);
+done:
+    free(kv), free(logits), free(logits2), free(ql), free(row);
+    return err;
+}
