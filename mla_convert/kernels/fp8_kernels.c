@@ -665,7 +665,7 @@ static inline void bound_step(float x, float f, float rel, float floor_err, floa
 
 /* A block's row segment decoded first (plain loops the compiler vectorizes), then the lane loop. */
 #define SEGMENT 256
-void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+static inline void fp8_bound_rows_scalar(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
                         const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
                         double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
                         float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
@@ -727,6 +727,100 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
         max_abs[r] = mabs, max_ratio[r] = mratio, n_bad[r] = nb, first_bad[r] = fb, amax_x[r] = ax;
     }
 }
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* 32 e4m3fn codes (masked lanes read as 0) -> fp32 / 256, exactly: the code's bits shifted into an
+ * fp16 (sign to bit 15, exponent and mantissa to bits 7..13) are the value / 256, subnormals
+ * included, and fp16 -> fp32 is exact. 0x7F / 0xFF (NaN) become an fp16 NaN. */
+static inline void decode32_avx512(const uint8_t *p, __mmask32 m, __m512 *lo, __m512 *hi) {
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+    const __m512i em = _mm512_and_si512(b, _mm512_set1_epi16(0x7F));
+    __m512i h = _mm512_or_si512(_mm512_slli_epi16(em, 7), _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8));
+    h = _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(em, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7E00));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+/* The same pass, 16 lanes at a time (the block's tail masked), for rows without NaN or bad
+ * elements: the same fp32 operations per element (x = (code / 256 * 256) * s is the one rounding
+ * of code * s), so max_abs, max_ratio, amax_x and the count match the scalar pass; the sums differ
+ * in their order (and are fused multiply-adds). A row where an element is out of bound (NaN is)
+ * is done again by the scalar pass, whose maxima keep NaN and which finds the first bad column. */
+static inline void bound16(__m512 wx, __m512 qx, __m512 vsb, __m512 vrs, __m512 vrel, __m512 vfloor, __mmask16 m,
+                           __m512 *ldd, __m512 *lxx, __m512 *lyy, __m512 *mabs, __m512 *mratio, __m512 *ax, int64_t *nb) {
+    const __m512 k256 = _mm512_set1_ps(256.0f), abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512 x = _mm512_mul_ps(_mm512_mul_ps(wx, k256), vsb);
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(qx, k256), vrs);
+    const __m512 d = _mm512_sub_ps(f, x);
+    const __m512 adx = _mm512_and_ps(x, abs_mask), ad = _mm512_and_ps(d, abs_mask);
+    const __m512 ratio = _mm512_div_ps(ad, _mm512_add_ps(_mm512_mul_ps(adx, vrel), vfloor));
+    *ldd = _mm512_mask3_fmadd_ps(d, d, *ldd, m);
+    *lxx = _mm512_mask3_fmadd_ps(x, x, *lxx, m);
+    *lyy = _mm512_mask3_fmadd_ps(f, f, *lyy, m);
+    *mabs = _mm512_mask_max_ps(*mabs, m, *mabs, ad);
+    *mratio = _mm512_mask_max_ps(*mratio, m, *mratio, ratio);
+    *ax = _mm512_mask_max_ps(*ax, m, *ax, adx);
+    *nb += __builtin_popcount((unsigned)(m & ~_mm512_mask_cmp_ps_mask(m, ratio, _mm512_set1_ps(1.0f), _CMP_LE_OQ)));
+}
+
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    const __m512 vrel = _mm512_set1_ps(rel);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *qrow = q + r * k, *wrow = w + r * k;
+        const float *srow = s + (r / bn) * gk;
+        const float rs = sc[r], floor_err = rs * half_step;
+        const __m512 vrs = _mm512_set1_ps(rs), vfloor = _mm512_set1_ps(floor_err);
+        __m512 mabs = _mm512_setzero_ps(), mratio = _mm512_setzero_ps(), ax = _mm512_setzero_ps();
+        __m512d sdd = _mm512_setzero_pd(), sxx = _mm512_setzero_pd(), syy = _mm512_setzero_pd();
+        int64_t nb = 0;
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const __m512 vsb = _mm512_set1_ps(srow[c]);
+            __m512 ldd = _mm512_setzero_ps(), lxx = _mm512_setzero_ps(), lyy = _mm512_setzero_ps();
+            for (int64_t j = j0; j < j1; j += 32) {
+                const int64_t left = j1 - j;
+                const __mmask32 m = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1u);
+                __m512 w0, w1, q0, q1;
+                decode32_avx512(wrow + j, m, &w0, &w1);
+                decode32_avx512(qrow + j, m, &q0, &q1);
+                bound16(w0, q0, vsb, vrs, vrel, vfloor, (__mmask16)m, &ldd, &lxx, &lyy, &mabs, &mratio, &ax, &nb);
+                if (left > 16)
+                    bound16(w1, q1, vsb, vrs, vrel, vfloor, (__mmask16)(m >> 16), &ldd, &lxx, &lyy, &mabs, &mratio,
+                            &ax, &nb);
+            }
+            sdd = _mm512_add_pd(sdd, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(ldd)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ldd), 1)))));
+            sxx = _mm512_add_pd(sxx, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lxx)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lxx), 1)))));
+            syy = _mm512_add_pd(syy, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lyy)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lyy), 1)))));
+        }
+        if (nb) { /* out of bound or NaN: the scalar pass, exactly (NaN kept in the maxima, the first bad column) */
+            fp8_bound_rows_scalar(q, sc, w, s, k, bn, bk, rel, half_step, dd, xx, yy, max_abs, max_ratio, n_bad,
+                                  first_bad, amax_x, r, r + 1);
+            continue;
+        }
+        dd[r] = _mm512_reduce_add_pd(sdd), xx[r] = _mm512_reduce_add_pd(sxx), yy[r] = _mm512_reduce_add_pd(syy);
+        max_abs[r] = _mm512_reduce_max_ps(mabs), max_ratio[r] = _mm512_reduce_max_ps(mratio);
+        amax_x[r] = _mm512_reduce_max_ps(ax), n_bad[r] = 0, first_bad[r] = -1;
+    }
+}
+#else
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    fp8_bound_rows_scalar(q, sc, w, s, k, bn, bk, rel, half_step, dd, xx, yy, max_abs, max_ratio, n_bad, first_bad,
+                          amax_x, r0, r1);
+}
+#endif
 
 /* ---- verify on raw buffers (no torch): first difference, scale limit, MLA artifacts ---------- */
 

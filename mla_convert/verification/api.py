@@ -19,6 +19,7 @@ manifest (integrity). Tolerances: bounds.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from pathlib import Path
@@ -72,7 +73,13 @@ def verify(
     # Probed here for the report, and before the file threads need them; worker processes probe
     # the same library on the same CPU.
     readers = fp8_readers() if data_checks else None
-    results = run_files(tasks, root, workers, progress_factory)
+    collecting = gc.isenabled()
+    gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
+    try:
+        results = run_files(tasks, root, workers, progress_factory)
+    finally:
+        if collecting:
+            gc.enable()
     for r in results.values():
         tally.merge(r.tally)
     check_integrity(root, manifest, layout, results, tally)
