@@ -748,10 +748,12 @@ static inline void decode32_avx512(const uint8_t *p, __mmask32 m, __m512 *lo, __
  * in their order (and are fused multiply-adds). A row where an element is out of bound (NaN is)
  * is done again by the scalar pass, whose maxima keep NaN and which finds the first bad column. */
 static inline void bound16(__m512 wx, __m512 qx, __m512 vsb, __m512 vrs, __m512 vrel, __m512 vfloor, __mmask16 m,
-                           __m512 *ldd, __m512 *lxx, __m512 *lyy, __m512 *mabs, __m512 *mratio, __m512 *ax, int64_t *nb) {
-    const __m512 k256 = _mm512_set1_ps(256.0f), abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-    const __m512 x = _mm512_mul_ps(_mm512_mul_ps(wx, k256), vsb);
-    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(qx, k256), vrs);
+                           __m512 *ldd, __m512 *lxx, __m512 *lyy, __m512 *mabs, __m512 *mratio, __m512 *ax,
+                           __mmask16 *bad) {
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    /* vsb, vrs hold s * 256 (exact, checked finite by the caller): wx * (s * 256) is code * s, rounded once */
+    const __m512 x = _mm512_mul_ps(wx, vsb);
+    const __m512 f = _mm512_mul_ps(qx, vrs);
     const __m512 d = _mm512_sub_ps(f, x);
     const __m512 adx = _mm512_and_ps(x, abs_mask), ad = _mm512_and_ps(d, abs_mask);
     const __m512 ratio = _mm512_div_ps(ad, _mm512_add_ps(_mm512_mul_ps(adx, vrel), vfloor));
@@ -761,7 +763,7 @@ static inline void bound16(__m512 wx, __m512 qx, __m512 vsb, __m512 vrs, __m512 
     *mabs = _mm512_mask_max_ps(*mabs, m, *mabs, ad);
     *mratio = _mm512_mask_max_ps(*mratio, m, *mratio, ratio);
     *ax = _mm512_mask_max_ps(*ax, m, *ax, adx);
-    *nb += __builtin_popcount((unsigned)(m & ~_mm512_mask_cmp_ps_mask(m, ratio, _mm512_set1_ps(1.0f), _CMP_LE_OQ)));
+    *bad |= m & ~_mm512_mask_cmp_ps_mask(m, ratio, _mm512_set1_ps(1.0f), _CMP_LE_OQ);
 }
 
 void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
@@ -775,13 +777,14 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
         const uint8_t *qrow = q + r * k, *wrow = w + r * k;
         const float *srow = s + (r / bn) * gk;
         const float rs = sc[r], floor_err = rs * half_step;
-        const __m512 vrs = _mm512_set1_ps(rs), vfloor = _mm512_set1_ps(floor_err);
+        const __m512 vrs = _mm512_set1_ps(rs * 256.0f), vfloor = _mm512_set1_ps(floor_err);
         __m512 mabs = _mm512_setzero_ps(), mratio = _mm512_setzero_ps(), ax = _mm512_setzero_ps();
         __m512d sdd = _mm512_setzero_pd(), sxx = _mm512_setzero_pd(), syy = _mm512_setzero_pd();
-        int64_t nb = 0;
+        __mmask16 nb = (rs < 0.0f ? -rs : rs) <= 0x1p100f ? 0 : 1; /* else (huge, Inf, NaN): the scalar pass */
         for (int64_t c = 0; c < gk; c++) {
             const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
-            const __m512 vsb = _mm512_set1_ps(srow[c]);
+            const __m512 vsb = _mm512_set1_ps(srow[c] * 256.0f);
+            nb |= (srow[c] < 0.0f ? -srow[c] : srow[c]) <= 0x1p100f ? 0 : 1;
             __m512 ldd = _mm512_setzero_ps(), lxx = _mm512_setzero_ps(), lyy = _mm512_setzero_ps();
             for (int64_t j = j0; j < j1; j += 32) {
                 const int64_t left = j1 - j;
