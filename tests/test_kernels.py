@@ -528,3 +528,41 @@ def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeyp
     readers = readers_mod.fp8_readers()
     assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
     assert readers.count_code is readers_mod.TORCH_READERS.count_code
+
+
+def test_verify_raw_buffer_checks_agree_with_their_torch_formulations():
+    """The checks verify runs on raw buffers (verification.reader_probes): first difference, scale
+    limit, artifact bound and row dequant exactly, the functional MLA error within 1e-3 of torch's
+    on the same inputs, each on a probe that also has the failing case."""
+    from mla_convert.verification import reader_probes
+
+    results = {name: check() for name, check in reader_probes.raw_checks().items()}
+    assert results == dict.fromkeys(results, True)
+
+
+def test_native_functional_error_tracks_torch_on_r1_dims():
+    """At R1's MLA dims the C functional check gives torch's value on the same inputs, for the
+    artifacts as split and for two layers' W_UV swapped (order 1 off)."""
+    from mla_convert.kernels.numerics import float_to_channel_fp8
+    from mla_convert.verification import reader_probes
+    from mla_runtime.format import MlaDims
+    from mla_runtime.layout import split_kv_b_proj
+
+    dims = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+    g = torch.Generator().manual_seed(0)
+    q, s = float_to_channel_fp8(torch.randn(dims.kv_b_shape(), generator=g) * 0.02, 448.0)
+    x = q.float() * s
+    uk, uv = split_kv_b_proj(x, dims, torch.bfloat16)
+    other = split_kv_b_proj(x.roll(1, dims=0), dims, torch.bfloat16)[1]
+    inputs = reader_probes.functional_inputs(dims, 64, 4, 16, seed=3)
+    for a, b in ((uk, uv), (uk, other)):
+        want = reader_probes.torch_functional_error(a, b, x, dims, inputs)
+        got = reader_probes.native_functional_error(a, b, x, dims, 64, inputs)
+        assert abs(got - want) <= 1e-3 * want, (got, want)
+
+
+def test_verify_falls_back_to_torch_when_a_raw_buffer_check_disagrees(monkeypatch, fresh_readers):
+    monkeypatch.setattr(native, "artifact_bound", lambda *args: 0)  # a check that never finds a bad element
+    fresh_readers.reset()
+    readers = readers_mod.fp8_readers()
+    assert (readers.name, readers.reason) == ("torch", "native artifact bound disagreed with torch on the probe")
