@@ -1001,3 +1001,17 @@ done:
     free(kv), free(logits), free(logits2), free(ql), free(row);
     return err;
 }
+
+/* The totals of mla_fp8_bound_rows' n rows, for verify's stats: out = {sum dd, sum xx, sum yy,
+ * max max_abs, max max_ratio (NaN sticks), sum n_bad}. */
+void mla_bound_totals(const double *dd, const double *xx, const double *yy, const float *max_abs,
+                      const float *max_ratio, const int64_t *n_bad, int64_t n, double *out) {
+    double sdd = 0.0, sxx = 0.0, syy = 0.0;
+    float ma = 0.0f, mr = 0.0f;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        sdd += dd[r], sxx += xx[r], syy += yy[r], bad += n_bad[r];
+        ma = nan_max(ma, max_abs[r]), mr = nan_max(mr, max_ratio[r]);
+    }
+    out[0] = sdd, out[1] = sxx, out[2] = syy, out[3] = ma, out[4] = mr, out[5] = (double)bad;
+}

@@ -52,6 +52,7 @@ def library() -> ctypes.CDLL:
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
         lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
+        lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
         lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
         lib.mla_scale_over_limit.restype = i64
         lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
@@ -409,6 +410,14 @@ def dequant_rows_at(w: int, s: int, k: int, block, out: int, n: int) -> None:
     """mla_dequant_rows for rows [0, n) on raw addresses (block (1, k): a per-row scale)."""
     fn = library().mla_dequant_rows
     _rows_parallel(lambda a, b: fn(w, s, k, block[0], block[1], out, a, b), n)
+
+
+def bound_totals(outs: list[int], n: int) -> tuple[float, float, float, float, float, int]:
+    """(sum dd, sum xx, sum yy, max max_abs, max max_ratio, sum n_bad) of fp8_bound_rows_at's n rows."""
+    dd, xx, yy, max_abs, max_ratio, n_bad = outs[:6]
+    out = (ctypes.c_double * 6)()
+    library().mla_bound_totals(dd, xx, yy, max_abs, max_ratio, n_bad, n, out)
+    return out[0], out[1], out[2], out[3], out[4], int(out[5])
 
 
 def first_difference(a: int, b: int, n: int) -> int:

@@ -165,17 +165,14 @@ class NativePass:
             ptrs = [base + i * 8 * rows for i in range(8)]
             native.fp8_bound_rows_at(q_addr + r0 * k, sc_addr + r0 * 4, _addr(w), _addr(s), k, block,
                                      FP8_REL + FP32_SLACK, FP8_SUBNORMAL_HALF_STEP, ptrs, rows)  # fmt: skip
-            part = {name: outs[i * 8 * rows : (i + 1) * 8 * rows] for i, name in enumerate(_OUTS)}
-            if any(part["n_bad"].cast("q")):
+            dd, xx, yy, max_abs, max_ratio, n_bad = native.bound_totals(ptrs, rows)
+            if n_bad:
                 return False
-            amax = part["amax_x"][: 4 * rows]
-            over, near = native.scale_over_limit(sc_addr + r0 * 4, _addr(amax), rows, SCALE_EPS, self.fp8_max,
-                                                 SCALE_REL)  # fmt: skip
+            over, near = native.scale_over_limit(sc_addr + r0 * 4, ptrs[_OUTS.index("amax_x")], rows, SCALE_EPS,
+                                                 self.fp8_max, SCALE_REL)  # fmt: skip
             if over or near:
                 return False
-            f32 = {name: part[name][: 4 * rows].cast("f") for name in ("max_abs", "max_ratio")}
-            stats.add_sums(sum(part["dd"].cast("d")), sum(part["xx"].cast("d")), sum(part["yy"].cast("d")),
-                           max(f32["max_abs"]), max(f32["max_ratio"]))  # fmt: skip
+            stats.add_sums(dd, xx, yy, max_abs, max_ratio)
         self.out.tally.ok(SOURCE, 2)
         self.out.stats(info.name, "fp8", stats)
         return True
