@@ -152,6 +152,10 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--no-naive", action="store_true", help="skip the (slow) naive baseline")
     ap.add_argument("--verify", action="store_true", help="also time verify (with and without --source)")
     ap.add_argument(
+        "--verify-workers", type=int, nargs="*", default=[None],
+        help="with --verify: verify --workers values to measure (default: verify's own default)",
+    )  # fmt: skip
+    ap.add_argument(
         "--cold", action="store_true",
         help="with --verify: drop the page cache before each verify-phase run (root only), so reading the "
         "files once means reading them from disk",
@@ -220,11 +224,15 @@ def _time_verify(
     subprocess.run(
         methods[next(m for m in methods if m.startswith("mla-convert"))], check=True, stdout=subprocess.DEVNULL
     )
-    vmethods = {
-        "read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"],
-        "verify": [sys.executable, "-m", "mla_convert", "verify", str(out), "--quiet"],
-        "verify --source": [sys.executable, "-m", "mla_convert", "verify", str(out), "--source", str(src), "--quiet"],
-    }
+    vmethods = {"read output once (cat)": ["sh", "-c", f"find '{out}' -type f -exec cat {{}} + > /dev/null"]}
+    for tree, prefix in ((None, ""), *(((args.baseline, "baseline "),) if args.baseline else ())):
+        for w in args.verify_workers:
+            opts = [] if w is None else ["--workers", str(w)]
+            label = "" if w is None else f" w{w}"
+            vmethods[f"{prefix}verify{label}"] = _mla_verify(tree, out, opts)
+            vmethods[f"{prefix}verify --source{label}"] = _mla_verify(
+                tree, out, [*opts, "--source", str(src.resolve())]
+            )
     if args.cold:
         vmethods = {f"{name} (cold cache)": cmd for name, cmd in vmethods.items()}
     for rep in range(args.reps):
@@ -232,8 +240,18 @@ def _time_verify(
             if args.cold:
                 _drop_page_cache()
             runs.measure(name, vmethods[name], rep)
+    output = _tree_bytes(out)
+    runs.written |= dict.fromkeys(vmethods, output)  # verify's figures are per GB of output
     shutil.rmtree(out, ignore_errors=True)
     return vmethods
+
+
+def _mla_verify(tree: Path | None, out: Path, opts: list[str]) -> list[str]:
+    """`mla-convert verify` of out: this checkout's, or the one in `tree` (as _mla_convert)."""
+    cmd = [sys.executable, "-m", "mla_convert", "verify", str(out.resolve()), "--quiet", *opts]
+    if tree is None:
+        return cmd
+    return ["sh", "-c", 'cd "$0" && exec "$@"', str(tree.resolve()), *cmd]
 
 
 def _result(args: argparse.Namespace, src: Path, size: int, methods: dict[str, list[str]], runs: _Runs) -> dict:
@@ -319,7 +337,25 @@ def _markdown(r: dict) -> str:
             f"{row['gb_per_s']:.2f} | {row['x_cp']:.2f} | {gb} | {same} | {nv} | "
             f"{row['x_first_convert']:.2f} | {row['peak_rss_gib']:.2f} |"
         )
+    lines += ["", *_per_gb_summary(r)]
     return "\n".join(lines) + "\n"
+
+
+def _per_gb_summary(r: dict) -> list[str]:
+    """The conversion's CPU per GB of source next to verify's per GB of output: median (min-max)."""
+    out = []
+    for row in r["rows"]:
+        m = row["method"]
+        if "verify" in m and "dry-run" not in m:
+            per, of = row["cpu_s_per_gb_written"], "output"
+            runs = [x / (row["written_bytes"] / 1e9) for x in row["cpu_runs_s"]]
+        elif m.startswith(("mla-convert", "baseline mla-convert")) and "dry-run" not in m:
+            per, of = row["cpu_s_per_gb"], "source"
+            runs = [x / (r["source_bytes"] / 1e9) for x in row["cpu_runs_s"]]
+        else:
+            continue
+        out.append(f"- {m}: {per:.2f} CPU-s per GB of {of} ({min(runs):.2f}-{max(runs):.2f})")
+    return out
 
 
 if __name__ == "__main__":

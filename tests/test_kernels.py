@@ -435,6 +435,31 @@ def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
         torch.testing.assert_close(got[name], want.double().sum(1), rtol=1e-5, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("scale", [1e-3, 2.0**-130, 2.0**110])
+def test_native_fp8_bound_rows_exact_on_every_code_pair_and_scale_range(scale):
+    """The vector pass decodes through fp16 and folds 2^8 into the scales: every e4m3fn code (NaN
+    too) in source and output, subnormal and huge scales (the scalar pass takes those), rows that
+    pass and rows that fail, and a tail of 7 columns, all exactly as the torch formulation."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    w = codes.repeat(40)[: 40 * 199].reshape(40, 199).clone()  # every code in every lane position
+    q = w.roll(1, dims=1).clone()
+    nan = (w & 0x7F) == 0x7F
+    w[::3] = torch.where(nan[::3], 0, w[::3])
+    q[::3] = w[::3]  # rows where output == source, at the same scale: they pass (but in the block scaled 3x)
+    w8, q8 = w.view(torch.float8_e4m3fn), q.view(torch.float8_e4m3fn)
+    block = (8, 64)
+    s = torch.full((5, 4), scale)
+    s[1, 2] = scale * 3
+    sc = torch.rand(40, 1) * scale + scale
+    sc[::3] = scale
+    rel, half_step = 2.0**-4 + 2.0**-20, 2.0**-10
+    got = native.fp8_bound_rows(q8, sc, w8, s, block, rel, half_step)
+    want = readers_mod.torch_bound_rows(q8, sc, w8, s, block, rel, half_step)
+    for name in ("n_bad", "first_bad", "max_abs", "max_ratio", "amax_x"):
+        torch.testing.assert_close(got[name], want[name].to(got[name].dtype), rtol=0, atol=0, equal_nan=True, msg=name)
+    assert int((got["n_bad"] == 0).sum()) >= 10 and int((got["n_bad"] > 0).sum()) >= 20
+
+
 def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkeypatch, fresh_readers):
     """verify --source counts out-of-bound elements in C only if, on a probe, the C check finds
     exactly the rows, counts and maxima torch's formulation finds."""
@@ -503,3 +528,41 @@ def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeyp
     readers = readers_mod.fp8_readers()
     assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
     assert readers.count_code is readers_mod.TORCH_READERS.count_code
+
+
+def test_verify_raw_buffer_checks_agree_with_their_torch_formulations():
+    """The checks verify runs on raw buffers (verification.reader_probes): first difference, scale
+    limit, artifact bound and row dequant exactly, the functional MLA error within 1e-3 of torch's
+    on the same inputs, each on a probe that also has the failing case."""
+    from mla_convert.verification import reader_probes
+
+    results = {name: check() for name, check in reader_probes.raw_checks().items()}
+    assert results == dict.fromkeys(results, True)
+
+
+def test_native_functional_error_tracks_torch_on_r1_dims():
+    """At R1's MLA dims the C functional check gives torch's value on the same inputs, for the
+    artifacts as split and for two layers' W_UV swapped (order 1 off)."""
+    from mla_convert.kernels.numerics import float_to_channel_fp8
+    from mla_convert.verification import reader_probes
+    from mla_runtime.format import MlaDims
+    from mla_runtime.layout import split_kv_b_proj
+
+    dims = MlaDims(num_heads=128, qk_nope_head_dim=128, v_head_dim=128, kv_lora_rank=512)
+    g = torch.Generator().manual_seed(0)
+    q, s = float_to_channel_fp8(torch.randn(dims.kv_b_shape(), generator=g) * 0.02, 448.0)
+    x = q.float() * s
+    uk, uv = split_kv_b_proj(x, dims, torch.bfloat16)
+    other = split_kv_b_proj(x.roll(1, dims=0), dims, torch.bfloat16)[1]
+    inputs = reader_probes.functional_inputs(dims, 64, 4, 16, seed=3)
+    for a, b in ((uk, uv), (uk, other)):
+        want = reader_probes.torch_functional_error(a, b, x, dims, inputs)
+        got = reader_probes.native_functional_error(a, b, x, dims, 64, inputs)
+        assert abs(got - want) <= 1e-3 * want, (got, want)
+
+
+def test_verify_falls_back_to_torch_when_a_raw_buffer_check_disagrees(monkeypatch, fresh_readers):
+    monkeypatch.setattr(native, "artifact_bound", lambda *args: 0)  # a check that never finds a bad element
+    fresh_readers.reset()
+    readers = readers_mod.fp8_readers()
+    assert (readers.name, readers.reason) == ("torch", "native artifact bound disagreed with torch on the probe")

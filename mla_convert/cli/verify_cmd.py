@@ -13,7 +13,7 @@ from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import QuietOpt
 from mla_convert.cli.startup import start_heavy_process
 from mla_convert.io.read_ahead import read_ahead_in_background
-from mla_convert.verification.order import files_at_once, first_files
+from mla_convert.verification.order import default_workers, files_at_once, first_files
 
 
 def verify(
@@ -28,8 +28,15 @@ def verify(
         ),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", "-w", metavar="N", min=1, help="Files checked in parallel (processes).")
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--workers",
+            "-w",
+            metavar="N",
+            min=1,
+            help="Files checked in parallel (processes). Default: one per two cores, at most 8 (1 on 2 cores).",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON on stdout.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -38,10 +45,11 @@ def verify(
     Exit code 0: every check passed; 1: a check failed; 2: verification could not run (or DIR is in use
     by a conversion); 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP): interrupted (verify only reads: nothing
     was changed)."""
-    read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while torch loads
+    workers = default_workers() if workers is None else workers
+    read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while Python starts
     with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
-        progress.status("starting (loading torch)")
-        start_heavy_process()
+        progress.status("starting")
+        start_heavy_process(torch=False)  # torch only where a check needs it (verification.stream)
         from mla_convert import api
 
         progress.status(f"reading the headers in {dir}")

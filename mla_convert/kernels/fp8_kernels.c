@@ -665,7 +665,7 @@ static inline void bound_step(float x, float f, float rel, float floor_err, floa
 
 /* A block's row segment decoded first (plain loops the compiler vectorizes), then the lane loop. */
 #define SEGMENT 256
-void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+static inline void fp8_bound_rows_scalar(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
                         const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
                         double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
                         float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
@@ -726,4 +726,292 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
         dd[r] = sdd, xx[r] = sxx, yy[r] = syy;
         max_abs[r] = mabs, max_ratio[r] = mratio, n_bad[r] = nb, first_bad[r] = fb, amax_x[r] = ax;
     }
+}
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* 32 e4m3fn codes (masked lanes read as 0) -> fp32 / 256, exactly: the code's bits shifted into an
+ * fp16 (sign to bit 15, exponent and mantissa to bits 7..13) are the value / 256, subnormals
+ * included, and fp16 -> fp32 is exact. 0x7F / 0xFF (NaN) become an fp16 NaN. */
+static inline void decode32_avx512(const uint8_t *p, __mmask32 m, __m512 *lo, __m512 *hi) {
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+    const __m512i em = _mm512_and_si512(b, _mm512_set1_epi16(0x7F));
+    __m512i h = _mm512_or_si512(_mm512_slli_epi16(em, 7), _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8));
+    h = _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(em, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7E00));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+/* The same pass, 16 lanes at a time (the block's tail masked), for rows without NaN or bad
+ * elements: the same fp32 operations per element (x = (code / 256 * 256) * s is the one rounding
+ * of code * s), so max_abs, max_ratio, amax_x and the count match the scalar pass; the sums differ
+ * in their order (and are fused multiply-adds). A row where an element is out of bound (NaN is)
+ * is done again by the scalar pass, whose maxima keep NaN and which finds the first bad column. */
+static inline void bound16(__m512 wx, __m512 qx, __m512 vsb, __m512 vrs, __m512 vrel, __m512 vfloor, __mmask16 m,
+                           __m512 *ldd, __m512 *lxx, __m512 *lyy, __m512 *mabs, __m512 *mratio, __m512 *ax,
+                           __mmask16 *bad) {
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    /* vsb, vrs hold s * 256 (exact, checked finite by the caller): wx * (s * 256) is code * s, rounded once */
+    const __m512 x = _mm512_mul_ps(wx, vsb);
+    const __m512 f = _mm512_mul_ps(qx, vrs);
+    const __m512 d = _mm512_sub_ps(f, x);
+    const __m512 adx = _mm512_and_ps(x, abs_mask), ad = _mm512_and_ps(d, abs_mask);
+    const __m512 ratio = _mm512_div_ps(ad, _mm512_add_ps(_mm512_mul_ps(adx, vrel), vfloor));
+    *ldd = _mm512_mask3_fmadd_ps(d, d, *ldd, m);
+    *lxx = _mm512_mask3_fmadd_ps(x, x, *lxx, m);
+    *lyy = _mm512_mask3_fmadd_ps(f, f, *lyy, m);
+    *mabs = _mm512_mask_max_ps(*mabs, m, *mabs, ad);
+    *mratio = _mm512_mask_max_ps(*mratio, m, *mratio, ratio);
+    *ax = _mm512_mask_max_ps(*ax, m, *ax, adx);
+    *bad |= m & ~_mm512_mask_cmp_ps_mask(m, ratio, _mm512_set1_ps(1.0f), _CMP_LE_OQ);
+}
+
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    const __m512 vrel = _mm512_set1_ps(rel);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *qrow = q + r * k, *wrow = w + r * k;
+        const float *srow = s + (r / bn) * gk;
+        const float rs = sc[r], floor_err = rs * half_step;
+        const __m512 vrs = _mm512_set1_ps(rs * 256.0f), vfloor = _mm512_set1_ps(floor_err);
+        __m512 mabs = _mm512_setzero_ps(), mratio = _mm512_setzero_ps(), ax = _mm512_setzero_ps();
+        __m512d sdd = _mm512_setzero_pd(), sxx = _mm512_setzero_pd(), syy = _mm512_setzero_pd();
+        __mmask16 nb = (rs < 0.0f ? -rs : rs) <= 0x1p100f ? 0 : 1; /* else (huge, Inf, NaN): the scalar pass */
+        for (int64_t c = 0; c < gk; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const __m512 vsb = _mm512_set1_ps(srow[c] * 256.0f);
+            nb |= (srow[c] < 0.0f ? -srow[c] : srow[c]) <= 0x1p100f ? 0 : 1;
+            __m512 ldd = _mm512_setzero_ps(), lxx = _mm512_setzero_ps(), lyy = _mm512_setzero_ps();
+            for (int64_t j = j0; j < j1; j += 32) {
+                const int64_t left = j1 - j;
+                const __mmask32 m = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1u);
+                __m512 w0, w1, q0, q1;
+                decode32_avx512(wrow + j, m, &w0, &w1);
+                decode32_avx512(qrow + j, m, &q0, &q1);
+                bound16(w0, q0, vsb, vrs, vrel, vfloor, (__mmask16)m, &ldd, &lxx, &lyy, &mabs, &mratio, &ax, &nb);
+                if (left > 16)
+                    bound16(w1, q1, vsb, vrs, vrel, vfloor, (__mmask16)(m >> 16), &ldd, &lxx, &lyy, &mabs, &mratio,
+                            &ax, &nb);
+            }
+            sdd = _mm512_add_pd(sdd, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(ldd)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ldd), 1)))));
+            sxx = _mm512_add_pd(sxx, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lxx)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lxx), 1)))));
+            syy = _mm512_add_pd(syy, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lyy)),
+                                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lyy), 1)))));
+        }
+        if (nb) { /* out of bound or NaN: the scalar pass, exactly (NaN kept in the maxima, the first bad column) */
+            fp8_bound_rows_scalar(q, sc, w, s, k, bn, bk, rel, half_step, dd, xx, yy, max_abs, max_ratio, n_bad,
+                                  first_bad, amax_x, r, r + 1);
+            continue;
+        }
+        dd[r] = _mm512_reduce_add_pd(sdd), xx[r] = _mm512_reduce_add_pd(sxx), yy[r] = _mm512_reduce_add_pd(syy);
+        max_abs[r] = _mm512_reduce_max_ps(mabs), max_ratio[r] = _mm512_reduce_max_ps(mratio);
+        amax_x[r] = _mm512_reduce_max_ps(ax), n_bad[r] = 0, first_bad[r] = -1;
+    }
+}
+#else
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    fp8_bound_rows_scalar(q, sc, w, s, k, bn, bk, rel, half_step, dd, xx, yy, max_abs, max_ratio, n_bad, first_bad,
+                          amax_x, r0, r1);
+}
+#endif
+
+/* ---- verify on raw buffers (no torch): first difference, scale limit, MLA artifacts ---------- */
+
+/* The first byte offset where a and b differ, -1 where the n bytes are equal (a copied tensor). */
+int64_t mla_first_difference(const uint8_t *a, const uint8_t *b, int64_t n) {
+    const int64_t step = 1 << 20;
+    for (int64_t i = 0; i < n; i += step) {
+        const int64_t m = n - i < step ? n - i : step;
+        if (memcmp(a + i, b + i, (size_t)m))
+            for (int64_t j = i; j < i + m; j++)
+                if (a[j] != b[j])
+                    return j;
+    }
+    return -1;
+}
+
+/* verify's scale limit for rows [0, n): how many rows have amax > 0 and not sc <= (amax + eps) /
+ * fp8_max * (1 + rel), each operation in fp32 as in torch. *near counts the rows within 2^-12
+ * relative of their limit, where torch may round its scalar division differently: the caller
+ * then decides in torch. */
+int64_t mla_scale_over_limit(const float *sc, const float *amax, int64_t n, float eps, float fp8_max, float rel,
+                             int64_t *near) {
+    int64_t over = 0, close = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float limit = (amax[r] + eps) / fp8_max * (1.0f + rel);
+        over += amax[r] > 0.0f && !(sc[r] <= limit);
+        const float gap = sc[r] - limit;
+        close += amax[r] > 0.0f && (gap < 0.0f ? -gap : gap) <= limit * 0x1p-12f;
+    }
+    *near = close;
+    return over;
+}
+
+/* The MLA artifacts of heads [h0, h1) against a channel-FP8 kv_b_proj (codes q [N(P+V), L], row
+ * scales sc): how many elements of W_UK_T [N, P, L] (uk) and W_UV [N, L, V] (uv), bf16, are out
+ * of the artifact bound |a - fl(q s)| <= |a| * rel + s * half_step (as verify/bounds.py, fp32). */
+int64_t mla_artifact_bound(const uint8_t *q, const float *sc, const uint16_t *uk, const uint16_t *uv, int64_t l,
+                           int64_t p, int64_t v, float rel, float half_step, int64_t h0, int64_t h1) {
+    int64_t bad = 0;
+    for (int64_t h = h0; h < h1; h++) {
+        for (int64_t i = 0; i < p + v; i++) {
+            const int64_t row = h * (p + v) + i;
+            const uint8_t *qrow = q + row * l;
+            const float s = sc[row], floor_err = s * half_step;
+            for (int64_t j = 0; j < l; j++) {
+                const float a = widen_bf16(i < p ? uk[(h * p + i) * l + j] : uv[(h * l + j) * v + (i - p)]);
+                const float d = a - decode_e4m3fn(qrow[j]) * s;
+                const float ad = d < 0.0f ? -d : d, aa = a < 0.0f ? -a : a;
+                bad += !(ad <= aa * rel + floor_err);
+            }
+        }
+    }
+    return bad;
+}
+
+/* verify's functional MLA check (verify/bounds.py: naive_mla_decode against absorbed_mla_decode),
+ * in fp32 with its own summation order. The decode inputs come from mla_normal_fill (seeded), so
+ * the tests can run the torch reference on the very same ones. */
+#include <math.h>
+
+/* n standard normal floats from a splitmix64 stream (Box-Muller), advancing *state. */
+void mla_normal_fill(uint64_t *state, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 2) {
+        double u[2];
+        for (int j = 0; j < 2; j++) {
+            uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            u[j] = ((double)(z >> 11) + 0.5) * 0x1p-53; /* in (0, 1) */
+        }
+        const double rad = sqrt(-2.0 * log(u[0])), ang = 6.283185307179586 * u[1];
+        out[i] = (float)(rad * cos(ang));
+        if (i + 1 < n)
+            out[i + 1] = (float)(rad * sin(ang));
+    }
+}
+
+#define DOT_LANES 16
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float acc[DOT_LANES] = {0};
+    int64_t i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (int j = 0; j < DOT_LANES; j++)
+        s += acc[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void softmax_row(float *x, int64_t n, float temperature) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] /= temperature;
+        m = x[i] > m ? x[i] : m;
+    }
+    for (int64_t i = 0; i < n; i++)
+        sum += (x[i] = expf(x[i] - m));
+    for (int64_t i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
+/* Relative Frobenius error of the absorbed decode (uk: W_UK_T [N, P, L], uv: W_UV [N, L, V], bf16)
+ * against the naive one (kvb: fp32 kv_b_proj [N(P+V), L]) for queries q_nope [B, N, P], q_pe
+ * [B, N, R] and a cache latent [T, L], k_pe [T, R]. -1: out of memory. */
+double mla_functional_error(const float *kvb, const uint16_t *uk, const uint16_t *uv, int64_t n, int64_t p,
+                            int64_t v, int64_t l, int64_t r, int64_t b, int64_t t, const float *q_nope,
+                            const float *q_pe, const float *latent, const float *k_pe) {
+    const int64_t pv = p + v;
+    float *kv = malloc(sizeof(float) * (size_t)(n * t * pv));          /* [N, T, P+V] */
+    float *logits = malloc(sizeof(float) * (size_t)(n * b * t));       /* [N, B, T] naive */
+    float *logits2 = malloc(sizeof(float) * (size_t)(n * b * t));      /* [N, B, T] absorbed */
+    float *ql = malloc(sizeof(float) * (size_t)(b * l));                /* one head's [B, L] */
+    float *row = malloc(sizeof(float) * (size_t)(l > v ? l : v));
+    double err = -1.0;
+    if (!kv || !logits || !logits2 || !ql || !row)
+        goto done;
+    for (int64_t h = 0; h < n; h++) /* naive: up-project the cache */
+        for (int64_t j = 0; j < pv; j++)
+            for (int64_t s = 0; s < t; s++)
+                kv[(h * t + s) * pv + j] = dot_f32(latent + s * l, kvb + (h * pv + j) * l, l);
+    for (int64_t h = 0; h < n; h++)
+        for (int64_t q = 0; q < b; q++) {
+            const float *qn = q_nope + (q * n + h) * p, *qr = q_pe + (q * n + h) * r;
+            for (int64_t s = 0; s < t; s++)
+                logits[(h * b + q) * t + s] = dot_f32(qn, kv + (h * t + s) * pv, p) + dot_f32(qr, k_pe + s * r, r);
+            /* absorbed: q_nope @ W_UK_T, then against the latent cache */
+            for (int64_t j = 0; j < l; j++)
+                ql[q * l + j] = 0.0f;
+            for (int64_t i = 0; i < p; i++)
+                for (int64_t j = 0; j < l; j++)
+                    ql[q * l + j] += qn[i] * widen_bf16(uk[(h * p + i) * l + j]);
+            for (int64_t s = 0; s < t; s++)
+                logits2[(h * b + q) * t + s] = dot_f32(ql + q * l, latent + s * l, l) + dot_f32(qr, k_pe + s * r, r);
+        }
+    double mean = 0.0, var = 0.0;
+    const int64_t m = n * b * t;
+    for (int64_t i = 0; i < m; i++)
+        mean += logits[i];
+    mean /= (double)m;
+    for (int64_t i = 0; i < m; i++)
+        var += (logits[i] - mean) * (logits[i] - mean);
+    const float spread = m > 1 ? (float)sqrt(var / (double)(m - 1)) : 0.0f;
+    const float temperature = spread > 0.0f ? spread : 1.0f;
+    double dd = 0.0, rr = 0.0;
+    for (int64_t h = 0; h < n; h++)
+        for (int64_t q = 0; q < b; q++) {
+            float *a1 = logits + (h * b + q) * t, *a2 = logits2 + (h * b + q) * t;
+            softmax_row(a1, t, temperature);
+            softmax_row(a2, t, temperature);
+            float *x = ql + q * l; /* attn2 @ latent: [L] */
+            for (int64_t j = 0; j < l; j++)
+                x[j] = 0.0f;
+            for (int64_t s = 0; s < t; s++)
+                for (int64_t j = 0; j < l; j++)
+                    x[j] += a2[s] * latent[s * l + j];
+            for (int64_t k = 0; k < v; k++)
+                row[k] = 0.0f;
+            for (int64_t j = 0; j < l; j++)
+                for (int64_t k = 0; k < v; k++)
+                    row[k] += x[j] * widen_bf16(uv[(h * l + j) * v + k]);
+            for (int64_t k = 0; k < v; k++) {
+                float ref = 0.0f;
+                for (int64_t s = 0; s < t; s++)
+                    ref += a1[s] * kv[(h * t + s) * pv + p + k];
+                dd += ((double)row[k] - ref) * ((double)row[k] - ref);
+                rr += (double)ref * ref;
+            }
+        }
+    err = rr > 0.0 ? sqrt(dd / rr) : (dd == 0.0 ? 0.0 : INFINITY);
+done:
+    free(kv), free(logits), free(logits2), free(ql), free(row);
+    return err;
+}
+
+/* The totals of mla_fp8_bound_rows' n rows, for verify's stats: out = {sum dd, sum xx, sum yy,
+ * max max_abs, max max_ratio (NaN sticks), sum n_bad}. */
+void mla_bound_totals(const double *dd, const double *xx, const double *yy, const float *max_abs,
+                      const float *max_ratio, const int64_t *n_bad, int64_t n, double *out) {
+    double sdd = 0.0, sxx = 0.0, syy = 0.0;
+    float ma = 0.0f, mr = 0.0f;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        sdd += dd[r], sxx += xx[r], syy += yy[r], bad += n_bad[r];
+        ma = nan_max(ma, max_abs[r]), mr = nan_max(mr, max_ratio[r]);
+    }
+    out[0] = sdd, out[1] = sxx, out[2] = syy, out[3] = ma, out[4] = mr, out[5] = (double)bad;
 }

@@ -51,6 +51,15 @@ def library() -> ctypes.CDLL:
         lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
         lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
         lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
+        lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
+        lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
+        lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
+        lib.mla_scale_over_limit.restype = i64
+        lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
+        lib.mla_artifact_bound.restype = i64
+        lib.mla_normal_fill.argtypes, lib.mla_normal_fill.restype = [ptr, ptr, i64], None
+        lib.mla_functional_error.argtypes = [ptr, ptr, ptr, *[i64] * 7, ptr, ptr, ptr, ptr]
+        lib.mla_functional_error.restype = ctypes.c_double
         for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
             f = getattr(lib, f"mla_count_matching{bits}")
             f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
@@ -59,6 +68,11 @@ def library() -> ctypes.CDLL:
             f.restype = None
         _LIB, _LIB_PATH = lib, path
     return _LIB
+
+
+def is_loaded() -> bool:
+    """Whether this process has loaded the library (without building or loading it)."""
+    return _LIB is not None
 
 
 def library_path() -> Path:
@@ -371,3 +385,76 @@ def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: flo
     if n and k:
         _rows_parallel(lambda a, b: lib.mla_fp8_bound_rows(*args, *ptrs, a, b), n)
     return out
+
+
+# ---- verify on raw addresses (no torch): the checks of a tensor read into a buffer ----------------
+
+
+def row_max_codes_at(address: int, n: int, k: int, out: int) -> None:
+    """mla_row_max_code for the n rows of k e4m3fn codes at `address`, into n bytes at `out`."""
+    fn = library().mla_row_max_code
+    _rows_parallel(lambda a, b: fn(address, k, out, a, b), n)
+
+
+def fp8_bound_rows_at(
+    q: int, sc: int, w: int, s: int, k: int, block, rel: float, half_step: float, outs: list[int], n: int
+) -> None:
+    """mla_fp8_bound_rows on raw addresses for rows [0, n); `outs`: the 8 per-row arrays in the
+    order dd, xx, yy, max_abs, max_ratio, n_bad, first_bad, amax_x."""
+    fn = library().mla_fp8_bound_rows
+    args = (q, sc, w, s, k, block[0], block[1], rel, half_step)
+    _rows_parallel(lambda a, b: fn(*args, *outs, a, b), n)  # fmt: skip
+
+
+def dequant_rows_at(w: int, s: int, k: int, block, out: int, n: int) -> None:
+    """mla_dequant_rows for rows [0, n) on raw addresses (block (1, k): a per-row scale)."""
+    fn = library().mla_dequant_rows
+    _rows_parallel(lambda a, b: fn(w, s, k, block[0], block[1], out, a, b), n)
+
+
+def bound_totals(outs: list[int], n: int) -> tuple[float, float, float, float, float, int]:
+    """(sum dd, sum xx, sum yy, max max_abs, max max_ratio, sum n_bad) of fp8_bound_rows_at's n rows."""
+    dd, xx, yy, max_abs, max_ratio, n_bad = outs[:6]
+    out = (ctypes.c_double * 6)()
+    library().mla_bound_totals(dd, xx, yy, max_abs, max_ratio, n_bad, n, out)
+    return out[0], out[1], out[2], out[3], out[4], int(out[5])
+
+
+def first_difference(a: int, b: int, n: int) -> int:
+    """The first byte offset where the n bytes at a and b differ; -1 where they are equal."""
+    return library().mla_first_difference(a, b, n)
+
+
+def scale_over_limit(sc: int, amax: int, n: int, eps: float, fp8_max: float, rel: float) -> tuple[int, int]:
+    """(rows over the scale limit, rows too close to it to decide in C) of n fp32 scales and row maxima."""
+    near = ctypes.c_int64(0)
+    over = library().mla_scale_over_limit(sc, amax, n, eps, fp8_max, rel, ctypes.byref(near))
+    return over, near.value
+
+
+def artifact_bound(q: int, sc: int, uk: int, uv: int, dims, rel: float, half_step: float) -> int:
+    """Elements of W_UK_T and W_UV (bf16 at uk, uv) out of the artifact bound of the channel-FP8
+    kv_b_proj at q (row scales at sc), over this process's threads by heads."""
+    fn, counts = library().mla_artifact_bound, []
+    args = (q, sc, uk, uv, dims.kv_lora_rank, dims.qk_nope_head_dim, dims.v_head_dim, rel, half_step)
+    _rows_parallel(lambda a, b: counts.append(fn(*args, a, b)), dims.num_heads, 1)
+    return sum(counts)
+
+
+def normal_fill(seed: int, out: int, n: int) -> None:
+    """n standard normal floats at `out` from the stream seeded by `seed` (mla_normal_fill)."""
+    state = ctypes.c_uint64(seed)
+    library().mla_normal_fill(ctypes.byref(state), out, n)
+
+
+def functional_error(
+    kvb: int, uk: int, uv: int, dims, rope_dim: int, queries: int, cache: int, inputs: tuple[int, int, int, int]
+) -> float:
+    """mla_functional_error: the relative error of the absorbed decode against the naive one, for
+    the inputs (q_nope, q_pe, latent, k_pe) at the given addresses."""
+    d = dims
+    err = library().mla_functional_error(kvb, uk, uv, d.num_heads, d.qk_nope_head_dim, d.v_head_dim,
+                                         d.kv_lora_rank, rope_dim, queries, cache, *inputs)  # fmt: skip
+    if err < 0:
+        raise MemoryError("functional MLA check: out of memory")
+    return err

@@ -20,6 +20,7 @@ SOURCE = Path(__file__).with_name("fp8_kernels.c")
 # -ffp-contract=off: no fused multiply-add, so every operation rounds as torch's does.
 # -fno-trapping-math: lets the compiler vectorize the selects (it changes no result, only FP flags).
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c11", "-shared", "-fPIC", "-pthread"]
+LIBS = ["-lm"]  # after the source: verify's functional MLA check takes expf
 
 
 class NativeUnavailable(RuntimeError):
@@ -59,7 +60,9 @@ def build() -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"C compiler {cc!r} does not run ({e})") from e
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, cpu_id()]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, *LIBS, cpu_id()]).encode()).hexdigest()[
+        :24
+    ]
     name = f"fp8_kernels-{key}.so"
     tried = []
     try:
@@ -107,7 +110,7 @@ def _trusted(cache: Path) -> bool:
 def _compile(cc: str, tmp: str, lib: Path) -> Path:
     try:
         proc = subprocess.run(
-            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300, check=False
+            [cc, *FLAGS, str(SOURCE), *LIBS, "-o", tmp], capture_output=True, text=True, timeout=300, check=False
         )
         if proc.returncode != 0:
             detail = (proc.stderr.strip().splitlines() or ["no output"])[0][:200]

@@ -43,8 +43,9 @@ def torch_version_file() -> bytes:
         raise native.NativeUnavailable(f"cannot read torch's version ({e})") from e
 
 
-def key(block: tuple[int, int], fp8_max: float, signed_zero: bool, ops: tuple[str, ...]) -> str:
-    """The record's key for a check with these parameters (builds or loads the library first)."""
+def key(block: tuple[int, int], fp8_max: float, signed_zero: bool, ops: tuple[str, ...], extra=()) -> str:
+    """The record's key for a check with these parameters (builds or loads the library first);
+    `extra`: more source files the check depends on (verify's probes of its readers)."""
     lib = native.library_path()
     if str(lib) not in _BASES:
         h = hashlib.sha256(f"mla-convert kernel verdict {FORMAT}\0".encode())
@@ -58,6 +59,8 @@ def key(block: tuple[int, int], fp8_max: float, signed_zero: bool, ops: tuple[st
     h = hashlib.sha256(_BASES[str(lib)])
     h.update(torch_version_file())
     h.update(repr(params).encode())
+    for path in extra:
+        h.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
     return h.hexdigest()[:32]
 
 

@@ -11,14 +11,16 @@ mla-convert output, its manifest is unreadable, or --source cannot be opened.
 
 Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first in this
 process. Then each file gets a task (tasks) and is read once, front to back (stream): hashed, and
-each tensor checked from the same buffer; runners runs two files at a time on threads, or in
-worker processes with workers > 1. Last, the per-file hashes are compared with the conversion
+each tensor checked from the same buffer, in the native kernels where they cover the check and
+it passes (native_pass), else in torch; runners runs one file at a time on a 2-core host (two
+above) on threads, or in worker processes with workers > 1. Last, the per-file hashes are compared with the conversion
 manifest (integrity). Tolerances: bounds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from pathlib import Path
@@ -69,10 +71,16 @@ def verify(
     tasks = file_tasks(root, layout, manifest, options, src)
     if not data_checks:
         tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
-    # Probed here for the report, and before the file threads need them; worker processes probe
-    # the same library on the same CPU.
+    # Chosen here for the report, and before the file threads need them (probed with torch only
+    # where no pass is remembered on this machine); worker processes find the same record.
     readers = fp8_readers() if data_checks else None
-    results = run_files(tasks, root, workers, progress_factory)
+    collecting = gc.isenabled()
+    gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
+    try:
+        results = run_files(tasks, root, workers, progress_factory)
+    finally:
+        if collecting:
+            gc.enable()
     for r in results.values():
         tally.merge(r.tally)
     check_integrity(root, manifest, layout, results, tally)

@@ -52,10 +52,12 @@ artifact is off by order 1.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from mla_runtime.format import MlaDims
+
+if TYPE_CHECKING:
+    import torch
 
 FP8_REL = 2.0**-4
 FP8_SUBNORMAL_HALF_STEP = 2.0**-10
@@ -105,6 +107,8 @@ class ErrorStats:
 
     def add(self, found: torch.Tensor, exact: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Add one chunk (fp32); returns |found - exact| / allowed per element (> 1 or NaN: fails)."""
+        import torch
+
         f, x = found.reshape(-1), exact.reshape(-1)
         d = f - x
         self.dd += float(torch.dot(d, d))
@@ -147,6 +151,8 @@ class Mismatches:
         self.first: str | None = None
 
     def add(self, found: torch.Tensor, expected: torch.Tensor, bad: torch.Tensor, row_offset: int = 0) -> None:
+        import torch
+
         n = int(bad.sum())
         if not n:
             return
@@ -170,6 +176,8 @@ class Mismatches:
 
 
 def _inputs(dims: MlaDims, rope_dim: int, seed: int):
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     n, p, l = dims.num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank
     b, t = FUNCTIONAL_QUERIES, FUNCTIONAL_CACHE
@@ -185,6 +193,8 @@ def naive_mla_decode(kv_b: torch.Tensor, dims: MlaDims, q_nope, q_pe, latent, k_
 
     Returns (output [B, N, V], latent logits before temperature [N, B, T]).
     """
+    import torch
+
     n, p, v = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim
     kv = (latent @ kv_b.float().T).view(latent.shape[0], n, p + v)  # [T, N, P+V]
     k_nope, values = kv[..., :p], kv[..., p:]
@@ -199,6 +209,8 @@ def naive_mla_decode(kv_b: torch.Tensor, dims: MlaDims, q_nope, q_pe, latent, k_
 def absorbed_mla_decode(w_uk_t: torch.Tensor, w_uv: torch.Tensor, q_nope, q_pe, latent, k_pe, temperature):
     """The Gaudi decode path: bmm(q_nope [N,B,P], W_UK_T [N,P,L]) -> attention over the latent
     cache -> bmm(x [N,B,L], W_UV [N,L,V]). Returns [B, N, V]."""
+    import torch
+
     ql = torch.bmm(q_nope.transpose(0, 1), w_uk_t.float())  # [N, B, L]
     logits = ql @ latent.T + torch.einsum("bnr,tr->nbt", q_pe, k_pe)  # [N, B, T]
     attn = torch.softmax(logits / temperature, dim=-1)

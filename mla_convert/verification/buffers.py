@@ -28,14 +28,18 @@ class ReadBuffers:
     next is read and checked (the stream's background sha256 waits for it before taking the next).
     They are reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than
     the copy from the page cache. A buffer under a live lease when its turn comes again (a check
-    keeps an MLA artifact, or a weight whose scale comes later) is left to its holder and replaced.
-    Tensors over REUSE_BYTES (embeddings) get memory of their own, so none is held after its file."""
+    keeps an MLA artifact, or a weight whose scale comes later) is left to its holder, and the turn
+    takes a spare one whose leases have all been released (or a new one): a weight waiting for its
+    scale costs no fresh memory. Spares beyond SPARES are let go. Tensors over REUSE_BYTES
+    (embeddings) get memory of their own, so none is held after its file."""
 
     REUSE_BYTES = 256 * 1024 * 1024
+    SPARES = 2
 
     def __init__(self) -> None:
         self._slots = [_new_buffer(0), _new_buffer(0)]
         self._leases: list[list[Lease]] = [[], []]  # per slot: the leases handed out on its buffer
+        self._held: list[tuple[object, list[Lease]]] = []  # buffers left to their leases' holders
         self._turn = 0
 
     def read(self, f, nbytes: int) -> memoryview:
@@ -44,10 +48,24 @@ class ReadBuffers:
         if nbytes > self.REUSE_BYTES:
             return _read_into(f, memoryview(_new_buffer(nbytes)))
         turn = self._turn
-        if any(lease.live for lease in self._leases[turn]) or len(self._slots[turn]) < nbytes:
-            self._slots[turn] = _new_buffer(nbytes)
+        if any(lease.live for lease in self._leases[turn]):
+            self._held.append((self._slots[turn], self._leases[turn]))
+            self._slots[turn] = self._spare(nbytes)
+        elif len(self._slots[turn]) < nbytes:
+            self._slots[turn] = self._spare(nbytes)
         self._leases[turn] = []
         return _read_into(f, memoryview(self._slots[turn])[:nbytes])
+
+    def _spare(self, nbytes: int):
+        """A held buffer of at least nbytes whose leases are all released, else a new one."""
+        free = [i for i, (_, leases) in enumerate(self._held) if not any(lease.live for lease in leases)]
+        fits = [i for i in free if len(self._held[i][0]) >= nbytes]
+        buf = self._held.pop(fits[0])[0] if fits else _new_buffer(nbytes)
+        free = [b for b, leases in self._held if not any(lease.live for lease in leases)]
+        if len(free) > self.SPARES:  # the smallest spares go first
+            drop = sorted(free, key=len)[: len(free) - self.SPARES]
+            self._held = [(b, leases) for b, leases in self._held if not any(b is d for d in drop)]
+        return buf
 
     def lease(self, view: memoryview, owner: str) -> Lease:
         """Lease the buffer behind `view` (returned by read) to `owner`, until it releases it. A

@@ -8,12 +8,26 @@ import os
 from pathlib import Path
 
 from mla_convert.constants import MANIFEST_NAME
+from mla_convert.process import threads
 
-FILE_THREADS = 2  # files verified at once in one process (sha256 of a file runs on one core)
+WORKERS_MAX = 8  # the most worker processes --workers chooses by itself
+
+
+def file_threads() -> int:
+    """Files one process verifies at once. Each file's sha256 runs on a thread of its own while its
+    bytes are read and checked, so one file already keeps two cores busy; a second file at once pays
+    read buffers of its own (fresh memory, page faults) and gains only where cores are spare."""
+    return 1 if threads.cores() <= 2 else 2
+
+
+def default_workers() -> int:
+    """verify's --workers when none is given: a process (one file at a time, its sha256 on a second
+    thread) for every two cores, at most WORKERS_MAX; 1 on a 2-core host."""
+    return max(1, min(WORKERS_MAX, threads.cores() // 2))
 
 
 def files_at_once(workers: int) -> int:
-    return workers if workers > 1 else FILE_THREADS
+    return workers if workers > 1 else file_threads()
 
 
 def largest_first(sizes: dict[str, int]) -> list[str]:

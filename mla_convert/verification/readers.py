@@ -1,9 +1,12 @@
 """Exact reads of FP8 (and 16/32-bit float) tensors for verify: the native C readers where they
 agree with torch on the probes below, torch's own ops otherwise.
 
-Probed once per process (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it): a disagreement, a missing
-compiler or a failed build means torch's ops are used, and the report names the reader that
-failed (`readers`, `readers_reason`).
+Chosen once per process (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it) by the
+kernels' one chooser: a pass of these probes is remembered per machine (kernels.verdict, the same
+record the conversion's kernels use, keyed by the library, torch and these sources), so a verify
+whose readers were checked here before imports no torch at all and runs its checks on the bytes
+read (verification.native_pass). A disagreement, a missing compiler or a failed build means
+torch's ops are used, and the report names the reader that failed (`readers`, `readers_reason`).
 """
 
 from __future__ import annotations
@@ -11,13 +14,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mla_convert.errors import first_line
-from mla_convert.kernels import native, numerics
-from mla_convert.kernels.bits import same_values
+from mla_convert.kernels import native, verdict
 from mla_convert.verification.bounds import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
+
+if TYPE_CHECKING:
+    import torch
+
+# The verdict record of these probes: its key covers this file (the probes) and native_pass.py
+# (how the checks are called on raw buffers), besides the library, torch and the kernels' sources.
+_VERDICT_OPS = ("verify-readers",)
+_VERDICT_SOURCES = (Path(__file__), Path(__file__).with_name("native_pass.py"))
 
 
 class _Unusable(Exception):
@@ -39,16 +49,24 @@ class Fp8Readers:
 
 
 def _torch_count_nonfinite(t: torch.Tensor) -> int:
+    import torch
+
     return int((~torch.isfinite(t)).sum())
 
 
 def _torch_count_code(t: torch.Tensor, code: int) -> int:
+    import torch
+
     return int((t.view(torch.uint8) == code).sum())
 
 
 def _code_count_agrees(native) -> bool:
     """Every byte value counted in every byte, and 0x80 placed across the 64K stretches and the
     threads' shares of a longer tensor, from an odd start too."""
+    import torch
+
+    from mla_convert.kernels import numerics
+
     every = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
     long = torch.zeros(3 * 65536 + 17, dtype=torch.uint8)
     long[[0, 65535, 65536, 2 * 65536 + 1, long.numel() - 1]] = numerics.NEGATIVE_ZERO_CODE
@@ -61,6 +79,8 @@ def _code_count_agrees(native) -> bool:
 
 def _every_pattern() -> list[torch.Tensor]:
     """Every bf16 and f16 bit pattern, and f32 specials among random bits."""
+    import torch
+
     all16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
     f32 = torch.randint(-(2**31), 2**31 - 1, (4096,), dtype=torch.int32).view(torch.float32)
     specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, 1e-45, -0.0])
@@ -68,6 +88,8 @@ def _every_pattern() -> list[torch.Tensor]:
 
 
 def _torch_row_max_codes(t: torch.Tensor) -> torch.Tensor:
+    import torch
+
     return (t.view(torch.uint8) & 0x7F).amax(dim=1)
 
 
@@ -84,6 +106,10 @@ _CHOSEN: list[Fp8Readers] = []  # this process's choice (fp8_readers), forgotten
 def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step: float) -> dict[str, torch.Tensor]:
     """The per-row results of native.fp8_bound_rows that do not depend on summation order, from
     the same fp32 formulas in torch: the FP8 bound of verify.bounds with x the exact source dequant."""
+    import torch
+
+    from mla_convert.kernels import numerics
+
     x = numerics.dequantize_block_fp8(w, s, block)
     d = (q.float() * sc - x).abs()
     ratio = d / (x.abs() * rel + sc * half_step)
@@ -96,6 +122,11 @@ def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step:
 def _bound_rows_agree(native) -> bool:
     """verify --source's one-pass C check against torch_bound_rows on a probe with an element out
     of bound, a NaN, a zero row and partial blocks."""
+    import torch
+
+    from mla_convert.kernels import numerics
+    from mla_convert.kernels.bits import same_values
+
     g = torch.Generator().manual_seed(0)
     block = (4, 96)
     w = (torch.randn(10, 300, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -112,15 +143,20 @@ def _bound_rows_agree(native) -> bool:
 
 
 def fp8_readers() -> Fp8Readers:
-    """Built and probed once per process; torch's own ops, with the reason, when the native library
-    is unusable or any of its readers (the bound check verify --source uses with them included)
-    disagrees with torch on the probes."""
+    """Chosen once per process: the native readers where their check passed on this machine
+    before (kernels.verdict: no torch needed), else built and probed now (with torch), the pass
+    remembered; torch's own ops, with the reason, when the native library is unusable or any of
+    its readers (the checks verify runs on raw buffers included) disagrees with torch on the probes."""
     if not _CHOSEN:
         try:
             _CHOSEN.append(_native_readers())
         except _Unusable as e:  # torch's ops are always right
             _CHOSEN.append(dataclasses.replace(TORCH_READERS, reason=str(e)))
     return _CHOSEN[0]
+
+
+def _verdict_key() -> str:
+    return verdict.key((1, 1), 448.0, True, _VERDICT_OPS, extra=_VERDICT_SOURCES)
 
 
 def use(readers: Fp8Readers) -> None:
@@ -130,18 +166,34 @@ def use(readers: Fp8Readers) -> None:
 
 
 def reset() -> None:
-    """Forget the readers chosen in this process: the next fp8_readers() probes again."""
+    """Forget the readers chosen in this process and the pass remembered on this machine: the next
+    fp8_readers() probes again."""
     _CHOSEN.clear()
+    if native.is_loaded():  # else there is no record to key (and no library is built for one)
+        verdict.record(_verdict_key(), False, _VERDICT_OPS, "")
+
+
+def _native(reason: str) -> Fp8Readers:
+    return Fp8Readers("native", reason, native.decode, native.row_max_codes, native.count_nonfinite, native.count_code)
 
 
 def _native_readers() -> Fp8Readers:
-    """The native readers, each probed against torch; raises _Unusable naming the first that is not
-    usable."""
+    """The native readers: from a remembered pass, else each probed against torch now; raises
+    _Unusable naming the first that is not usable."""
     try:
         native.library()
+        key = _verdict_key()
     except Exception as e:  # no compiler, a failed build or load
         detail = str(e) if isinstance(e, native.NativeUnavailable) else first_line(e)
         raise _Unusable(f"native library unavailable ({detail})") from e
+    found = verdict.lookup(key)
+    if found is not None:
+        return _native(f"C readers built for this CPU; they agree with torch on the probes (remembered: {found})")
+    import torch
+
+    from mla_convert.kernels.bits import same_values
+    from mla_convert.verification import reader_probes
+
     codes = (torch.arange(256 * 3, dtype=torch.int32) % 256).to(torch.uint8)
     every_byte = codes.view(torch.float8_e4m3fn)
     # The columns are shuffled as uint8 codes, the same bytes: torch's CPU indexing takes float8 only from 2.10.
@@ -153,16 +205,17 @@ def _native_readers() -> Fp8Readers:
             native.count_nonfinite(t) == _torch_count_nonfinite(t) for t in _every_pattern()
         ),
         "code count": lambda: _code_count_agrees(native),
+        **reader_probes.raw_checks(),
         "bound check": lambda: _bound_rows_agree(native),
     }
     for what, agrees in checks.items():
         try:
             ok = agrees()
         except Exception as e:
+            verdict.record(key, False, _VERDICT_OPS, torch.__version__)
             raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from e
         if not ok:
+            verdict.record(key, False, _VERDICT_OPS, torch.__version__)
             raise _Unusable(f"native {what} disagreed with torch on the probe")
-    return Fp8Readers(
-        "native", f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes", native.decode,
-        native.row_max_codes, native.count_nonfinite, native.count_code,
-    )  # fmt: skip
+    verdict.record(key, True, _VERDICT_OPS, torch.__version__)
+    return _native(f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes")

@@ -8,12 +8,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from mla_convert.io.read_ahead import will_need
-from mla_convert.io.tensors import TORCH_DTYPES
 from mla_runtime.safetensors_file import DTYPE_SIZES, ShardHeader, pread_exact
+
+if TYPE_CHECKING:
+    import torch
 
 CHUNK_ELEMS = 1 << 23  # elements per row chunk in comparisons
 
@@ -46,6 +47,8 @@ class RowReader:
         self.files: dict[str, int] = {}
 
     def rows(self, ref: Ref, first: int = 0, count: int | None = None) -> torch.Tensor:
+        from mla_convert.io.tensors import TORCH_DTYPES
+
         dtype, size = TORCH_DTYPES[ref.dtype], DTYPE_SIZES[ref.dtype]
         shape = ref.shape or (1,)
         per_row = math.prod(shape[1:]) * size
@@ -72,6 +75,8 @@ class RowReader:
 
 def decode(buf: bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """The tensor whose bytes are `buf` (no copy)."""
+    import torch
+
     if not buf:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(shape)

@@ -1,5 +1,5 @@
-"""verify, running the data pass: every file's task, largest first, on FILE_THREADS threads of
-this process, or in `workers` spawn-started processes. Either way a Ctrl-C ends it at once."""
+"""verify, running the data pass: every file's task, largest first, on file threads of
+this process (order.file_threads), or in `workers` spawn-started processes. Either way a Ctrl-C ends it at once."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 from mla_convert.process.workers import process_pool
 from mla_convert.process.workers import stop as stop_workers
 from mla_convert.settings import ProgressFactory
-from mla_convert.verification.order import FILE_THREADS, largest_first
+from mla_convert.verification.order import file_threads, largest_first
 from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.tasks import FileResult, FileTask
 
 FILE_THREADS_NAME = "verify-file"
+FILE_THREADS: int | None = None  # files at once in this process; None: order.file_threads()
 
 
 class _Stopped(Exception):
@@ -45,7 +46,7 @@ def run_files(
 
 
 def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
-    """FILE_THREADS files at a time in this process, biggest first: the heavy parts (reads,
+    """FILE_THREADS (or order.file_threads()) files at a time in this process, biggest first: the heavy parts (reads,
     sha256, the C and torch checks) release the GIL, so one file's hash overlaps another's checks.
 
     Interrupted (Ctrl-C in the main thread), it raises at once: the files not started are dropped,
@@ -73,7 +74,8 @@ def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> di
         return result
 
     order = _largest_first(tasks, sizes)
-    pool = cf.ThreadPoolExecutor(min(FILE_THREADS, len(order)) or 1, thread_name_prefix=FILE_THREADS_NAME)
+    at_once = FILE_THREADS or file_threads()
+    pool = cf.ThreadPoolExecutor(min(at_once, len(order)) or 1, thread_name_prefix=FILE_THREADS_NAME)
     try:
         results = {t.rel: r for t, r in zip(order, pool.map(run_one, order), strict=True)}
     except BaseException:
