@@ -66,9 +66,11 @@ def test_a_local_source_with_no_hub_id_gets_no_base_model_and_the_summary_says_h
     meta = meta_of(out)
     assert "base_model" not in meta and "base_model_relation" not in meta
     assert str(src_copy) not in (out / CARD).read_text()
-    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
-    assert notes == [f"note: the model card names no base model (the source is a local directory with no Hub id); "
-                     f"set it with `mla-convert card {out} --base-model OWNER/NAME`"]  # fmt: skip
+    notes = [ln for ln in r.stdout.splitlines() if ln.startswith("note:")]  # in the summary; stderr: no note
+    assert [" ".join(n.split()) for n in notes] == [
+        f"note: the model card names no base model (the source is a local directory with no Hub id); "
+        f"set it with `mla-convert card {out} --base-model OWNER/NAME`"
+    ] and "note" not in r.stderr
     assert front_matter_errors(meta) == []
 
 

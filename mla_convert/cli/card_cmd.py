@@ -53,11 +53,11 @@ def card(
         return
     if quiet:
         return
-    if result["base_model_hint"]:
-        typer.echo(f"note: {result['base_model_hint']}", err=True)
     rows = [
         ("model card", f"{result['card']} ({'written' if result['changed'] else 'unchanged: already this card'})"),
         ("base_model", result["base_model"] or "none"),
         ("for", result["repo_id"] or "the local directory"),
     ]
+    if result["base_model_hint"]:
+        rows.append(("note", result["base_model_hint"]))
     console.print_lines(console.rich_console(), rows)

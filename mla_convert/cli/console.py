@@ -180,7 +180,10 @@ def print_summary(summary: dict, title: str, source_arg: str | None = None) -> N
         table.add_row(k, v)
     console = rich_console()
     console.print(table)
-    print_lines(console, [("source", summary["source"]), ("output", summary["out"])])
+    lines = [("source", summary["source"]), ("output", summary["out"])]
+    if summary.get("base_model_hint"):  # in the summary, not on stderr: a note, not a failure
+        lines.append(("note", summary["base_model_hint"].replace("DIR", summary["out"], 1)))
+    print_lines(console, lines)
     if "seconds" in summary and source_arg is not None:
         out = shlex.quote(summary["out"])
         check = f"mla-convert verify {out}" + (

@@ -167,8 +167,6 @@ deepseek_r1 = with_default_source(convert, DEFAULT_R1)
 def report_summary(summary: dict, json_out: bool, quiet: bool, title: str, source_arg: str | None = None) -> None:
     if summary.get("device_check") in ("differed", "failed") and not quiet:  # the user asked for that device
         typer.echo(f"warning: --device {summary['device']}: {summary['device_reason']}", err=True)
-    if summary.get("base_model_hint") and not quiet:
-        typer.echo(f"note: {summary['base_model_hint'].replace('DIR', summary['out'], 1)}", err=True)
     if json_out:
         typer.echo(json.dumps(summary, indent=2))
     elif not quiet:

@@ -88,8 +88,6 @@ def upload(
                 dir, repo_id, options=options, progress_factory=_phase(report, "uploading"),
                 check_progress_factory=_phase(report, "checking"), status=report.status,
             ).to_json()  # fmt: skip
-    if result.get("base_model_hint") and not quiet:
-        typer.echo(f"note: {result['base_model_hint']}", err=True)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
     elif not quiet:
@@ -142,4 +140,7 @@ def _print_result(r: dict) -> None:
         rows += [("repo", r["url"]), ("commits", ", ".join(c[:12] for c in r["commits"]) or "none: up to date")]
     if r.get("card"):
         rows.append(("model card", r["card"]))
-    console.print_lines(out, [*rows, ("checked", r["verified"])])
+    rows.append(("checked", r["verified"]))
+    if r.get("base_model_hint"):
+        rows.append(("note", r["base_model_hint"]))
+    console.print_lines(out, rows)
