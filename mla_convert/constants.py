@@ -79,13 +79,17 @@ COMPLETE, INCOMPLETE = "complete", "incomplete"
 CARD_NAME = "README.md"  # the output's model card (with --no-card: the source's README, unchanged)
 CARD_METADATA_KEY = "mla_convert"  # the card's own metadata entry: tool version, format, source, fingerprint
 GITATTRIBUTES_NAME = ".gitattributes"  # the Hub's own file in a new repo: never uploaded, never deleted
+# The name prefix of threads an interrupted command does not wait for (cli.startup.still_working):
+# verify's file readers, a --stream download, an upload's transfer. Their memory is their own and
+# nothing they do is left to finalize.
+LEFT_RUNNING_THREAD_PREFIX = "mla-convert left running: "
 
 __all__ = [
     "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CARD_METADATA_KEY", "CARD_NAME", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
     "CONFIG_NAME", "CT_BLOCK_SCALE_DTYPES", "DEMO_MARKER_NAME", "FLOAT_DTYPES", "FLOAT_WEIGHT_DTYPES", "FORMATS",
     "FP8_E4M3", "FP8_MAX", "GAUDI2", "GAUDI3", "GITATTRIBUTES_NAME", "INCOMPLETE", "INDEX_NAME", "INT4_PACKED", "INT4_PACKED_DTYPE",
     "INT4_SCALE", "INT4_SHAPE", "INT4_SHAPE_DTYPES", "INT4_ZERO_POINT", "JOURNAL_NAME", "KERNELS_AUTO",
-    "KERNEL_MODES", "LOCK_NAME", "MANIFEST_NAME", "MISTRAL_INDEX_NAME", "MISTRAL_PARAMS_NAME", "MISTRAL_SHARD_PREFIX",
+    "KERNEL_MODES", "LEFT_RUNNING_THREAD_PREFIX", "LOCK_NAME", "MANIFEST_NAME", "MISTRAL_INDEX_NAME", "MISTRAL_PARAMS_NAME", "MISTRAL_SHARD_PREFIX",
     "MISTRAL_SINGLE_FILE_NAME", "MLA_DIR_NAME", "MLA_MANIFEST_NAME", "PARTIAL_SUFFIX", "PROBE_NAME", "SIGNED_ZERO",
     "SINGLE_FILE_NAME", "STAGING_DIR_NAME", "TARGETS", "TOOL_NAME", "WRITE_AUTO", "WRITE_BUFFERED", "WRITE_DIRECT",
     "WRITE_MODES",

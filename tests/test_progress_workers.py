@@ -69,3 +69,17 @@ def test_the_cli_with_two_workers_prints_progress_before_the_first_shard(two_sha
     percents = [float(ln.split("(")[1].split(" %")[0]) for ln in lines]
     assert percents == sorted(percents), lines
     assert sum(p < 40.0 for p in percents) >= 3, lines  # two shards of about half each
+
+
+def test_verify_with_two_workers_reports_progress_per_tensor(two_shards):
+    """verify --workers 2: the bar moves with each tensor a worker checks, not once per file
+    (before: exactly one advance per file), and every byte is counted once."""
+    from mla_convert.api import verify
+
+    _, converted = two_shards
+    files = [p for p in converted.rglob("*") if p.is_file() and p.name != "mla-convert-manifest.json"]
+    rec = Recorder(converted)
+    report = verify(converted, workers=2, progress_factory=rec)
+    assert report.ok, [f.line() for f in report.failures()]
+    assert len(rec.calls) > len(files) + 20, (len(rec.calls), len(files))
+    assert sum(n for _, n, _ in rec.calls) == rec.total and all(n >= 0 for _, n, _ in rec.calls)

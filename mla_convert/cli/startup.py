@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 
+from mla_convert.constants import LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.process.heap import keep_freed_pages
 from mla_convert.process.torch_import import import_torch
 
@@ -21,18 +21,8 @@ def start_heavy_process(torch: bool = True) -> None:
     keep_freed_pages()
 
 
-# Threads that an interrupted command leaves to finish on their own (by name prefix, in the
-# module that starts them): verify's file readers (each on its tensor: seconds, on R1's largest)
-# a --stream download and an upload's file transfers (minutes). Their memory is their own and nothing they do is left to
-# finalize, so the process ends as soon as it has said why, without waiting for them.
-_LEFT_RUNNING = {
-    "mla_convert.verification.runners": "FILE_THREADS_NAME",
-    "mla_convert.source.hub": "DOWNLOAD_THREAD_NAME",
-    "mla_convert.publish.upload": "UPLOAD_THREAD_NAME",  # each on one file's upload (minutes)
-}
-
-
 def still_working() -> bool:
-    """Whether threads of _LEFT_RUNNING are still at it (the CLI then ends with os._exit)."""
-    names = [getattr(sys.modules[m], attr) for m, attr in _LEFT_RUNNING.items() if m in sys.modules]
-    return any(t.is_alive() and t.name.startswith(tuple(names)) for t in threading.enumerate()) if names else False
+    """Whether threads an interrupted command leaves to finish on their own are still at it (named
+    with constants.LEFT_RUNNING_THREAD_PREFIX by the modules that start them; the CLI then ends
+    with os._exit rather than wait for them)."""
+    return any(t.is_alive() and t.name.startswith(LEFT_RUNNING_THREAD_PREFIX) for t in threading.enumerate())

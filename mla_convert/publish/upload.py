@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME
+from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.errors import UploadError
 from mla_convert.output.card import BASE_MODEL_HINT, render_card
 from mla_convert.output.card_facts import SourceRef
@@ -39,7 +39,7 @@ from mla_convert.results import UploadResult
 from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions, is_repo_id
 from mla_convert.units import gb
 
-UPLOAD_THREAD_NAME = "mla-convert upload"  # an interrupted command does not wait for it (cli.startup)
+UPLOAD_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "upload"  # an interrupted command does not wait for it
 TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the log lines)
 
 

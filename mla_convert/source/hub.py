@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CONFIG_NAME, MISTRAL_PARAMS_NAME
+from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX, MISTRAL_PARAMS_NAME
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
 from mla_runtime.safetensors_file import ShardHeader, file_digest
@@ -217,7 +217,7 @@ def check_snapshot(repo: HubRepo, root: Path, files: list[str]) -> None:
             fetch_checked(repo, rel)
 
 
-DOWNLOAD_THREAD_NAME = "mla-convert download"
+DOWNLOAD_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "download"
 
 
 class ShardStreamer:

@@ -7,15 +7,17 @@ import concurrent.futures as cf
 import threading
 from pathlib import Path
 
-from mla_convert.process.workers import process_pool
+from mla_convert.constants import LEFT_RUNNING_THREAD_PREFIX
+from mla_convert.process.workers import drain, errors_intact, new_reports, process_pool, report, result
 from mla_convert.process.workers import stop as stop_workers
 from mla_convert.settings import ProgressFactory
 from mla_convert.verification.order import file_threads, largest_first
 from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.tasks import FileResult, FileTask
 
-FILE_THREADS_NAME = "verify-file"
+FILE_THREADS_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-file"
 FILE_THREADS: int | None = None  # files at once in this process; None: order.file_threads()
+REPORTS_EVERY = 0.1  # seconds between reads of the workers' progress reports
 
 
 class _Stopped(Exception):
@@ -31,18 +33,34 @@ def run_files(
     results: dict[str, FileResult] = {}
     if workers <= 1 or len(tasks) <= 1:
         return _run_in_threads(tasks, sizes, advance)
-    with process_pool(workers) as pool:
+    reports = new_reports() if advance else None
+    reported = {t.rel: 0 for t in tasks}  # bytes each file's worker reported so far
+    with process_pool(workers, reports) as pool:
         try:
-            futures = {pool.submit(run_file_task, t): t for t in _largest_first(tasks, sizes)}
-            for fut in cf.as_completed(futures):
-                task = futures[fut]
-                results[task.rel] = fut.result()
-                if advance:
-                    advance(sizes[task.rel])
+            running = {pool.submit(run_reported_file_task, t): t for t in _largest_first(tasks, sizes)}
+            while running:  # wake up often enough that reports move the bar as they come
+                finished, _ = cf.wait(running, REPORTS_EVERY, return_when=cf.FIRST_COMPLETED)
+                for rel, n in drain(reports) if reports is not None else ():
+                    if rel in reported:  # a late report of a file already counted is in its rest
+                        reported[rel] += n
+                        advance(n)
+                for fut in finished:
+                    task = running.pop(fut)
+                    results[task.rel] = result(fut)  # an error raised as the worker raised it
+                    if advance:
+                        advance(max(0, sizes[task.rel] - reported.pop(task.rel)))
         except BaseException:  # Ctrl-C: the workers only read, so they are stopped where they are
             stop_workers(pool)
             raise
     return results
+
+
+def run_reported_file_task(task: FileTask) -> FileResult:
+    """run_file_task in a worker process: each tensor's bytes reported to the parent as they are
+    checked (process.workers.report), and an error raised whole in the parent (workers.result), as
+    a conversion's shard jobs do."""
+    with errors_intact():
+        return run_file_task(task, lambda n: report((task.rel, n)))
 
 
 def _run_in_threads(tasks: list[FileTask], sizes: dict[str, int], advance) -> dict[str, FileResult]:
