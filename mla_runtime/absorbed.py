@@ -381,9 +381,9 @@ def _source_for(layer) -> _Source | None:
     snapshot = None if env_dir or model_dir is not None else _cached_snapshot(layer)
     if env_dir:
         where = env_dir
-    elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir():
+    elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir() and not _left_out_by_vllm(model_dir):
         where = model_dir / MLA_DIR_NAME
-    elif snapshot is not None and (snapshot.path / MLA_DIR_NAME).is_dir():  # a Hub id, from the local cache
+    elif snapshot is not None and not hub_cache.lacks_artifacts(snapshot.path):  # a Hub id, from the local cache
         where = snapshot.path / MLA_DIR_NAME
     else:
         _say_no_artifacts(model_dir, snapshot)
@@ -395,6 +395,11 @@ def _source_for(layer) -> _Source | None:
         config = hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else None
     _sources[key] = _Source(where, model_dir, config, fallback=envs.fallback(), check=envs.spot_check())
     return _sources[key]
+
+
+def _left_out_by_vllm(model_dir: Path) -> bool:
+    """A cache snapshot served by path whose mla/ vLLM's download left without its layer files."""
+    return hub_cache.snapshot_at(model_dir) is not None and hub_cache.lacks_artifacts(model_dir)
 
 
 def _cached_snapshot(layer) -> hub_cache.Snapshot | None:

@@ -82,5 +82,6 @@ def snapshot_at(path: Path) -> Snapshot | None:
 
 
 def lacks_artifacts(path: Path) -> bool:
-    """A snapshot with no `mla/`: what vLLM's own download of an mla-convert output leaves."""
-    return not (Path(path) / MLA_DIR_NAME).is_dir()
+    """A snapshot whose `mla/` holds no layer file: what vLLM's own download of an mla-convert
+    output leaves (no `mla/`, or, where it took every `*.json`, `mla/manifest.json` alone)."""
+    return not any((Path(path) / MLA_DIR_NAME).glob("*.safetensors"))

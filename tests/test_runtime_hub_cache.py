@@ -121,7 +121,11 @@ def test_a_config_json_layout_snapshot_without_mla_gets_the_command_too(
     (hf_layout / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 8)
     write_artifacts(hf_layout / "mla", weights, DIMS)
     commit = fake_hub.add_repo("acme/hf-layout", hf_layout)
-    huggingface_hub.snapshot_download("acme/hf-layout", allow_patterns=["model-*.safetensors", "config.json"])
+    # as vLLM's download: the index's shards, then the other files but *.safetensors (mla/manifest.json
+    # comes along: a snapshot with mla/ but none of its layers)
+    huggingface_hub.snapshot_download("acme/hf-layout", allow_patterns=["model-*.safetensors"])
+    snapshot = Path(huggingface_hub.snapshot_download("acme/hf-layout", ignore_patterns=["*.safetensors"]))
+    assert (snapshot / "mla" / "manifest.json").is_file() and not list((snapshot / "mla").glob("*.safetensors"))
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
         served.build_and_load(vllm_standin, "acme/hf-layout", weights, num_heads=HEADS)
     (line,) = lines(caplog)
