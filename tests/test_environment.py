@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from mla_convert.cli.app import app
 from mla_convert.output import out_dir as out_dir_mod
 from support.checkpoints import SHARD1, SHARD2
+from support.processes import small_filesystem
 
 MANIFEST = "mla-convert-manifest.json"
 REPO = "deepseek-ai/Tiny-R1"
@@ -176,20 +177,6 @@ def test_unwritable_out_is_one_line(tiny_src, tmp_path, run_cli):
 
 
 # ---- free space -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def small_filesystem(path: Path, size: str):
-    """A tmpfs of `size` at `path` (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("a small filesystem needs root (tmpfs); test_free_space_faked covers other users")
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode != 0:
-        pytest.skip("this machine does not allow mounts (no CAP_SYS_ADMIN)")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from mla_convert.settings import Options
 from mla_convert.verification import verify
 from mla_convert.verification.bounds import fp8_allowed_error, functional_error
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
+from support.edits import fix_hash
 
 FP8, BF16 = "channel-fp8", "bf16"
 INDEX = "model.safetensors.index.json"
@@ -96,22 +97,6 @@ def assert_fails(report: dict, group: str, check: str, file=None, tensor=None) -
     assert hits, f"no {group}/{check} failure for {file} {tensor}; got:\n" + "\n".join(
         f["message"] for f in failures(report)
     )
-
-
-def fix_hash(root: Path, rel: str) -> None:
-    """Make the manifests agree with a file changed on purpose, so only the other checks can tell."""
-    data = (root / rel).read_bytes()
-    entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    if rel.startswith("mla/layer-"):
-        mla = json.loads((root / "mla/manifest.json").read_text())
-        for e in mla["layers"]:
-            if f"mla/{e['file']}" == rel:
-                e.update(entry)
-        (root / "mla/manifest.json").write_text(json.dumps(mla, indent=2))
-        fix_hash(root, "mla/manifest.json")
-    man = json.loads((root / MANIFEST_NAME).read_text())
-    man["files"][rel] = entry
-    (root / MANIFEST_NAME).write_text(json.dumps(man, indent=2))
 
 
 def shard_of(root: Path, tensor: str) -> str:

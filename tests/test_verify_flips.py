@@ -5,7 +5,6 @@ conversion manifest is the record the others are checked against, not itself has
 among them. Also: the checks that run on the bytes read (verification.native_pass) import no torch,
 and agree with the torch path on what a corruption of each kind of tensor fails."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import VerificationError
 from mla_convert.verification import readers as readers_mod
 from mla_convert.verification import verify
+from support.edits import fix_hash
 
 FP8, BF16 = "channel-fp8", "bf16"
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,22 +73,6 @@ def test_a_flipped_byte_in_any_file_fails_verify(converted, tmp_path, fmt):
     assert _exit_code(out) == 0
 
 
-def _fix_hash(root: Path, rel: str) -> None:
-    """The manifests made to agree with a file changed on purpose: only the data checks can tell."""
-    data = (root / rel).read_bytes()
-    entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    if rel.startswith("mla/layer-"):
-        mla = json.loads((root / "mla/manifest.json").read_text())
-        for e in mla["layers"]:
-            if f"mla/{e['file']}" == rel:
-                e.update(entry)
-        (root / "mla/manifest.json").write_text(json.dumps(mla, indent=2))
-        _fix_hash(root, "mla/manifest.json")
-    man = json.loads((root / MANIFEST_NAME).read_text())
-    man["files"][rel] = entry
-    (root / MANIFEST_NAME).write_text(json.dumps(man, indent=2))
-
-
 def _tensor_spans(path: Path) -> dict[str, tuple[int, int, str]]:
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
@@ -130,7 +114,7 @@ def test_native_and_torch_paths_catch_the_same_flip_in_each_kind_of_tensor(conve
         path.write_bytes(flipped)
         manifest = (out / MANIFEST_NAME).read_text()
         mla_manifest = (out / "mla/manifest.json").read_text()
-        _fix_hash(out, rel)
+        fix_hash(out, rel)
         try:
             native = _report_of(out, tiny_src, None)
             torch_path = _report_of(out, tiny_src, readers_mod.TORCH_READERS)

@@ -2,7 +2,6 @@
 process reaches the parent whole (its type, message and causes, and with them the hint), on a real
 small filesystem and a real source defect; a worker that is killed is one line too."""
 
-import contextlib
 import json
 import os
 import signal
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from support.edits import rewrite_shard, shard_of
-from support.processes import MANIFEST, group_members, start_cli, wait_until, workers_of
+from support.processes import MANIFEST, group_members, small_filesystem, start_cli, wait_until, workers_of
 
 HINT = "free some space on that filesystem, then finish it with the same command and --resume"
 
@@ -27,20 +26,6 @@ def without_path(line: str) -> str:
     """'error: PATH: what failed; what to do' -> 'what failed; what to do' (which file a run was
     writing when the disk filled up depends on the timing)."""
     return line.split(": ", 2)[2]
-
-
-@contextlib.contextmanager
-def small_filesystem(path, size: str):
-    """A tmpfs of `size` at `path` (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("a small filesystem needs root (tmpfs)")
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode != 0:
-        pytest.skip("this machine does not allow mounts (no CAP_SYS_ADMIN)")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 @pytest.mark.slow

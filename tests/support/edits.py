@@ -67,3 +67,20 @@ def rewrite_output_tensor(out: Path, name: str, edit: Callable[[dict], object], 
     data = shard.read_bytes()
     record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     edit_json(Path(out) / "mla-convert-manifest.json", lambda m: m["files"].__setitem__(shard.name, record))
+
+
+def fix_hash(root: Path, rel: str) -> None:
+    """Make the manifests agree with a file changed on purpose, so only the other checks can tell."""
+    data = (Path(root) / rel).read_bytes()
+    entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if rel.startswith("mla/layer-"):
+        mla = json.loads((Path(root) / "mla/manifest.json").read_text())
+        for e in mla["layers"]:
+            if f"mla/{e['file']}" == rel:
+                e.update(entry)
+        (Path(root) / "mla/manifest.json").write_text(json.dumps(mla, indent=2))
+        fix_hash(root, "mla/manifest.json")
+    manifest = Path(root) / "mla-convert-manifest.json"
+    man = json.loads(manifest.read_text())
+    man["files"][rel] = entry
+    manifest.write_text(json.dumps(man, indent=2))

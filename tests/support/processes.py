@@ -4,12 +4,15 @@ its process group in /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 MANIFEST = "mla-convert-manifest.json"
@@ -75,3 +78,17 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
 def workers_of(pgid: int) -> list[str]:
     """The worker processes (multiprocessing's spawned children) alive in a process group."""
     return [cmd for _, cmd in group_members(pgid) if "spawn_main" in cmd]
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str):
+    """A tmpfs of `size` at `path` (root only; skipped where mounts are not allowed)."""
+    if os.geteuid() != 0:
+        pytest.skip("a small filesystem needs root (tmpfs)")
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode != 0:
+        pytest.skip("this machine does not allow mounts (no CAP_SYS_ADMIN)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
