@@ -2,7 +2,7 @@
 
 | variable | values | effect |
 |---|---|---|
-| `MLA_RUNTIME_DIR` | a directory | take the artifacts from there (needed when serving a Hub id) |
+| `MLA_RUNTIME_DIR` | a directory | take the artifacts from there (a Hub id is read from its cached snapshot's `mla/` otherwise) |
 | `MLA_RUNTIME_DISABLE` | `1`/`true`/`yes`/`on`; default off | do nothing: vLLM computes W_UK_T / W_UV itself |
 | `MLA_RUNTIME_FALLBACK` | the same; default off | on a mismatch, warn and let vLLM recompute instead of failing |
 | `MLA_RUNTIME_VERIFY` | `size` (default) or `sha256` | how each layer file is checked before use |
