@@ -378,15 +378,19 @@ def _source_for(layer) -> _Source | None:
     key = f"{env_dir}|{model_dir}"
     if key in _sources:
         return _sources[key]
-    snapshot = None if env_dir or model_dir is not None else _cached_snapshot(layer)
+    # the cache snapshot served (by path, or by Hub id), and whether vLLM's download left out its mla/
+    snapshot = hub_cache.snapshot_at(model_dir) if model_dir is not None else None
+    if model_dir is None and not env_dir:
+        snapshot = _cached_snapshot(layer)
+    left_out = snapshot is not None and hub_cache.lacks_artifacts(snapshot.path)
     if env_dir:
         where = env_dir
-    elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir() and not _left_out_by_vllm(model_dir):
+    elif model_dir is not None and (model_dir / MLA_DIR_NAME).is_dir() and not left_out:
         where = model_dir / MLA_DIR_NAME
-    elif snapshot is not None and not hub_cache.lacks_artifacts(snapshot.path):  # a Hub id, from the local cache
+    elif model_dir is None and snapshot is not None and not left_out:  # a Hub id, from the local cache
         where = snapshot.path / MLA_DIR_NAME
     else:
-        _say_no_artifacts(model_dir, snapshot)
+        _say_no_artifacts(model_dir, snapshot if left_out else None)
         _sources[key] = None
         return None
     config = None
@@ -395,11 +399,6 @@ def _source_for(layer) -> _Source | None:
         config = hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else None
     _sources[key] = _Source(where, model_dir, config, fallback=envs.fallback(), check=envs.spot_check())
     return _sources[key]
-
-
-def _left_out_by_vllm(model_dir: Path) -> bool:
-    """A cache snapshot served by path whose mla/ vLLM's download left without its layer files."""
-    return hub_cache.snapshot_at(model_dir) is not None and hub_cache.lacks_artifacts(model_dir)
 
 
 def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
@@ -412,10 +411,10 @@ def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
     return hub_cache.snapshot_of(model, revision if isinstance(revision, str) else None)
 
 
-def _say_no_artifacts(model_dir: Path | None, snapshot: hub_cache.Snapshot | None) -> None:
-    if model_dir is not None:
-        snapshot = hub_cache.snapshot_at(model_dir)
-    if snapshot is not None and hub_cache.lacks_artifacts(snapshot.path):
+def _say_no_artifacts(model_dir: Path | None, left_out: hub_cache.Snapshot | None) -> None:
+    """`left_out`: the cache snapshot whose mla/ vLLM's download left out (the line names the command)."""
+    if left_out is not None:
+        snapshot = left_out
         logger.info(
             "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or Mistral's consolidated shards) "
             "of %s names, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or "
