@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 FORMAT_NAME = "mla-precomputed"
@@ -116,6 +116,9 @@ class LayerEntry:
     file: str  # relative to the mla/ directory
     size: int
     sha256: str
+    # The dims of this layer that differ from the manifest's (Mistral-Large-4's NoPE layers: a
+    # qk_nope_head_dim of nope + rope); None, and absent from the file, where none differ.
+    dims: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,14 @@ class MlaManifest:
                 return e
         raise ArtifactError(f"no MLA artifacts for layer {layer} in the manifest")
 
+    def dims_of(self, layer: int) -> MlaDims:
+        """Layer `layer`'s dims: the manifest's, with that layer's own where it records any."""
+        own = self.entry(layer).dims
+        return replace(self.dims, **own) if own else self.dims
+
     def to_json(self) -> str:
         d = asdict(self)
-        d["layers"] = [asdict(e) for e in self.layers]
+        d["layers"] = [{k: v for k, v in asdict(e).items() if k != "dims" or v} for e in self.layers]
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -162,7 +170,8 @@ class MlaManifest:
         try:
             dims = MlaDims(**{k: int(v) for k, v in d["dims"].items()})
             layers = tuple(
-                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"])) for e in d["layers"]
+                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"]), _layer_dims(e))
+                for e in d["layers"]
             )
             fp = str(d["source_fingerprint"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -174,6 +183,17 @@ class MlaManifest:
             if Path(e.file).name != e.file or e.file in ("", ".", ".."):
                 raise ArtifactError(f"{origin}: layer {e.layer} file {e.file!r} must be a plain file name")
         return cls(dims=dims, layers=layers, source_fingerprint=fp, producer=dict(d.get("producer") or {}))
+
+
+def _layer_dims(entry: dict) -> dict | None:
+    """A layer entry's own dims (only MlaDims' fields, integers), or None; ValueError otherwise."""
+    own = entry.get("dims")
+    if own is None:
+        return None
+    unknown = set(own) - set(MlaDims.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"layer {entry.get('layer')} dims has unknown fields {sorted(unknown)}")
+    return {k: int(v) for k, v in own.items()} or None
 
 
 def read_manifest(artifacts_dir: str | Path) -> MlaManifest:

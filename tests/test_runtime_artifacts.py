@@ -382,3 +382,22 @@ def test_another_dtype_is_one_copy_and_unmappable_files_are_read(served_copy, mo
     monkeypatch.setattr(mmap, "mmap", cannot_map)
     w_uk_t, w_uv = open_artifacts(mla).load_layer(0, tp_rank=3, tp_size=4)
     assert torch.equal(w_uk_t, full_uk_t[6:]) and torch.equal(w_uv, full_uv[6:])
+
+
+def test_a_layer_entry_may_record_its_own_dims_and_a_manifest_without_any_keeps_its_bytes():
+    from mla_runtime.format import LayerEntry, MlaDims, MlaManifest
+
+    dims = MlaDims(num_heads=4, qk_nope_head_dim=64, v_head_dim=128, kv_lora_rank=512)
+    plain = MlaManifest(dims, (LayerEntry(0, "layer-000.safetensors", 10, "ab"),), "fp")
+    assert '"dims": {' in plain.to_json() and plain.to_json().count('"dims"') == 1  # only the model's
+    nope = MlaManifest(
+        dims,
+        (
+            LayerEntry(0, "layer-000.safetensors", 10, "ab"),
+            LayerEntry(1, "layer-001.safetensors", 12, "cd", {"qk_nope_head_dim": 128}),
+        ),
+        "fp",
+    )
+    back = MlaManifest.from_json(nope.to_json())
+    assert back == nope and back.dims_of(0) == dims and back.dims_of(1).qk_nope_head_dim == 128
+    assert MlaManifest.from_json(plain.to_json()).to_json() == plain.to_json()
