@@ -1,5 +1,6 @@
 """The library's entry points: `convert`, `verify`, `upload` and `card`, keyword-only past their paths, each
-returning a typed result (mla_convert.results). The CLI is a thin shell over these.
+returning a typed result (mla_convert.results); and `demo`, the offline demo the CLI runs. The CLI is a
+thin shell over these.
 
     import mla_convert
 
@@ -16,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from mla_convert.output.lock import locked
-from mla_convert.results import CardResult, ConversionResult, UploadResult, VerifyReport
+from mla_convert.results import CardResult, ConversionResult, DemoResult, UploadResult, VerifyReport
 from mla_convert.settings import MessageFn, Options, ProgressFactory, RunSettings, UploadOptions
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Options))
@@ -131,3 +132,25 @@ def card(out_dir: str | Path, *, base_model: str | None = None, repo_id: str | N
         done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id)
     hint = None if done.base_model else BASE_MODEL_HINT.replace("DIR", str(out_dir), 1)
     return CardResult(str(out_dir), str(done.path), done.changed, done.base_model, done.repo_id, hint)
+
+
+def demo(
+    out_dir: str | Path | None = None,
+    *,
+    member: str | None = None,
+    overwrite: bool = False,
+    options: Options | None = None,
+    **fields,
+) -> DemoResult:
+    """The offline demo, as `mla-convert demo` runs it: the tiny checkpoint of family `member`
+    (source.family.MEMBERS; default the first) written to `out_dir`/source (default: a new
+    temporary directory), converted to `out_dir`/converted-FORMAT and verified against it.
+    `options` (or its fields by name: `demo(format="bf16")`) say what to convert to; `overwrite`
+    replaces an earlier demo in `out_dir`, and only that. Not part of the public API (docs/api.md)."""
+    unknown = sorted(set(fields) - _OPTION_FIELDS)
+    if unknown:
+        raise TypeError(f"demo() got unexpected keyword arguments {', '.join(unknown)}")
+    options = dataclasses.replace(options or Options(), **fields)
+    from mla_convert.demo.run import run_demo
+
+    return run_demo(out_dir, options, overwrite, *(() if member is None else (member,)))

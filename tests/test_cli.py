@@ -406,3 +406,50 @@ def test_a_failure_of_the_environment_says_what_next_only_in_the_middle_of_a_run
     assert next_step(out, OutputError("not the environment's")) is None
     (out / "mla-convert-manifest.json").write_text('{"status": "complete"}')
     assert next_step(out, failure(errno.ENOSPC)) is None
+
+
+# The modules behind mla_convert.convert / verify / upload / card / demo: a command reaches them
+# through mla_convert.api only, so the CLI and the library run one path.
+RUN_MODULES = {
+    "mla_convert.conversion.pipeline", "mla_convert.verification.api", "mla_convert.publish.upload",
+    "mla_convert.demo.run", "mla_convert.output.card", "mla_convert.output.lock",
+}  # fmt: skip
+
+
+def test_every_command_runs_through_the_api():
+    import ast
+    from pathlib import Path
+
+    cli = Path(__file__).resolve().parent.parent / "mla_convert" / "cli"
+    reached, uses_api = {}, set()
+    for path in cli.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                if node.module == "mla_convert" and any(a.name == "api" for a in node.names):
+                    uses_api.add(path.name)
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name in RUN_MODULES:
+                    reached.setdefault(path.name, []).append(name)
+    assert reached == {}
+    assert {"convert_cmd.py", "verify_cmd.py", "upload_cmd.py", "card_cmd.py", "demo_cmd.py"} <= uses_api
+
+
+def test_the_console_prints_the_typed_results(tiny_src, tmp_path, capsys):
+    """The summary and the report are printed from ConversionResult / VerifyReport: their fields,
+    not a dict's keys (a dict is refused)."""
+    import mla_convert
+    from mla_convert.cli import console
+
+    result = mla_convert.convert(tiny_src, tmp_path / "out", format="bf16")
+    console.print_summary(result, "Converted", str(tiny_src))
+    report = mla_convert.verify(result.out, source=tiny_src)
+    console.print_verify_report(report, quiet=False)
+    out = capsys.readouterr().out
+    assert f"mla-convert verify {tmp_path / 'out'} --source {tiny_src}" in out
+    assert "MLA layers (W_UK_T / W_UV)" in out and "PASS" in out and f"checked: {tmp_path / 'out'}" in out
+    with pytest.raises(AttributeError):
+        console.print_summary(result.to_json(), "Converted")

@@ -52,11 +52,11 @@ def test_direct_files_reuse_the_staging_buffers_of_closed_ones(tmp_path):
     first = disk_write.DirectFile(tmp_path / "first", stage_bytes=size)
     first.write(b"\xff" * (3 * size))
     first.finish()
-    created = disk_write.STAGE_POOL.created
+    created = disk_write.stage_pool().created
     second = disk_write.DirectFile(tmp_path / "second", stage_bytes=size)
     second.write(b"ab" * 3000)
     second.finish()
-    assert disk_write.STAGE_POOL.created == created, "the second file mapped fresh stages"
+    assert disk_write.stage_pool().created == created, "the second file mapped fresh stages"
     assert (tmp_path / "second").read_bytes() == b"ab" * 3000
 
 

@@ -311,3 +311,29 @@ def test_fuzz_index(tiny_src, tmp_path_factory, index):
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(SourceError):
         open_source(src)
+
+
+def test_a_stage_recording_a_field_the_result_lacks_fails_before_anything_is_written(tiny_src, tmp_path):
+    """The run's summary is its typed result from the plan on: a misspelt field fails where it is
+    recorded (a dict took it, and the run failed only once the output was written)."""
+    import contextlib
+    import dataclasses
+
+    from mla_convert.conversion import pipeline
+    from mla_convert.results import ConversionResult
+    from mla_convert.settings import Options, RunSettings
+
+    out = tmp_path / "out"
+    run = pipeline._Conversion(str(tiny_src), out, Options(), RunSettings())
+    with contextlib.ExitStack() as cleanup:
+        run.cleanup = cleanup
+        run.open_source(cleanup)
+        run.make_plan()
+        planned = run.result
+        assert isinstance(planned, ConversionResult) and planned.mla_layers == 4
+        with pytest.raises(TypeError, match="disk_neded"):
+            run.record(disk_neded=1)
+        assert run.result is planned
+        run.record(disk_required=7)
+        assert run.result.disk_required == 7 and dataclasses.replace(run.result, disk_required=None) == planned
+    assert not out.exists()

@@ -34,3 +34,76 @@ def test_put_replaces_and_closes_the_old_value_and_reset_empties_the_default():
     assert closed == [1] and owner.get("x") == 2
     resources.reset()
     assert closed == [1, 2] and owner.get("x") is None
+
+
+def _owner_seen_by(runs: list):
+    """A progress factory that records the owner current while the run counts its bytes."""
+
+    def factory(total: int):
+        runs.append(resources.current())
+        return lambda n: None
+
+    return factory
+
+
+def test_a_conversion_owns_its_staging_buffers_and_lets_them_go_when_it_returns(tiny_src, tmp_path):
+    import mla_convert
+    from mla_convert.io import disk_write
+
+    resources.reset()
+    outside, runs, pools = resources.current(), [], []
+    for fmt in ("channel-fp8", "bf16"):
+        mla_convert.convert(tiny_src, tmp_path / fmt, format=fmt, progress_factory=_owner_seen_by(runs))
+        assert runs[-1] is not outside
+        pools.append(runs[-1].get("io.disk_write.stages"))
+        assert pools[-1] is None, "the run's staging buffers outlived it"
+    assert runs[0] is not runs[1] and resources.current() is outside
+    assert outside.get("io.disk_write.stages") is None, "a conversion's staging buffers went to the process"
+    # Outside a run, the process default owns the pool, and reset() lets it go.
+    pool = disk_write.stage_pool()
+    assert outside.get("io.disk_write.stages") is pool
+    resources.reset()
+    assert outside.get("io.disk_write.stages") is None
+
+
+def test_verify_runs_in_a_scope_of_its_own_and_closes_it(converted, tiny_src):
+    import mla_convert
+
+    outside, runs, closed = resources.current(), [], []
+
+    def factory(total: int):
+        runs.append(resources.current())
+        resources.current().slot("test.marker", lambda: "made", closed.append)
+        return lambda n: None
+
+    report = mla_convert.verify(converted["bf16"], source=tiny_src, progress_factory=factory)
+    assert report.ok and runs and all(r is runs[0] for r in runs)
+    assert runs[0] is not outside and closed == ["made"] and resources.current() is outside
+
+
+OWNED_HERE = [
+    "mla_convert/api.py", "mla_convert/results.py", "mla_convert/settings.py", "mla_convert/envs.py",
+    "mla_convert/cli", "mla_convert/process", "mla_convert/io",
+    "mla_convert/conversion/pipeline.py", "mla_convert/conversion/schedulers.py",
+    "mla_convert/verification/api.py", "mla_convert/verification/report.py",
+    "mla_convert/verification/runners.py", "mla_convert/verification/tasks.py",
+]  # fmt: skip
+
+
+def test_no_global_statement_in_the_run_and_process_modules():
+    """Their state belongs to a run's owner or to an object: nothing rebinds a module variable."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [
+        p for entry in OWNED_HERE for p in ((root / entry).rglob("*.py") if (root / entry).is_dir() else [root / entry])
+    ]
+    assert len(files) > 30
+    found = [
+        f"{p.relative_to(root)}:{node.lineno}"
+        for p in files
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert found == []

@@ -47,17 +47,8 @@ def card(
     with errors_to_exit("interrupted; run the same command again to write the card"):
         from mla_convert import api
 
-        result = api.card(dir, base_model=base_model, repo_id=repo_id).to_json()  # locked there
+        result = api.card(dir, base_model=base_model, repo_id=repo_id)  # locked there
     if json_out:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    if quiet:
-        return
-    rows = [
-        ("model card", f"{result['card']} ({'written' if result['changed'] else 'unchanged: already this card'})"),
-        ("base_model", result["base_model"] or "none"),
-        ("for", result["repo_id"] or "the local directory"),
-    ]
-    if result["base_model_hint"]:
-        rows.append(("note", result["base_model_hint"]))
-    console.print_lines(console.rich_console(), rows)
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    elif not quiet:
+        console.print_card(result)

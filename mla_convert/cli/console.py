@@ -1,6 +1,7 @@
 """What a command shows while it works and when it is done: progress on stderr (a status line and a
 bar on a terminal, plain lines in a log), the conversion summary and the verify report as tables,
-and paths and next commands as whole lines. rich is imported when first needed, not at start-up."""
+and paths and next commands as whole lines, each printed from its typed result (mla_convert.results).
+rich is imported when first needed, not at start-up."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import typer
 
 from mla_convert import envs
+from mla_convert.results import CardResult, ConversionResult, DemoResult, UploadResult, VerifyReport
 from mla_convert.units import duration, gb
 
 
@@ -128,79 +130,79 @@ def rich_console(stderr: bool = False):
     return Console(stderr=stderr)
 
 
-def print_summary(summary: dict, title: str, source_arg: str | None = None) -> None:
+def print_summary(result: ConversionResult | DemoResult, title: str, source_arg: str | None = None) -> None:
     """The summary table, then the paths and the next commands as whole lines (soft-wrapped: a
-    narrow terminal folds them, but they copy and paste whole)."""
+    narrow terminal folds them, but they copy and paste whole). A demo's adds its verdict."""
     from rich.table import Table
 
+    r = result.conversion if isinstance(result, DemoResult) else result
     table = Table(title=title, show_header=False)
     table.add_column(no_wrap=True)
     table.add_column()
-    fmt = summary["format"]
-    target = f"{fmt} / {summary['target']} (FP8 max {summary['fp8_max']:g})" if fmt != "bf16" else "bf16"
+    target = f"{r.format} / {r.target} (FP8 max {r.fp8_max:g})" if r.format != "bf16" else "bf16"
     rows = [
-        ("format / target" if fmt != "bf16" else "format", target),
-        ("shards", str(summary["shards"])),
-        ("tensors in -> out", f"{summary['tensors_in']} -> {summary['tensors_out']}"),
-        ("block-FP8 weights converted", str(summary["fp8_weights_converted"])),
-        ("16-bit linears quantized", str(summary["bf16_linears_quantized"])),
-        ("MLA layers (W_UK_T / W_UV)", str(summary["mla_layers"])),
-        ("bytes in", gb(summary["bytes_in"])),
-        ("bytes out (model + mla)", f"{gb(summary['bytes_out_model'])} + {gb(summary['bytes_out_mla'])}"),
-        ("disk needed", gb(summary["disk_needed"])),
+        ("format / target" if r.format != "bf16" else "format", target),
+        ("shards", str(r.shards)),
+        ("tensors in -> out", f"{r.tensors_in} -> {r.tensors_out}"),
+        ("block-FP8 weights converted", str(r.fp8_weights_converted)),
+        ("16-bit linears quantized", str(r.bf16_linears_quantized)),
+        ("MLA layers (W_UK_T / W_UV)", str(r.mla_layers)),
+        ("bytes in", gb(r.bytes_in)),
+        ("bytes out (model + mla)", f"{gb(r.bytes_out_model)} + {gb(r.bytes_out_mla)}"),
+        ("disk needed", gb(r.disk_needed)),
     ]
-    if "disk_needed_stream" in summary:
+    if r.disk_needed_stream is not None:
         rows += [
-            ("disk needed, download then convert", gb(summary["disk_needed_download_then_convert"])),
-            ("disk needed, --stream", gb(summary["disk_needed_stream"])),
+            ("disk needed, download then convert", gb(r.disk_needed_download_then_convert)),
+            ("disk needed, --stream", gb(r.disk_needed_stream)),
         ]
-    if "disk_free" in summary:
-        rows.append(("free space", _space_row(summary)))
-    for i, (pattern, n) in enumerate((summary.get("ignored_by_pattern") or {}).items()):
+    if r.disk_free is not None:
+        rows.append(("free space", _space_row(r)))
+    for i, (pattern, n) in enumerate((r.ignored_by_pattern or {}).items()):
         rows.append(("" if i else "left unquantized by --ignore", f"{n} linear{'s' * (n != 1)}: {pattern}"))
-    if summary.get("resumed_jobs"):
-        kept = summary["resumed_jobs"]
-        rows.append(
-            ("resumed", f"kept {kept} of {summary['shards']} shard jobs (re-hashed), redid {summary['shards'] - kept}")
-        )
-    if "seconds" in summary:
+    if r.resumed_jobs:
+        kept = r.resumed_jobs
+        rows.append(("resumed", f"kept {kept} of {r.shards} shard jobs (re-hashed), redid {r.shards - kept}"))
+    if r.seconds is not None:
+        on = r.compute_device if r.compute_device is not None else r.device
         rows += [
-            ("time", f"{summary['seconds']:.2f} s ({summary['gb_per_s']:.2f} GB/s of source)"),
-            ("kernels", f"{summary['kernels']} on {summary.get('compute_device', summary['device'])} "
-             f"({summary['kernels_reason']})"),
-        ]  # fmt: skip
-        if summary["device"] != "cpu" and summary.get("device_reason"):
-            rows.append(("device", f"{summary['device']}: {summary['device_check']} ({summary['device_reason']})"))
-        rows.append(("writes", f"{summary['write_io']} ({summary['write_io_reason']})"))
-    if "verify" in summary:
-        v = summary["verify"]
-        verdict = "pass" if v["ok"] else f"FAIL ({v['failed']} failed)"
-        rows += [("verify --source", f"{verdict}: {v['checks']} checks in {v['seconds']:.2f} s")]
+            ("time", f"{r.seconds:.2f} s ({r.gb_per_s:.2f} GB/s of source)"),
+            ("kernels", f"{r.kernels} on {on} ({r.kernels_reason})"),
+        ]
+        if r.device != "cpu" and r.device_reason:
+            rows.append(("device", f"{r.device}: {r.device_check} ({r.device_reason})"))
+        rows.append(("writes", f"{r.write_io} ({r.write_io_reason})"))
+    if isinstance(result, DemoResult):
+        v = result.report
+        failed = sum(g.failed for g in v.groups.values())
+        verdict = "pass" if v.ok else f"FAIL ({failed} failed)"
+        rows += [
+            ("verify --source", f"{verdict}: {sum(g.checked for g in v.groups.values())} checks in {v.seconds:.2f} s")
+        ]
     for k, v in rows:
         table.add_row(k, v)
     console = rich_console()
     console.print(table)
-    lines = [("source", summary["source"]), ("output", summary["out"])]
-    if summary.get("base_model_hint"):  # in the summary, not on stderr: a note, not a failure
-        lines.append(("note", summary["base_model_hint"].replace("DIR", summary["out"], 1)))
+    lines = [("source", r.source), ("output", r.out)]
+    if r.base_model_hint:  # in the summary, not on stderr: a note, not a failure
+        lines.append(("note", r.base_model_hint.replace("DIR", r.out, 1)))
     print_lines(console, lines)
-    if "seconds" in summary and source_arg is not None:
-        out = shlex.quote(summary["out"])
+    if r.seconds is not None and source_arg is not None:
+        out = shlex.quote(r.out)
         check = f"mla-convert verify {out}" + (
-            f" --source {shlex.quote(source_arg)}" if "peak_source_bytes_on_disk" not in summary else ""
+            f" --source {shlex.quote(source_arg)}" if r.peak_source_bytes_on_disk is None else ""
         )
         print_lines(console, [("to check it", check), ("to serve it", f"vllm serve {out}")])
 
 
-def _space_row(summary: dict) -> str:
-    row = f"{gb(summary['disk_required'])} needed of {gb(summary['disk_free'])} free"
-    if summary.get("disk_freed_by_overwrite"):
-        row += f" (+{gb(summary['disk_freed_by_overwrite'])} freed by --overwrite)"
-    if "cache_dir" in summary:
-        row += f"; download {gb(summary['cache_required'])} of {gb(summary['cache_free'])} free in the Hub cache"
-    short = summary["disk_required"] > summary["disk_free"] + summary.get("disk_freed_by_overwrite", 0) or (
-        summary.get("cache_required", 0) > summary.get("cache_free", 0)
-    )
+def _space_row(r: ConversionResult) -> str:
+    freed = r.disk_freed_by_overwrite or 0
+    row = f"{gb(r.disk_required)} needed of {gb(r.disk_free)} free"
+    if freed:
+        row += f" (+{gb(freed)} freed by --overwrite)"
+    if r.cache_dir is not None:
+        row += f"; download {gb(r.cache_required)} of {gb(r.cache_free)} free in the Hub cache"
+    short = r.disk_required > r.disk_free + freed or (r.cache_required or 0) > (r.cache_free or 0)
     return row + (": NOT ENOUGH" if short else "")
 
 
@@ -210,42 +212,76 @@ def print_lines(console, items: list[tuple[str, str]]) -> None:
         console.print(f"{k + ':':<{width + 1}} {v}", soft_wrap=True, highlight=False, markup=False)
 
 
-def print_verify_report(report: dict, quiet: bool, listed: int = 10) -> None:
+def print_verify_report(report: VerifyReport, quiet: bool, listed: int = 10) -> None:
     """A table of the check groups; then each failure on one line (all of them also with --quiet)."""
     from rich.table import Table
 
-    groups = report["groups"]
+    groups = report.groups
     if not quiet:
         console = rich_console()
-        table = Table(title=f"verify ({report['format']} / {report['target']})")
+        table = Table(title=f"verify ({report.format} / {report.target})")
         for col in ("group", "checks", "failed", "result"):
             table.add_column(col)
         for name, g in groups.items():
-            result = f"skipped: {g['skipped']}" if g["skipped"] else "[red]FAIL" if g["failed"] else "[green]pass"
-            table.add_row(name, str(g["checked"]), str(g["failed"]), result)
+            result = f"skipped: {g.skipped}" if g.skipped else "[red]FAIL" if g.failed else "[green]pass"
+            table.add_row(name, str(g.checked), str(g.failed), result)
         console.print(table)
-        print_lines(
-            console, [("checked", report["dir"])] + ([("against", report["source"])] if report["source"] else [])
-        )
-        if report["worst_tensors"]:
+        print_lines(console, [("checked", report.dir)] + ([("against", report.source)] if report.source else []))
+        if report.worst_tensors:
             worst = Table(title="worst tensors against the source")
             worst.add_column("tensor", overflow="fold")
             for col in ("op", "max abs err", "rel err", "cosine", "of bound"):
                 worst.add_column(col)
-            for s in report["worst_tensors"]:
-                worst.add_row(s["tensor"], s["op"], f"{s['max_abs_err']:.3g}", f"{s['rel_err']:.3g}",
-                              f"{s['cosine']:.6f}", f"{s['bound_use']:.0%}")  # fmt: skip
+            for t in report.worst_tensors:
+                worst.add_row(t.tensor, t.op, f"{t.max_abs_err:.3g}", f"{t.rel_err:.3g}",
+                              f"{t.cosine:.6f}", f"{t.bound_use:.0%}")  # fmt: skip
             console.print(worst)
     for name, g in groups.items():
-        for f in g["failures"][: None if quiet else listed]:
-            typer.echo(f["message"], err=True)
-        more = g["failed"] - (len(g["failures"][:listed]) if not quiet else len(g["failures"]))
+        for f in g.failures[: None if quiet else listed]:
+            typer.echo(f.line(), err=True)
+        more = g.failed - (len(g.failures[:listed]) if not quiet else len(g.failures))
         if more > 0:
-            typer.echo(f"[{name}] ... and {more} more failures (--json lists {len(g['failures'])})", err=True)
+            typer.echo(f"[{name}] ... and {more} more failures (--json lists {len(g.failures)})", err=True)
     if not quiet:
-        total = sum(g["checked"] for g in groups.values())
-        failed = sum(g["failed"] for g in groups.values())
-        verdict = "[green]PASS" if report["ok"] else f"[red]FAIL: {failed} of {total} checks failed"
-        rich_console().print(f"{verdict}[/] ({total} checks, {report['seconds']:.2f} s)")
+        total = sum(g.checked for g in groups.values())
+        failed = sum(g.failed for g in groups.values())
+        verdict = "[green]PASS" if report.ok else f"[red]FAIL: {failed} of {total} checks failed"
+        rich_console().print(f"{verdict}[/] ({total} checks, {report.seconds:.2f} s)")
         # Native or torch: what decoded FP8 and counted NaN/Inf (bf16 outputs too), not a format.
-        rich_console().print(f"value readers: {report['readers']} ({report['readers_reason']})", style="dim")
+        rich_console().print(f"value readers: {report.readers} ({report.readers_reason})", style="dim")
+
+
+def print_upload(r: UploadResult) -> None:
+    """What an upload sent (a dry run: each file it would send, by commit), as whole lines."""
+    out = rich_console()
+    if r.dry_run:
+        for item in r.plan:
+            out.print(f"commit {item['commit']}  {item['size']:>15,}  {item['path']}", highlight=False, markup=False)
+        commits = max((item["commit"] for item in r.plan), default=0)
+        rows = [("would upload", f"{r.files} files, {gb(r.bytes)}, in {commits} commits, to {r.url}")]
+    else:
+        sent = f"{r.uploaded_files} files, {gb(r.uploaded_bytes)}, in {len(r.commits)} commits"
+        rows = [("uploaded", sent), ("on the Hub already", f"{r.skipped_files} files, {gb(r.skipped_bytes)}")]
+        if r.deleted:
+            rows.append(("deleted (--overwrite)", f"{len(r.deleted)} files of another model"))
+        if r.created:
+            rows.append(("created", " and ".join(r.created)))
+        rows += [("repo", r.url), ("commits", ", ".join(c[:12] for c in r.commits) or "none: up to date")]
+    if r.card:
+        rows.append(("model card", r.card))
+    rows.append(("checked", r.verified))
+    if r.base_model_hint:
+        rows.append(("note", r.base_model_hint))
+    print_lines(out, rows)
+
+
+def print_card(r: CardResult) -> None:
+    """The card written again: where, whether it changed, what it names."""
+    rows = [
+        ("model card", f"{r.card} ({'written' if r.changed else 'unchanged: already this card'})"),
+        ("base_model", r.base_model or "none"),
+        ("for", r.repo_id or "the local directory"),
+    ]
+    if r.base_model_hint:
+        rows.append(("note", r.base_model_hint))
+    print_lines(rich_console(), rows)

@@ -38,6 +38,7 @@ from mla_convert.cli.startup import start_heavy_process
 from mla_convert.constants import COMPLETE, INCOMPLETE, MANIFEST_NAME
 from mla_convert.errors import network_errors
 from mla_convert.output.manifest import readable_manifest
+from mla_convert.results import ConversionResult, DemoResult
 from mla_convert.settings import Options, RunSettings
 from mla_convert.source.family import architectures_help
 
@@ -101,8 +102,8 @@ def convert(
             disable_progress_bars()
             if quiet:  # its retry warnings too: errors only
                 logging.set_verbosity_error()
-        summary = api.convert(source, out, options=options, settings=settings).to_json()
-    report_summary(summary, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
+        result = api.convert(source, out, options=options, settings=settings)
+    report_summary(result, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
 
 
 def _interrupted(out: Path) -> str:
@@ -164,10 +165,13 @@ def with_default_source(command, default: str):
 deepseek_r1 = with_default_source(convert, DEFAULT_R1)
 
 
-def report_summary(summary: dict, json_out: bool, quiet: bool, title: str, source_arg: str | None = None) -> None:
-    if summary.get("device_check") in ("differed", "failed") and not quiet:  # the user asked for that device
-        typer.echo(f"warning: --device {summary['device']}: {summary['device_reason']}", err=True)
+def report_summary(
+    result: ConversionResult | DemoResult, json_out: bool, quiet: bool, title: str, source_arg: str | None = None
+) -> None:
+    r = result.conversion if isinstance(result, DemoResult) else result
+    if r.device_check in ("differed", "failed") and not quiet:  # the user asked for that device
+        typer.echo(f"warning: --device {r.device}: {r.device_reason}", err=True)
     if json_out:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(json.dumps(result.to_json(), indent=2))
     elif not quiet:
-        console.print_summary(summary, title, source_arg)
+        console.print_summary(result, title, source_arg)

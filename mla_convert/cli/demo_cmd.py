@@ -35,20 +35,19 @@ def demo(
     if member not in DEMO_FAMILIES:
         fail(f"--family {member!r}: expected one of {', '.join(DEMO_FAMILIES)}", 2)
     with errors_to_exit(lambda: _interrupted(out)):
-        from mla_convert.demo.run import run_demo
+        from mla_convert import api
 
-        result = run_demo(out, Options(format=format, target=target), overwrite, DEMO_FAMILIES[member])
-    summary, report = result.to_json(), result.report.to_json()
-    report_summary(summary, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
+        result = api.demo(out, member=DEMO_FAMILIES[member], overwrite=overwrite, format=format, target=target)
+    report_summary(result, json_out, quiet, f"Demo: tiny {member} checkpoint converted and verified")
     if not (json_out or quiet):
-        where = shlex.quote(summary["demo_dir"])
+        where = shlex.quote(result.demo_dir)
         console.print_lines(
             console.rich_console(),
-            [("demo files", f"{where} ({gb(summary['demo_bytes'])}: the tiny source and its conversion)"),
+            [("demo files", f"{where} ({gb(result.demo_bytes)}: the tiny source and its conversion)"),
              ("remove them", f"rm -r {where}")],
         )  # fmt: skip
-    if not report["ok"]:
-        console.print_verify_report(report, quiet=True)  # the failures, one per line
+    if not result.report.ok:
+        console.print_verify_report(result.report, quiet=True)  # the failures, one per line
         raise typer.Exit(1)
 
 

@@ -87,11 +87,11 @@ def upload(
             result = api.upload(
                 dir, repo_id, options=options, progress_factory=_phase(report, "uploading"),
                 check_progress_factory=_phase(report, "checking"), status=report.status,
-            ).to_json()  # fmt: skip
+            )  # fmt: skip
     if json_out:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json.dumps(result.to_json(), indent=2))
     elif not quiet:
-        _print_result(result)
+        console.print_upload(result)
 
 
 def _phase(report: console.Reporter, description: str):
@@ -121,26 +121,3 @@ def _interrupted() -> str:
         f"upload interrupted: {len(job.done)} commits with {job.sent_files} files ({gb(job.sent_bytes)}) are on "
         f"the Hub; run the same command to resume"
     )
-
-
-def _print_result(r: dict) -> None:
-    out = console.rich_console()
-    if r["dry_run"]:
-        for item in r["plan"]:
-            out.print(f"commit {item['commit']}  {item['size']:>15,}  {item['path']}", highlight=False, markup=False)
-        commits = max((item["commit"] for item in r["plan"]), default=0)
-        rows = [("would upload", f"{r['files']} files, {gb(r['bytes'])}, in {commits} commits, to {r['url']}")]
-    else:
-        sent = f"{r['uploaded_files']} files, {gb(r['uploaded_bytes'])}, in {len(r['commits'])} commits"
-        rows = [("uploaded", sent), ("on the Hub already", f"{r['skipped_files']} files, {gb(r['skipped_bytes'])}")]
-        if r["deleted"]:
-            rows.append(("deleted (--overwrite)", f"{len(r['deleted'])} files of another model"))
-        if r["created"]:
-            rows.append(("created", " and ".join(r["created"])))
-        rows += [("repo", r["url"]), ("commits", ", ".join(c[:12] for c in r["commits"]) or "none: up to date")]
-    if r.get("card"):
-        rows.append(("model card", r["card"]))
-    rows.append(("checked", r["verified"]))
-    if r.get("base_model_hint"):
-        rows.append(("note", r["base_model_hint"]))
-    console.print_lines(out, rows)

@@ -56,9 +56,8 @@ def verify(
         report = api.verify(
             dir, source=source, workers=workers, progress_factory=progress.progress_factory, notice=progress.notice
         )
-        report = report.to_json()
     if json_out:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         console.print_verify_report(report, quiet)
-    raise typer.Exit(report["exit_code"])
+    raise typer.Exit(report.exit_code)

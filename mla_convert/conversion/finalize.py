@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 
 from mla_convert.constants import CARD_NAME, COMPLETE, MLA_DIR_NAME, MLA_MANIFEST_NAME, TOOL_NAME
-from mla_convert.conversion.crash_points import crash_point
 from mla_convert.io.files import WrittenFile, copy_file_atomic, write_bytes_atomic
 from mla_convert.output.card import with_source_card, write_card
 from mla_convert.output.card_facts import CardFacts, SourceRef, source_ref
 from mla_convert.output.manifest import write_manifest
 from mla_convert.plan.planner import Plan, mla_file_rel
+from mla_convert.process.interrupts import crash_point
 from mla_convert.source.checkpoint import checked_member
 from mla_convert.source.quantization import INT4
 from mla_convert.version import __version__

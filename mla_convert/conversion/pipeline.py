@@ -42,6 +42,7 @@ from mla_convert.output.manifest import write_manifest
 from mla_convert.output.out_dir import check_location
 from mla_convert.plan.ignore import check_patterns
 from mla_convert.plan.planner import Plan, make_plan
+from mla_convert.process import resources
 from mla_convert.results import ConversionResult
 from mla_convert.settings import Options, RunSettings
 from mla_convert.source import hub
@@ -66,29 +67,34 @@ def convert(
     """
     options.check_new_conversion()
     run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes))
-    with contextlib.ExitStack() as cleanup:
+    # The run's scope owns what it allocates for its own use (staging buffers, the shard jobs'
+    # buffers, the native kernels' threads: every run gets its own), closed after the cleanup.
+    with resources.run_scope() as owner, contextlib.ExitStack() as cleanup:
+        _release_when_closed(owner)
         run.cleanup = cleanup
-        cleanup.callback(_release_buffers)
         run.open_source(cleanup)
         run.make_plan()
         run.preflight()
         if run.settings.dry_run:  # every check above ran, as in the real run; nothing is written
             check_device(run.settings.device)
-            return ConversionResult(**run.summary)
+            return run.result
         run.download()
         run.choose_kernels()
         run.prepare_output()
         run.convert_shards()
         run.finalize()
-    return ConversionResult(**run.summary)
+    return run.result
 
 
-def _release_buffers() -> None:
-    """What a conversion allocated for its own use and keeps no longer: the staging buffers, the
-    shard jobs' buffers and the native kernels' threads (every run gets its own)."""
-    disk_write.STAGE_POOL.clear()
-    release_buffers()
-    native.release_threads()
+def _release_when_closed(owner: resources.RunResources) -> None:
+    """The shard jobs' buffers and the native kernels' threads, kept by their modules rather than
+    in a slot: released when the run's owner closes, as its slots are."""
+
+    def release(_) -> None:
+        release_buffers()
+        native.release_threads()
+
+    owner.put("conversion.pipeline.module-buffers", None, release)
 
 
 def _quiet(message: str) -> None:
@@ -108,12 +114,16 @@ class _Conversion:
         self.state: preflight.OutputState | None = None
         self.compute: Compute | None = None
         self.write_io: str | None = None
-        self.summary: dict = {}
+        self.result: ConversionResult | None = None  # from the plan on; each stage adds its fields (`record`)
         self.download_bytes: int | None = None  # a Hub source to download first: what is not in the cache
         self.cache: Path | None = None
         self.cleanup: contextlib.ExitStack | None = None  # what convert() undoes at the end: the lock, ...
         self.lock = None  # --out's lock while this run holds it (output.lock)
         self.origin: SourceRef | None = None  # where the source came from, for the card and the manifest
+
+    def record(self, **fields) -> None:
+        """Add a stage's fields to the result (a field the result lacks fails here, at once)."""
+        self.result = dataclasses.replace(self.result, **fields)
 
     @property
     def streaming(self) -> bool:
@@ -140,18 +150,16 @@ class _Conversion:
         s, repo = self.settings, self.repo
         self.plan = make_plan(self.src, self.options)
         by_pattern = check_patterns(self.plan)  # a pattern that keeps nothing is a typo: refused
-        self.summary = (
-            self.plan.summary()
-            | ({"ignored_by_pattern": by_pattern} if by_pattern else {})
-            | {
-                "out": str(self.out_dir),
-                "dry_run": s.dry_run,
-                "workers": s.workers,
-                "device": s.device,
-            }
+        self.result = ConversionResult(
+            **self.plan.summary(),
+            ignored_by_pattern=by_pattern or None,
+            out=str(self.out_dir),
+            dry_run=s.dry_run,
+            workers=s.workers,
+            device=s.device,
         )
         if repo is not None:
-            self.summary |= _hub_summary(repo, self.plan, s.workers) | {"source": f"{repo.repo_id}@{repo.commit}"}
+            self.record(**_hub_summary(repo, self.plan, s.workers), source=f"{repo.repo_id}@{repo.commit}")
             if not s.stream:
                 self.download_bytes, self.cache = hub.bytes_to_download(repo), hub.cache_dir()
 
@@ -173,10 +181,12 @@ class _Conversion:
             plan.job_outputs(), plan.writes(),
         )  # fmt: skip
         self.state = preflight.inspect_output(conversion, self.out_dir, s)
-        self.summary |= preflight.space(self.summary, self.out_dir, s, self.state, self.download_bytes, self.cache)
-        preflight.check_room(self.summary, self.out_dir, s)
+        self.record(
+            **preflight.space(self.result.to_json(), self.out_dir, s, self.state, self.download_bytes, self.cache)
+        )
+        preflight.check_room(self.result.to_json(), self.out_dir, s)
         if self.repo is not None and s.notice and not s.dry_run:
-            s.notice(preflight.plan_line(self.summary, self.out_dir, s.stream))
+            s.notice(preflight.plan_line(self.result.to_json(), self.out_dir, s.stream))
 
     # --- 4. the download of a Hub source that is not streamed ---------------------------------------
 
@@ -205,7 +215,7 @@ class _Conversion:
 
     def choose_kernels(self) -> None:
         self.compute, chosen = choose_compute(self.plan, self.settings)
-        self.summary |= chosen
+        self.record(**chosen)
 
     # --- 6. --out, as the run starts ----------------------------------------------------------------
 
@@ -221,7 +231,7 @@ class _Conversion:
             self.write_io, why = disk_write.resolve_mode(out_dir, self.settings.write_io)
         except OSError as e:
             raise OutputError(f"--write-io: {e}") from e
-        self.summary |= {"write_io": self.write_io, "write_io_reason": why}
+        self.record(write_io=self.write_io, write_io_reason=why)
         write_manifest(out_dir, INCOMPLETE, self.plan.options.as_dict(), self.plan.source.fingerprint(), {})
         unmake_model(self.plan, out_dir)  # a resumed run's: until finalize, nothing here looks loadable
         (out_dir / MLA_DIR_NAME).mkdir(exist_ok=True)
@@ -239,7 +249,7 @@ class _Conversion:
         if self.streaming:
             streamed, peak = execute_streaming(plan, specs, self.repo, s.workers, journal, progress)
             self.files |= streamed
-            self.summary["peak_source_bytes_on_disk"] = peak
+            self.record(peak_source_bytes_on_disk=peak)
         else:
             self.files |= execute(specs, s.workers, progress=progress, on_job_done=journal.record)
 
@@ -252,16 +262,16 @@ class _Conversion:
         if self.streaming:
             hub.remove_staging(src.root)
         seconds = time.perf_counter() - self.t0
-        self.summary |= {
-            "status": "complete",
-            "resumed_jobs": len(self.state.kept),
-            "files": len(self.files),
-            "seconds": round(seconds, 3),
-            "gb_per_s": round(src.total_bytes() / seconds / 1e9, 3),
-            "source_fingerprint": src.fingerprint(),
-            "base_model": self.origin.base_model if self.options.card else None,
-            "base_model_hint": BASE_MODEL_HINT if self.options.card and not self.origin.base_model else None,
-        }
+        self.record(
+            status="complete",
+            resumed_jobs=len(self.state.kept),
+            files=len(self.files),
+            seconds=round(seconds, 3),
+            gb_per_s=round(src.total_bytes() / seconds / 1e9, 3),
+            source_fingerprint=src.fingerprint(),
+            base_model=self.origin.base_model if self.options.card else None,
+            base_model_hint=BASE_MODEL_HINT if self.options.card and not self.origin.base_model else None,
+        )
 
 
 def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:

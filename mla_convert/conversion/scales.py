@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.errors import SourceError
-from mla_convert.io.reads import read_exact
+from mla_convert.io.headers import read_exact
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_runtime.safetensors_file import TensorInfo
 

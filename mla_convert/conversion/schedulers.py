@@ -10,13 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mla_convert.conversion.crash_points import crash_point
 from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, run_reported_shard_job, start_shard_job
 from mla_convert.errors import ConvertError
 from mla_convert.io.shard_writer import BackgroundCommits
 from mla_convert.output.journal import Journal, remove_partials
 from mla_convert.plan.planner import Plan
-from mla_convert.process.interrupts import deferred
+from mla_convert.process.interrupts import crash_point, deferred
 from mla_convert.process.workers import drain, new_reports, process_pool, result
 from mla_convert.process.workers import stop as workers_stop
 from mla_convert.settings import ProgressFn

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mla_convert.conversion.compute import Compute
-from mla_convert.conversion.crash_points import crash_point
 from mla_convert.conversion.scales import check_int4_shape, check_scale, check_scale_bytes, int_values
 from mla_convert.errors import SourceError
 from mla_convert.io.buffers import Buffer
+from mla_convert.io.headers import read_exact
 from mla_convert.io.read_ahead import will_need
-from mla_convert.io.reads import read_exact
 from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
+from mla_convert.process.interrupts import crash_point
 from mla_convert.process.torch_import import import_torch
 from mla_convert.process.workers import errors_intact, report
 from mla_convert.settings import ProgressFn

@@ -23,6 +23,7 @@ from pathlib import Path
 from mla_convert.constants import PROBE_NAME, WRITE_AUTO, WRITE_BUFFERED, WRITE_DIRECT, WRITE_MODES
 from mla_convert.io.buffers import address_of, new_map
 from mla_convert.io.files import discard
+from mla_convert.process import resources
 
 ALIGN = 4096  # a multiple of every logical block size Linux devices use
 STAGE_BYTES = 16 * 1024 * 1024  # per staging buffer, one direct write each: 8 MB ones were slower
@@ -70,7 +71,7 @@ class StagedFile:
     (starting writeback of each stage, so the final fsync has little left to do); the bytes are
     hashed in file order on a third thread as they are committed, while they are still in cache.
 
-    Memory: at most STAGES stages per file, taken from STAGE_POOL and given back on close; the
+    Memory: at most STAGES stages per file, taken from the run's `stage_pool()` and given back to it on close; the
     caller waits for a free one when the disk or the hash falls behind. Direct writes must be
     block-aligned in memory, offset and length: stages are page-aligned and written whole, and the
     unaligned tail goes through the page cache at the end."""
@@ -89,6 +90,7 @@ class StagedFile:
         self._hash = hashlib.sha256() if hashed else None
         self._lock = threading.Lock()
         self._free: queue.Queue[_Stage] = queue.Queue()
+        self._pool = stage_pool()  # the run's: the stages go back to the pool they came from
         self._stages: list[_Stage] = []  # every stage taken from the pool, given back on close
         self._full: queue.Queue = queue.Queue()  # stages to write; None stops an I/O thread
         self._to_hash: queue.Queue = queue.Queue()  # (stage, start, end); None stops the hash thread
@@ -176,7 +178,7 @@ class StagedFile:
 
     def _next_stage(self) -> _Stage:
         if len(self._stages) < self.STAGES:
-            stage = _Stage(STAGE_POOL.take(self.stage_bytes, 1)[0])
+            stage = _Stage(self._pool.take(self.stage_bytes, 1)[0])
             self._stages.append(stage)
         else:
             stage = self._free.get()
@@ -273,7 +275,7 @@ class StagedFile:
             fd, self.fd = self.fd, -1
             os.close(fd)
         # the threads are stopped: no stage is being written or hashed
-        STAGE_POOL.give(self.stage_bytes, [stage.map for stage in self._stages])
+        self._pool.give(self.stage_bytes, [stage.map for stage in self._stages])
         self._stages, self._cur = [], None
 
 
@@ -323,10 +325,15 @@ class StagePool:
             self._free = {}
 
 
-# The process's staging buffers, reused by every file: enough for a shard's file, the one before
-# it (still being committed) and a layer's MLA file; emptied by `clear()` at the end of each
-# conversion (conversion.pipeline), and verify never uses them.
-STAGE_POOL = StagePool(keep=2 * StagedFile.STAGES + 2)
+def stage_pool() -> StagePool:
+    """The run's staging buffers (process.resources), reused by every file it writes: enough for a
+    shard's file, the one before it (still being committed) and a layer's MLA file; let go when the
+    run's scope closes (a worker process keeps its own from job to job)."""
+    return resources.current().slot("io.disk_write.stages", _new_stage_pool, StagePool.clear)
+
+
+def _new_stage_pool() -> StagePool:
+    return StagePool(keep=2 * StagedFile.STAGES + 2)
 
 
 def open_for_write(path: Path, mode: str) -> StagedFile:

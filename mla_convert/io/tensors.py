@@ -1,5 +1,5 @@
 """Safetensors with torch: the dtype table, tensors as bytes, and fresh tensors to read into
-(headers: io.headers; the reads: io.reads).
+(headers and reads: io.headers).
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ threads, removes its partial files), so a double press does not cut that short. 
 raises again: the cleanup is stuck, or the first interrupt was swallowed by library code, and the
 user still wants out. A signal the process was started with ignored (nohup ignores SIGHUP, a
 script's background job SIGINT) stays ignored.
+
+Crash points (`crash_point`, `CRASH_POINTS`) are the other way a run stops: dead, at a named point,
+where a test asks for it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 REPEAT_SECONDS = 2.0
 # The signals that stop a command as Ctrl-C does, in the order deferred() and install() take them.
@@ -115,3 +119,25 @@ def stopped_by(e: BaseException) -> str:
     """How the one line names an interrupt: 'interrupted', or 'interrupted by SIGTERM'."""
     signum = signal_of(e)
     return "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
+
+
+class CrashPoints:
+    """Named points of a conversion where a test may stop the process dead, as a power cut or the
+    OOM killer would, to prove that what is left can be resumed.
+
+    `hook` is the documented seam: None in the product (a crash point then does nothing); a test
+    sets `CRASH_POINTS.hook` to a function of the point's name, in the process that runs the
+    conversion (tests/support/crash_cli.py does so for the real CLI). The points:
+    `shard-write:FILE` (halfway through writing a shard), `after-job:FILE` (a shard job recorded),
+    `mla-manifest`, `index`, `config` and `final-manifest` (before each of those files is written,
+    in that order)."""
+
+    hook: Callable[[str], None] | None = None
+
+
+CRASH_POINTS = CrashPoints()
+
+
+def crash_point(name: str) -> None:
+    if CRASH_POINTS.hook is not None:
+        CRASH_POINTS.hook(name)

@@ -11,7 +11,15 @@ from __future__ import annotations
 import os
 import sys
 
-_SHARE: int | None = None
+
+class _Share:
+    """The process's share, set by `share_cores` (a process setting, not a run's: a worker keeps it
+    for its life)."""
+
+    n: int | None = None
+
+
+_SHARE = _Share()
 
 
 def cores() -> int:
@@ -24,17 +32,16 @@ def cores() -> int:
 
 def share_cores(n: int | None) -> None:
     """Compute on `n` threads from now on (None: on every CPU this process may run on)."""
-    global _SHARE
-    _SHARE = None if n is None else max(1, int(n))
+    _SHARE.n = None if n is None else max(1, int(n))
     apply_to_torch()
 
 
 def count() -> int:
-    return _SHARE if _SHARE is not None else cores()
+    return _SHARE.n if _SHARE.n is not None else cores()
 
 
 def apply_to_torch() -> None:
     """Give torch the share too, if torch is imported (callers that import it later call this)."""
     torch = sys.modules.get("torch")
-    if _SHARE is not None and torch is not None and hasattr(torch, "set_num_threads"):
-        torch.set_num_threads(_SHARE)
+    if _SHARE.n is not None and torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(_SHARE.n)

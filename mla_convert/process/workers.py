@@ -16,7 +16,15 @@ import traceback
 from mla_convert.process.interrupts import STOP_SIGNALS
 from mla_convert.process.parent_death import die_with_parent
 
-_REPORTS = None  # in a worker: the parent's queue for what its tasks report as they go (`report`)
+
+class _InWorker:
+    """What `worker_init` gives this process for its life: the parent's queue for what its tasks
+    report as they go (`report`); None in the parent."""
+
+    reports = None
+
+
+_IN_WORKER = _InWorker()
 
 
 def worker_init(threads: int, reports=None) -> None:
@@ -25,8 +33,7 @@ def worker_init(threads: int, reports=None) -> None:
     from mla_convert.process import threads as shares
     from mla_convert.process.heap import keep_freed_pages
 
-    global _REPORTS
-    _REPORTS = reports
+    _IN_WORKER.reports = reports
     keep_freed_pages()
     shares.share_cores(threads)
 
@@ -89,8 +96,8 @@ def new_reports():
 
 def report(item) -> None:
     """In a worker: send `item` (small, picklable) to the pool's reports queue; without one, nothing."""
-    if _REPORTS is not None:
-        _REPORTS.put(item)
+    if _IN_WORKER.reports is not None:
+        _IN_WORKER.reports.put(item)
 
 
 class _Carried(Exception):

@@ -29,6 +29,7 @@ from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME
 from mla_convert.errors import ConvertError, VerificationError
 from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.plan.planner import make_plan
+from mla_convert.process import resources
 from mla_convert.results import VerifyReport
 from mla_convert.settings import Options, ProgressFactory
 from mla_convert.source.checkpoint import SourceCheckpoint, open_source
@@ -52,11 +53,19 @@ def verify(
     data_checks: bool = True,
 ) -> VerifyReport:
     """Verify `out_dir` (an mla-convert output), optionally against its `source`. Returns the report.
-    `data_checks=False`: structure and integrity only (every file hashed, no values read)."""
+    `data_checks=False`: structure and integrity only (every file hashed, no values read). The run's
+    scope (process.resources) owns what its readers hold, let go when it returns; inside a run
+    already open (upload's check), that run's."""
+    with resources.run_scope():
+        return _verify(Path(out_dir), source, workers, progress_factory, data_checks)
+
+
+def _verify(
+    root: Path, source: str | Path | None, workers: int, progress_factory: ProgressFactory | None, data_checks: bool
+) -> VerifyReport:
     t0 = time.perf_counter()
     if workers < 1:
         raise VerificationError(f"--workers {workers}: must be at least 1")
-    root = Path(out_dir)
     manifest = _read_conversion_manifest(root)
     options = _recorded_options(root, manifest)
     src = _open_source(source) if source is not None else None

@@ -3,7 +3,7 @@ OOM killer would (no cleanup handlers run):
 
     python -m support.crash_cli POINT ARGS...   # runs `mla-convert ARGS...`, dies at POINT
 
-It sets the documented seam `mla_convert.conversion.crash_points.HOOK`; the product never reads
+It sets the documented seam `mla_convert.process.interrupts.CRASH_POINTS.hook`; the product never reads
 the point from its environment. `run_cli(..., crash_at=POINT)` runs it (cli_runner.py).
 """
 
@@ -14,7 +14,7 @@ import signal
 import sys
 
 from mla_convert.cli import main
-from mla_convert.conversion import crash_points
+from mla_convert.process.interrupts import CRASH_POINTS
 
 
 def _kill_at(point: str):
@@ -26,6 +26,6 @@ def _kill_at(point: str):
 
 
 if __name__ == "__main__":
-    crash_points.HOOK = _kill_at(sys.argv[1])
+    CRASH_POINTS.hook = _kill_at(sys.argv[1])
     sys.argv = ["mla-convert", *sys.argv[2:]]
     main()

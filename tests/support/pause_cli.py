@@ -4,7 +4,7 @@ second process can meet the first one mid-run (two runs on one --out):
     python -m support.pause_cli POINT GATE ARGS...   # runs `mla-convert ARGS...`
 
 At POINT it creates GATE + ".reached" and waits until GATE exists. It sets the documented seam
-`mla_convert.conversion.crash_points.HOOK`; the product never reads the point from its environment.
+`mla_convert.process.interrupts.CRASH_POINTS.hook`; the product never reads the point from its environment.
 `processes.start_cli(..., pause_at=(POINT, GATE))` runs it.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mla_convert.cli import main
-from mla_convert.conversion import crash_points
+from mla_convert.process.interrupts import CRASH_POINTS
 
 
 def _hold_at(point: str, gate: Path):
@@ -29,6 +29,6 @@ def _hold_at(point: str, gate: Path):
 
 
 if __name__ == "__main__":
-    crash_points.HOOK = _hold_at(sys.argv[1], Path(sys.argv[2]))
+    CRASH_POINTS.hook = _hold_at(sys.argv[1], Path(sys.argv[2]))
     sys.argv = ["mla-convert", *sys.argv[3:]]
     main()
