@@ -416,7 +416,7 @@ def _say_no_artifacts(model_dir: Path | None, left_out: hub_cache.Snapshot | Non
     if left_out is not None:
         snapshot = left_out
         logger.info(
-            "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or Mistral's consolidated shards) "
+            "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or a params.json model's consolidated shards) "
             "of %s names, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or "
             "set %s); vLLM computes W_UK_T/W_UV itself",
             MLA_DIR_NAME, snapshot.path, snapshot.repo_id, snapshot.fetch_command(), envs.DIR,
@@ -441,7 +441,7 @@ def _tp_rank_size() -> tuple[int, int]:
 
 def _count_mla_layers(layer) -> int | None:
     """MLA layers this process builds whose class the plugin hooked (vLLM's static forward context),
-    or None when unknown. Others (Kimi-K3's dense MultiHeadLatentAttention, no MLAAttention) are
+    or None when unknown. Others (an MLA module of a model's own that is no MLAAttention) are
     named once: vLLM computes their weights."""
     ctx = getattr(getattr(_vllm_config_of(layer), "compilation_config", None), "static_forward_context", None)
     if not ctx:
