@@ -127,11 +127,15 @@ def assert_served_from_artifacts(layers, model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("served_by", ["path", "hub id"])
-def test_every_layer_is_served_from_the_artifacts_at_its_own_shapes(v034, tmp_path, monkeypatch, caplog, served_by):
+@pytest.mark.parametrize("rel_off", [2**-9, 0.0], ids=["other values", "the artifacts' bf16"])
+def test_every_layer_is_served_from_the_artifacts_at_its_own_shapes(v034, tmp_path, monkeypatch, caplog, served_by,
+                                                                    rel_off):  # fmt: skip
     """NoPE layers (3, 7, 11: W_UK_T [H, nope + rope, L]), KV-sharing layers (10, 11: no
     kv_a_proj_with_mqa, their own kv_b_proj) and RoPE layers all take the artifacts' values; by path
-    the plugin checks params.json's pattern, by Hub id vLLM's adapted config (nope_layer_flags)."""
-    exact = write_model(tmp_path)
+    the plugin checks params.json's pattern, by Hub id vLLM's adapted config (nope_layer_flags).
+    kv_b_proj is bf16 in both output formats (vLLM keeps it unquantized): where its values are the
+    artifacts' (rel_off 0) vLLM's views of it stay; otherwise new storage, kv_b_proj never written."""
+    exact = write_model(tmp_path, rel_off=rel_off)
     monkeypatch.setenv("MLA_RUNTIME_DISABLE", "1")
     off = serve(v034, tmp_path)
     monkeypatch.delenv("MLA_RUNTIME_DISABLE")
@@ -143,14 +147,13 @@ def test_every_layer_is_served_from_the_artifacts_at_its_own_shapes(v034, tmp_pa
         on = serve(v034, tmp_path, **hub)
     assert_served_from_artifacts(on, tmp_path)
     for i in range(LAYERS):
-        assert not torch.equal(off[i].W_UK_T, on[i].W_UK_T)  # vLLM's own are other values
-        assert hasattr(on[i].kv_b_proj, "weight") and torch.equal(
-            on[i].kv_b_proj.weight, (exact[i] * (1 + 2**-9)).to(torch.bfloat16)
-        )  # kv_b_proj itself untouched
+        assert torch.equal(off[i].W_UK_T, on[i].W_UK_T) == (rel_off == 0)  # vLLM's own, other values or not
+        assert torch.equal(on[i].kv_b_proj.weight, (exact[i] * (1 + rel_off)).to(torch.bfloat16))  # untouched
     blocks = on.model.model.layers
     assert [hasattr(b.self_attn, "kv_a_proj_with_mqa") for b in blocks] == [s == i for i, s in enumerate(SOURCES)]
     summary = plugin.summary()[0]
     assert summary["loaded"] == summary["spot_checked"] == LAYERS
+    assert summary["placed"] == ({"equal": LAYERS} if rel_off == 0 else {"new storage": LAYERS})
     summary_lines = [line for line in plugin_lines(caplog) if "loaded W_UK_T/W_UV of" in line]
     assert len(summary_lines) == 1 and f"of {LAYERS}/{LAYERS} MLA layers" in summary_lines[0], summary_lines
 
