@@ -25,6 +25,9 @@ left to vLLM: the new weights are used, not the artifacts, which were computed f
 one INFO line says so. When vllm-gaudi's method calls upstream's (both wrapped), the outer wrapper
 alone acts.
 
+What the plugin learns in a process (each served model's artifacts, each layer's first call, the
+lines said once) is serving.py's, one owner reset in one way.
+
 Errors: an ArtifactError (artifacts missing, corrupt, for another checkpoint) fails the start with
 a message naming the layer and file, or with MLA_RUNTIME_FALLBACK=1 is one warning and vLLM's
 values stay. Any other exception in the plugin's own code is one warning naming the vLLM version,
@@ -38,13 +41,12 @@ import importlib
 import logging
 import sys
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import envs, hub_cache, versions, vllm_names
+from . import envs, hub_cache, serving, versions, vllm_names
 from .artifacts import MlaArtifacts, open_artifacts
 from .format import MLA_DIR_NAME, ArtifactError, layer_index_of_attention
 from .spot_check import spot_check
@@ -73,48 +75,30 @@ def wrap(cls: type) -> bool:
 # --------------------------------------------------------------------------- one call
 
 
-_active: set[int] = set()  # layers inside a wrapper now (vllm-gaudi's method calls upstream's)
-_first: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (source, outcome) of its first call
-_first_by_id: dict[int, tuple] = {}  # the same, for a layer that takes no weak reference
-_said: set[str] = set()  # once-per-process log lines already written
-
-
-def _first_call(layer) -> tuple | None:
-    try:
-        return _first.get(layer)
-    except TypeError:
-        return _first_by_id.get(id(layer))
-
-
-def _remember(layer, first: tuple) -> None:
-    try:
-        _first[layer] = first
-    except TypeError:
-        _first_by_id[id(layer)] = first
-
-
 def _run(layer, original, args, kwargs):
     if envs.disabled():
         return original(layer, *args, **kwargs)
+    state = serving.current()
     key = id(layer)
-    if key in _active:  # the outer wrapper acts for this layer
+    if key in state.active:  # the outer wrapper acts for this layer
         return original(layer, *args, **kwargs)
-    first = _first_call(layer)
-    _active.add(key)
+    first = state.first_call(layer)
+    state.active.add(key)
     try:
         result = original(layer, *args, **kwargs)
     finally:
-        _active.discard(key)
+        state.active.discard(key)
     if first is not None:
         _reloaded(layer, *first)
     else:
-        _remember(layer, _take_over(layer))
+        state.remember(layer, _take_over(layer))
     return result
 
 
 def say_once(key: str, level: int, message: str, *args, **kwargs) -> None:
-    if key not in _said:
-        _said.add(key)
+    said = serving.current().said
+    if key not in said:
+        said.add(key)
         logger.log(level, message, *args, **kwargs)
 
 
@@ -221,7 +205,7 @@ def place(layer, values: list[torch.Tensor]) -> str:
     return "new storage"
 
 
-# --------------------------------------------------------------------------- per-process state
+# --------------------------------------------------------------------------- one served model's artifacts
 
 
 @dataclass
@@ -353,9 +337,6 @@ class _Source:
         return line
 
 
-_sources: dict[str, _Source | None] = {}  # served model (or $MLA_RUNTIME_DIR) -> source; None: no artifacts
-
-
 def _vllm_config_of(layer):
     cfg = getattr(layer, "_vllm_config", None)
     if cfg is None and vllm_names.CONFIG_MODULE in sys.modules:
@@ -376,8 +357,9 @@ def _source_for(layer) -> _Source | None:
     model_dir = _served_model_dir(layer)
     env_dir = envs.artifacts_dir()
     key = f"{env_dir}|{model_dir}"
-    if key in _sources:
-        return _sources[key]
+    sources = serving.current().sources
+    if key in sources:
+        return sources[key]
     # the cache snapshot served (by path, or by Hub id), and whether vLLM's download left out its mla/
     snapshot = hub_cache.snapshot_at(model_dir) if model_dir is not None else None
     if model_dir is None and not env_dir:
@@ -391,14 +373,14 @@ def _source_for(layer) -> _Source | None:
         where = snapshot.path / MLA_DIR_NAME
     else:
         _say_no_artifacts(model_dir, snapshot if left_out else None)
-        _sources[key] = None
+        sources[key] = None
         return None
     config = None
     if model_dir is None:  # served from a hub id: validate against vLLM's view of the config
         hf = getattr(getattr(_vllm_config_of(layer), "model_config", None), "hf_config", None)
         config = hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else None
-    _sources[key] = _Source(where, model_dir, config, fallback=envs.fallback(), check=envs.spot_check())
-    return _sources[key]
+    sources[key] = _Source(where, model_dir, config, fallback=envs.fallback(), check=envs.spot_check())
+    return sources[key]
 
 
 def _cached_snapshot(layer) -> hub_cache.Snapshot | None:
@@ -416,7 +398,7 @@ def _say_no_artifacts(model_dir: Path | None, left_out: hub_cache.Snapshot | Non
     if left_out is not None:
         snapshot = left_out
         logger.info(
-            "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or Mistral's consolidated shards) "
+            "mla_runtime: no %s/ in %s: vLLM downloads only the weights the index (or a params.json model's consolidated shards) "
             "of %s names, so an mla-convert output's artifacts are not there; fetch them with `%s` and restart (or "
             "set %s); vLLM computes W_UK_T/W_UV itself",
             MLA_DIR_NAME, snapshot.path, snapshot.repo_id, snapshot.fetch_command(), envs.DIR,
@@ -441,7 +423,7 @@ def _tp_rank_size() -> tuple[int, int]:
 
 def _count_mla_layers(layer) -> int | None:
     """MLA layers this process builds whose class the plugin hooked (vLLM's static forward context),
-    or None when unknown. Others (Kimi-K3's dense MultiHeadLatentAttention, no MLAAttention) are
+    or None when unknown. Others (an MLA module of a model's own that is no MLAAttention) are
     named once: vLLM computes their weights."""
     ctx = getattr(getattr(_vllm_config_of(layer), "compilation_config", None), "static_forward_context", None)
     if not ctx:
@@ -461,13 +443,4 @@ def _count_mla_layers(layer) -> int | None:
 
 def summary() -> list[dict]:
     """What the plugin did in this process, per artifacts source (for tests and diagnostics)."""
-    return [s.summary() for s in _sources.values() if s is not None]
-
-
-def reset() -> None:
-    """Forget the per-process state (tests)."""
-    _sources.clear()
-    _first.clear()
-    _first_by_id.clear()
-    _said.clear()
-    _active.clear()
+    return [s.summary() for s in serving.current().sources.values() if s is not None]

@@ -27,7 +27,7 @@ import math
 import mmap
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,6 @@ from .format import (
     CONFIG_NAME,
     CONVERT_MANIFEST_NAME,
     MANIFEST_NAME,
-    MISTRAL_CONFIG_NAME,
     MLA_DIR_NAME,
     ArtifactError,
     LayerEntry,
@@ -46,10 +45,10 @@ from .format import (
     MlaManifest,
     layer_file_name,
     read_manifest,
-    text_model_config,
     w_uk_t_name,
     w_uv_name,
 )
+from .model_configs import PARAMS_CONFIG_NAME, kv_sources, layer_count, layer_fields
 from .safetensors_file import DTYPE_SIZES, HeaderError, ShardHeader, TensorInfo, file_digest, pread_exact, read_header
 
 
@@ -146,7 +145,12 @@ class MlaArtifacts:
 
     @property
     def dims(self) -> MlaDims:
+        """The model's dims; a layer's own are `dims_of(layer)`."""
         return self.manifest.dims
+
+    def dims_of(self, layer: int) -> MlaDims:
+        self._entry(layer)  # the message that names the file and the layers there are
+        return self.manifest.dims_of(layer)
 
     @property
     def layers(self) -> list[int]:
@@ -193,10 +197,8 @@ class MlaArtifacts:
             raise ArtifactError(f"{where}: not a readable safetensors file ({str(e).removeprefix(f'{path}: ')})") from e
         except OSError as e:
             raise ArtifactError(f"{where}: not a readable safetensors file ({e.strerror or e})") from e
-        want = {
-            w_uk_t_name(layer): self.dims.w_uk_t_shape(),
-            w_uv_name(layer): self.dims.w_uv_shape(),
-        }
+        dims = self.manifest.dims_of(layer)
+        want = {w_uk_t_name(layer): dims.w_uk_t_shape(), w_uv_name(layer): dims.w_uv_shape()}
         for name, shape in want.items():
             info = header.tensors.get(name)
             if info is None:
@@ -205,7 +207,7 @@ class MlaArtifacts:
                 raise ArtifactError(f"{where}: tensor {name!r} has dtype {info.dtype}, expected {ARTIFACT_ST_DTYPE}")
             if info.shape != shape:
                 raise ArtifactError(
-                    f"{where}: tensor {name!r} has shape {info.shape}, expected {shape} from the manifest's dims"
+                    f"{where}: tensor {name!r} has shape {info.shape}, expected {shape} from the manifest's dims of this layer"
                 )
         if sha256 if sha256 is not None else self.verify == "sha256":
             digest = file_digest(path).sha256
@@ -235,7 +237,7 @@ class MlaArtifacts:
         header = self.check_layer(layer)
         path = self.layer_path(layer)
         try:
-            start, end = head_range(self.dims.num_heads, tp_rank, tp_size)
+            start, end = head_range(self.manifest.dims_of(layer).num_heads, tp_rank, tp_size)
         except ArtifactError as e:
             raise ArtifactError(f"layer {layer} ({path}): {e}") from e
         # On the CPU in bf16 the mapped rows are the result; otherwise .to() copies them once, from
@@ -256,10 +258,11 @@ class MlaArtifacts:
 
     def check_served_dims(self, *, layer: int, num_heads: int, tp_size: int, qk_nope_head_dim: int,
                           v_head_dim: int, kv_lora_rank: int) -> None:  # fmt: skip
-        """Check what one served attention layer expects (heads on this rank) against the artifacts."""
+        """Check what one served attention layer expects (heads on this rank) against the artifacts'
+        dims of that layer."""
         path = self.artifacts_dir / layer_file_name(layer)
         where = f"layer {layer} ({path})"
-        d = self.dims
+        d = self.dims_of(layer)
         for what, served, ours in (
             ("qk_nope_head_dim", qk_nope_head_dim, d.qk_nope_head_dim),
             ("v_head_dim", v_head_dim, d.v_head_dim),
@@ -293,10 +296,10 @@ def _ranges(ids: list[int]) -> str:
 
 
 def _model_config(model_dir: Path) -> dict | None:
-    """The served directory's config.json, or for a Mistral-native model (no config.json) its params.json."""
+    """The served directory's config.json, or where it has none its params.json."""
     path = model_dir / CONFIG_NAME
     if not path.exists():
-        path = model_dir / MISTRAL_CONFIG_NAME
+        path = model_dir / PARAMS_CONFIG_NAME
     if not path.exists():
         return None
     try:
@@ -306,12 +309,23 @@ def _model_config(model_dir: Path) -> dict | None:
 
 
 def expected_layers(model_config: dict) -> list[int]:
-    """Decoder layers a DeepseekV3-style config serves (the MTP layers are loaded only as a drafter);
-    `model_config` may nest the text model (text_config) or be a params.json."""
+    """Decoder layers the config serves (the MTP layers are loaded only as a drafter); any config
+    shape model_configs.py reads."""
     try:
-        return list(range(int(text_model_config(model_config)["num_hidden_layers"])))
+        return list(range(layer_count(model_config)))
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError("model config lacks num_hidden_layers") from e
+
+
+def served_layer_dims(model_config: dict) -> dict[int, MlaDims]:
+    """{decoder layer: the MLA dims the served config gives it} (a NoPE layer's are its own)."""
+    model = MlaDims.from_model_config(model_config)
+    try:
+        kv_sources(model_config)  # a KV-sharing pattern vLLM refuses to serve
+        own = layer_fields(model_config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"the served model's per-layer attention config: {e}") from e
+    return {i: replace(model, **own[i]) if i in own else model for i in expected_layers(model_config)}
 
 
 def open_artifacts(
@@ -349,17 +363,28 @@ def open_artifacts(
 
 
 def _check_served_model(manifest, artifacts_dir: Path, model_config: dict) -> None:
-    """The served model's MLA dims are the artifacts', and each of its decoder layers has artifacts."""
+    """Each decoder layer of the served model has artifacts, at the MLA dims the served config gives
+    that layer (the artifacts' layers beyond them, a drafter's, at the model's dims)."""
     manifest_path = artifacts_dir / MANIFEST_NAME
-    served = MlaDims.from_model_config(model_config)
-    if served != manifest.dims:
-        diffs = ", ".join(
-            f"{k}: served {getattr(served, k)} vs artifacts {getattr(manifest.dims, k)}"
-            for k in ("num_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
-            if getattr(served, k) != getattr(manifest.dims, k)
-        )
-        raise ArtifactError(f"{manifest_path}: MLA dims differ from the served model's config ({diffs})")
-    missing = [i for i in expected_layers(model_config) if i not in set(manifest.layer_ids())]
+    served = served_layer_dims(model_config)
+    ids = manifest.layer_ids()
+    model = MlaDims.from_model_config(model_config)
+    wanted = {i: served.get(i, model) for i in ids}
+    differ: dict[str, list[int]] = {}
+    for i, dims in wanted.items():
+        ours = manifest.dims_of(i)
+        if dims != ours:
+            diffs = ", ".join(
+                f"{k}: served {getattr(dims, k)} vs artifacts {getattr(ours, k)}"
+                for k in MlaDims.__dataclass_fields__
+                if getattr(dims, k) != getattr(ours, k)
+            )
+            differ.setdefault(diffs, []).append(i)
+    if differ:
+        diffs, layers = next(iter(differ.items()))
+        where = "" if len(layers) == len(ids) else f" on layers {_ranges(layers)}"
+        raise ArtifactError(f"{manifest_path}: MLA dims differ from the served model's config ({diffs}){where}")
+    missing = [i for i in served if i not in set(ids)]
     if missing:
         first = missing[0]
         raise ArtifactError(

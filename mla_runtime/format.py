@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from .model_configs import PARAMS_CONFIG_NAME, mla_fields
+
 FORMAT_NAME = "mla-precomputed"
 FORMAT_VERSION = 1
 MLA_DIR_NAME = "mla"  # the artifacts' directory inside the converted model directory
@@ -20,7 +22,7 @@ ARTIFACT_ST_DTYPE = "BF16"  # the same, as the layer files' safetensors headers 
 
 # Files of the converted model directory that the runtime reads too.
 CONFIG_NAME = "config.json"
-MISTRAL_CONFIG_NAME = "params.json"  # a Mistral-native model's config (Mistral-Large-3), served without config.json
+MISTRAL_CONFIG_NAME = PARAMS_CONFIG_NAME  # the name importers know it by
 CONVERT_MANIFEST_NAME = "mla-convert-manifest.json"  # mla-convert's record of the whole conversion
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight$")
@@ -78,36 +80,12 @@ class MlaDims:
 
     @classmethod
     def from_model_config(cls, config: dict) -> MlaDims:
-        """From a config.json (flat, or a text model nested in `text_config`) or a params.json."""
-        config = text_model_config(config)
+        """The model's dims from its config (any shape model_configs.py reads); a layer of its own
+        dims is model_configs.layer_fields'."""
         try:
-            return cls(
-                num_heads=int(config["num_attention_heads"]),
-                qk_nope_head_dim=int(config["qk_nope_head_dim"]),
-                v_head_dim=int(config["v_head_dim"]),
-                kv_lora_rank=int(config["kv_lora_rank"]),
-            )
+            return cls(**mla_fields(config))
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactError(f"model config lacks MLA dimension {e}") from e
-
-
-# params.json's names of the fields a served model's MLA layers are checked against (Mistral keeps
-# the MLA names themselves: kv_lora_rank, qk_nope_head_dim, v_head_dim).
-_MISTRAL_KEYS = {"n_heads": "num_attention_heads", "n_layers": "num_hidden_layers"}
-
-
-def text_model_config(config: dict) -> dict:
-    """The text model's config, in config.json's names: `config` itself, the `text_config` a
-    multimodal wrapper (Kimi-K2.5's KimiK25ForConditionalGeneration) nests it in, or a params.json
-    (Mistral's names) with the fields the runtime reads renamed."""
-    if "num_attention_heads" in config:
-        return config
-    nested = config.get("text_config")
-    if isinstance(nested, dict) and "num_attention_heads" in nested:
-        return nested
-    if "n_heads" in config:
-        return config | {hf: config[m] for m, hf in _MISTRAL_KEYS.items() if m in config}
-    return config
 
 
 @dataclass(frozen=True)
@@ -116,8 +94,8 @@ class LayerEntry:
     file: str  # relative to the mla/ directory
     size: int
     sha256: str
-    # The dims of this layer that differ from the manifest's (Mistral-Large-4's NoPE layers: a
-    # qk_nope_head_dim of nope + rope); None, and absent from the file, where none differ.
+    # The dims of this layer that differ from the manifest's (a NoPE layer's qk_nope_head_dim of
+    # nope + rope); None, and absent from the file, where none differ.
     dims: dict | None = None
 
 

@@ -2,11 +2,12 @@
 Standard library only (the plugin does not import huggingface_hub).
 
 vLLM downloads a Hub id into the cache (`<hub cache>/models--ORG--NAME/snapshots/<commit>/`) with
-the patterns of its load format: the shards its index names (or, in Mistral's own layout,
-`consolidated*.safetensors`), and the other files without any `*.safetensors`. So an mla-convert
-output's `mla/` directory is never in the snapshot vLLM makes; the plugin then names the exact
-command that fetches it (it downloads nothing itself). The cache is found as huggingface_hub finds it: $HF_HUB_CACHE, else $HF_HOME/hub, else
-$XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
+the patterns of its load format: the shards its index names (or, for a model served from
+params.json, `consolidated*.safetensors`), and the other files without any `*.safetensors`. So an
+mla-convert output's `mla/` directory is never in the snapshot vLLM makes; the plugin then names
+the exact command that fetches it (it downloads nothing itself). The cache is found as
+huggingface_hub finds it: $HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub,
+else ~/.cache/huggingface/hub.
 """
 
 from __future__ import annotations

@@ -118,10 +118,10 @@ def summary() -> list[dict]:
 
 
 def reset() -> None:
-    """Forget the per-process state (tests)."""
-    from . import absorbed
+    """Forget the per-process serving state (tests): serving.reset(), the one way."""
+    from . import serving
 
-    absorbed.reset()
+    serving.reset()
 
 
 __all__ = ["register", "reset", "summary", "when_imported"]

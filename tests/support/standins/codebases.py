@@ -5,7 +5,8 @@ scripts/accuracy_runtime.py; see README.md).
 - "vllm 0.33.0": vllm_033/ (the PyPI wheel), with vllm_upstream.py for what did not change;
 - "vLLM 2fdb4ed": vllm_2fdb4ed/ (after the MLA processing-policy refactor), likewise;
 - "vllm 0.34.0": vllm_034/ (the PyPI wheel: the hook without argument, finalize_model_weights, the
-  three reload modes, W_UV_dcp, MultiHeadLatentAttentionWrapper and Kimi-K3.1's DSA layers), likewise.
+  three reload modes, W_UV_dcp, MultiHeadLatentAttentionWrapper, Kimi-K3.1's DSA layers and
+  Mistral-Large-4's MLA layers), likewise.
 """
 
 from __future__ import annotations

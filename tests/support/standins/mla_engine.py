@@ -11,15 +11,21 @@ activation dtype as the default dtype (MLAAttention reads `act_dtype` from it), 
 recorded, and post-processed by the code base's `process_weights_after_loading(model, ...)` (quant
 methods, then `finalize_model_weights`: every hook with no argument, children first); a reload goes
 through the code base's reload (layerwise, direct with `VLLM_RELOAD_MODE=direct`, or kernel format).
+`build_mistral_large4` builds a Mistral-native model directory as vllm 0.34.0's
+MistralLarge4ForCausalLM (vllm_034/mistral_large4.py) and loads it the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import vllm_upstream
+from safetensors import safe_open
 from torch import nn
 
 
@@ -136,3 +142,38 @@ def reload(layers: dict, weights: dict[int, torch.Tensor], act_dtype: torch.dtyp
             layer.kv_b_proj.weight.copy_(weights[i].to(torch.bfloat16))
     for layer in layers.values():
         layer.process_weights_after_loading(act_dtype)
+
+
+class HfConfig(dict):
+    """The hf_config vLLM hands its model: here the adapted params.json, with `to_dict()` as a
+    PreTrainedConfig has (what the plugin reads for a model served by Hub id)."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
+def build_mistral_large4(codebase, model_dir, *, hub_id: str | None = None, act_dtype: torch.dtype = torch.bfloat16):
+    """{layer index: MLAAttention} of vllm 0.34.0's MistralLarge4ForCausalLM built from the Mistral-native
+    model in `model_dir` (params.json, consolidated*.safetensors; a converted output or a test's own),
+    loaded and post-processed as that vLLM does. `hub_id`: served by that id (vLLM's model_config.model)
+    rather than by the directory's path."""
+    large4 = importlib.import_module(f"{codebase.mla_attention.__package__}.mistral_large4")
+    model_dir = Path(model_dir)
+    config = HfConfig(large4.adapt_config_dict(json.loads((model_dir / "params.json").read_text())))
+    vllm_config = vllm_config_for(hub_id or model_dir)
+    vllm_config.model_config.hf_config = config
+    with default_dtype(act_dtype):
+        model = large4.MistralLarge4ForCausalLM(vllm_config=vllm_config)
+    codebase.loader.initialize_model_done(model)
+
+    def weights():
+        for shard in sorted(model_dir.glob("consolidated*.safetensors")):
+            with safe_open(str(shard), "pt") as f:
+                for name in f.keys():  # noqa: SIM118
+                    yield name, f.get_tensor(name)
+
+    model.load_weights(weights())
+    codebase.loader.process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    out = Layers({i: block.self_attn.attn for i, block in enumerate(model.model.layers)})
+    out.model, out.codebase = model, codebase
+    return out

@@ -20,6 +20,11 @@
   (`VLLM_RELOAD_MODE=direct`) and the kernel-format reload (`is_checkpoint_format=False`);
 - `mla.py`: vllm/model_executor/layers/mla.py, what `MultiHeadLatentAttentionWrapper.__init__`
   builds (the MLAAttention at `{prefix}.attn` over the caller's kv_b_proj);
+- `mistral_large4.py`: Mistral-Large-4's MLA layers (transformers_utils/configs/mistral.py's
+  reading of the `nope` pattern and `kv_sharing`; models/mistral/common/layer_spec.py;
+  models/mistral/nvidia/attention.py's `_MistralMLA` and `MistralMLAAttention.__init__`: per-layer
+  qk_nope_head_dim, KV-sharing layers with their own kv_b_proj, kv_b_proj unquantized;
+  models/mistral/mistral_large4/nvidia/model.py's `MistralLarge4ForCausalLM` and `_load_weights`);
 - `kimi_k3.py`: of vllm/models/kimi_k3/nvidia/ (dsa.py, model.py, specialized_decode/), the
   Kimi-K3.1 DSA layer's weight path: `KimiK3DSAAttention` (kv_b_proj under the model's quant
   config, the wrapper), the model's `process_weights_after_loading` and what the specialized

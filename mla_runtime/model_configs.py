@@ -1,0 +1,119 @@
+"""What the runtime reads of a served model's config, for every way a family member describes its
+model: the one module of the runtime that knows the members' config shapes. Standard library only.
+
+- config.json, flat (DeepSeek-V3 style), or with the text model nested in `text_config` (a
+  multimodal wrapper: Kimi-K2.5's KimiK25ForConditionalGeneration);
+- params.json, in Mistral's own names (Mistral-Large-3 and -4, served without a config.json);
+- Mistral-Large-4's per-layer attention, selected by a `dsa` block in params.json, read as vLLM
+  0.34.0 reads it (transformers_utils/configs/mistral.py, `_remap_mistral_large_4_args` and
+  `_expand_layer_pattern`; models/mistral/common/layer_spec.py; models/mistral/nvidia/attention.py,
+  `MistralMLAAttention.__init__`): the top-level `nope` pattern ("rope,nope,...", tiled over the
+  layers) marks NoPE layers, whose qk_nope_head_dim is qk_nope_head_dim + qk_rope_head_dim (the
+  rope dims spent on nope); `kv_sharing.source_layers_str` (one integer per layer) names the layer
+  whose latent cache a layer reads, and a KV-sharing layer still has its own kv_b_proj, so its own
+  W_UK_T / W_UV at its own NoPE flag's dims. A config vLLM has adapted already (`hf_config.to_dict()`
+  of a model served by Hub id) holds the same facts as `nope_layer_flags` / `kv_source_layers`.
+
+Errors are ValueError / KeyError / TypeError naming the field; the callers word them for the user.
+"""
+
+from __future__ import annotations
+
+import math
+
+PARAMS_CONFIG_NAME = "params.json"  # a model in Mistral's own layout, served without config.json
+
+# params.json's names of the fields the runtime reads (it keeps the MLA names themselves:
+# kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+_PARAMS_NAMES = {"n_heads": "num_attention_heads", "n_layers": "num_hidden_layers"}
+
+# The MLA dims the artifacts are checked against, and the config.json field of each.
+MLA_FIELDS = {
+    "num_heads": "num_attention_heads",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "kv_lora_rank": "kv_lora_rank",
+}
+
+
+def text_model_config(config: dict) -> dict:
+    """The text model's config, in config.json's names: `config` itself, the `text_config` a
+    multimodal wrapper nests it in, or a params.json with the fields the runtime reads renamed."""
+    if "num_attention_heads" in config:
+        return config
+    nested = config.get("text_config")
+    if isinstance(nested, dict) and "num_attention_heads" in nested:
+        return nested
+    if "n_heads" in config:
+        return config | {hf: config[m] for m, hf in _PARAMS_NAMES.items() if m in config}
+    return config
+
+
+def mla_fields(config: dict) -> dict[str, int]:
+    """The model's MLA dims (MlaDims' fields), as its RoPE layers have them; KeyError when one is missing."""
+    text = text_model_config(config)
+    return {ours: int(text[theirs]) for ours, theirs in MLA_FIELDS.items()}
+
+
+def layer_count(config: dict) -> int:
+    """Decoder layers the model serves (a drafter's MTP layers are not among them)."""
+    return int(text_model_config(config)["num_hidden_layers"])
+
+
+def _is_params_json(config: dict) -> bool:
+    return "num_attention_heads" not in config and "n_heads" in config
+
+
+def nope_layers(config: dict) -> list[bool]:
+    """Per decoder layer, whether it is a NoPE layer (all False but for a per-layer config)."""
+    count = layer_count(config)
+    text = text_model_config(config)
+    flags = text.get("nope_layer_flags")  # as vLLM adapted it
+    if flags is not None:
+        flags = [bool(f) for f in flags]
+        if len(flags) != count:
+            raise ValueError(f"nope_layer_flags has {len(flags)} entries for {count} layers")
+        return flags
+    pattern = text.get("nope") if _is_params_json(config) and text.get("dsa") else None
+    if not pattern:
+        return [False] * count
+    if not isinstance(pattern, str):
+        raise ValueError(f"nope must be a comma-separated pattern, got {pattern!r}")
+    tile = [v == "nope" for v in pattern.split(",")]  # as vLLM: any other word is a RoPE layer
+    return (tile * math.ceil(count / len(tile)))[:count]
+
+
+def kv_sources(config: dict) -> list[int]:
+    """Per decoder layer, the layer whose latent KV cache it reads (itself unless it shares one);
+    ValueError for what vLLM refuses (a source that is later, itself sharing, or of the other kind)."""
+    count = layer_count(config)
+    text = text_model_config(config)
+    sources = text.get("kv_source_layers")
+    if sources is None and _is_params_json(config) and text.get("dsa"):
+        spelt = (text.get("kv_sharing") or {}).get("source_layers_str")
+        sources = [int(v) for v in spelt.split(",")] if spelt else None
+    if sources is None:
+        return list(range(count))
+    sources = [int(s) for s in sources]
+    if len(sources) != count:
+        raise ValueError(f"kv_sharing names {len(sources)} source layers for {count} layers")
+    nope = nope_layers(config)
+    for layer, source in enumerate(sources):
+        if not (0 <= source <= layer and sources[source] == source):
+            raise ValueError(
+                f"layer {layer} shares the KV cache of layer {source}, not of an earlier non-sharing layer"
+            )
+        if nope[layer] != nope[source]:
+            raise ValueError(f"layer {layer} shares the KV cache of layer {source}, whose NoPE flag differs")
+    return sources
+
+
+def layer_fields(config: dict) -> dict[int, dict[str, int]]:
+    """{decoder layer: its MLA dims that differ from the model's}; empty where every layer has the
+    model's (every member but one with NoPE layers)."""
+    nope = nope_layers(config)
+    if not any(nope):
+        return {}
+    text = text_model_config(config)
+    widened = int(text["qk_nope_head_dim"]) + int(text["qk_rope_head_dim"])
+    return {i: {"qk_nope_head_dim": widened} for i, flag in enumerate(nope) if flag}
