@@ -12,7 +12,7 @@ MEMBER = Member(
     rank=0,
     architecture="DeepseekV3ForCausalLM",
     short="DeepSeek-V3/R1/V3.1",
-    help_who="DeepSeek-V3, R1, V3.1 (deepseek_v3), fine-tunes, any model_type; Moonlight",
+    help_who="DeepSeek-V3, R1, V3.1 (deepseek_v3), fine-tunes, any model_type",
     help_what="Block-FP8 (F32 or E8M0 scales, any block size) or BF16; MTP layer kept where present",
     supported=(
         SupportedCheckpoint(
@@ -22,29 +22,11 @@ MEMBER = Member(
             "FP8 linears to channel FP8 or bf16; the rest copied; the MTP layer kept",
             ("deepseek-v3", "deepseek-v3.1"),
         ),
-        SupportedCheckpoint(
-            "Moonlight-16B-A3B, BF16 fine-tunes",
-            "`DeepseekV3ForCausalLM`",
-            "BF16",
-            "channel FP8 quantizes the linears below per row; bf16 copies",
-            ("moonlight",),
-        ),
     ),
     non_members=(
         NonMember("DeepSeek-V4", ("DeepseekV4ForCausalLM",), ("deepseek_v4",), _NO_KV_B),
         NonMember("DeepSeek-V4.1", ("DeepseekV41ForCausalLM",), ("deepseek_v41", "deepseek_v4_1"), _NO_KV_B),
     ),
     # The default CheckpointSpec is DeepSeek-V3/R1's; V3.1 adds power-of-two (ue8m0) scales.
-    demos={
-        "deepseek-v3": {},
-        "deepseek-v3.1": {"scale_fmt": "ue8m0"},
-        "moonlight": dict(
-            weights="bf16",
-            num_attention_heads=16,
-            q_lora_rank=None,
-            num_nextn_predict_layers=0,
-            n_group=1,
-            topk_group=1,
-        ),
-    },
+    demos={"deepseek-v3": {}, "deepseek-v3.1": {"scale_fmt": "ue8m0"}},
 )
