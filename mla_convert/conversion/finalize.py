@@ -1,6 +1,6 @@
 """The last stage of a conversion: side files, the MLA manifest, the model card (README.md, which
 takes the place of the source's: output.card), the index (model.safetensors.index.json, or
-consolidated.safetensors.index.json) and the config (config.json, or params.json for Mistral's own
+consolidated.safetensors.index.json) and the config (config.json, or params.json for a member's own
 layout), each written atomically and hashed; then the conversion manifest marks the output
 complete. What makes a directory a model is written last, as upload sends it last."""
 

@@ -3,7 +3,7 @@ No torch here, and no tensor data is read: the scales' values (and INT4 weight s
 by conversion.scales.
 
 The family's rules are written in DeepSeek-V3's names; a member that names its tensors otherwise
-(Mistral-Large-3, Kimi-K2.5) is checked through its `names` (source.naming), and keeps its own
+(source/members/) is checked through its `names` (source.naming), and keeps its own
 names in the output."""
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def _check_layers(src: SourceCheckpoint) -> None:
 
 
 def _check_indexer(src: SourceCheckpoint, i: int) -> None:
-    """Layer i holds an indexer exactly when the config says it does (GLM-5.2's indexer_types, or
+    """Layer i holds an indexer exactly when the config says it does (IndexShare's indexer_types, or
     the placement derived from index_topk_freq / index_topk_pattern)."""
     lay = src.layout
     if lay.indexer is None:
