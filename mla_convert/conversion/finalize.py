@@ -42,7 +42,13 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
         if not (card and rel == CARD_NAME):  # the card takes the source's README's place
             record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
     layers = tuple(
-        LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
+        LayerEntry(
+            i,
+            Path(mla_file_rel(i)).name,
+            files[mla_file_rel(i)]["size"],
+            files[mla_file_rel(i)]["sha256"],
+            src.own_dims(i),
+        )
         for i in plan.mla_layers
     )
     manifest = MlaManifest(

@@ -17,7 +17,6 @@ member's own layout (Member.demo_layout).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -122,9 +121,9 @@ class CheckpointSpec:
     @classmethod
     def family(cls, member: str, **kw) -> CheckpointSpec:
         """The tiny checkpoint of a demo member (family.demo_members()); `kw` overrides."""
-        if member not in FAMILY:
-            raise ValueError(f"unknown family member {member!r}; expected one of {', '.join(FAMILY)}")
-        return dataclasses.replace(FAMILY[member], **kw)
+        if member not in members.demo_members():
+            raise ValueError(f"unknown family member {member!r}; expected one of {', '.join(members.demo_members())}")
+        return cls(**(members.demo_spec_fields(member) | kw))
 
     def config(self) -> dict:
         cfg = {

@@ -218,8 +218,17 @@ def implied_tensors(cfg: dict) -> Implied:
     return out
 
 
+def layer_config(cfg: dict, architecture: str, i: int) -> dict:
+    """The config as layer i sees it: the model's, with the MLA dims (config.json's names) its
+    member gives that layer of its own (Member.layer_dims)."""
+    hook = members.member_of(architecture).layer_dims
+    own = hook(cfg, i) if hook is not None else None
+    return cfg | own if own else cfg
+
+
 def _attention_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> None:
     """Layer i's MLA projections and norms, and its indexer where it has one."""
+    cfg = layer_config(cfg, lay.architecture, i)
     h, n, q_lora = cfg["hidden_size"], cfg["num_attention_heads"], lay.q_lora_rank
     p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
     a = f"model.layers.{i}.self_attn."

@@ -75,8 +75,10 @@ def wrapper_of(archs: object) -> Member | None:
 
 
 def own_layout_of(root: Path) -> Member | None:
-    """The member whose own layout (no config.json) `root` is in, if any."""
-    return next((m for m in all_members() if m.own_layout is not None and m.own_layout(root)), None)
+    """The member whose own layout (no config.json) `root` is in, if any: the latest by rank that
+    takes it, so that a later member in an earlier one's layout (which it tells apart in its own
+    `own_layout`) needs no change to the earlier module."""
+    return next((m for m in reversed(all_members()) if m.own_layout is not None and m.own_layout(root)), None)
 
 
 def own_config_files() -> tuple[str, ...]:

@@ -48,9 +48,11 @@ class DemoLayout:
     side_files: Callable[[Any], dict[str, str]] | None = None  # file -> text, instead of HF's tokenizer files
 
 
-# A layer's MLA dims (MLA_KEYS' names) where a member gives a layer its own; None: the model's.
+# The MLA dims (config.json's names: qk_nope_head_dim, ...) a member gives layer i of its own; None:
+# the model's. The inventory and the MLA manifest (LayerEntry.dims, only where they differ) follow.
 LayerDims = Callable[[dict, int], dict | None]
-# Layer i's tensors added to (or taken from) the generic inventory: (config, i, inventory) -> None.
+# Layer i's tensors added to, changed in or taken from the generic inventory (name -> (shape, kind)):
+# (config, i, inventory) -> None; run after the generic inventory of every layer.
 LayerInventory = Callable[[dict, int, dict], None]
 
 
