@@ -8,8 +8,9 @@ well (the MLA directory, the conversion manifest's name, config.json) is owned b
 
 from __future__ import annotations
 
-from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MISTRAL_CONFIG_NAME, MLA_DIR_NAME
+from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MLA_DIR_NAME
 from mla_runtime.format import MANIFEST_NAME as MLA_MANIFEST_NAME
+from mla_runtime.format import MISTRAL_CONFIG_NAME as _PARAMS_JSON_NAME
 
 TOOL_NAME = "mla-convert"  # the producer named in both manifests
 
@@ -37,10 +38,10 @@ FP8_E4M3 = "F8_E4M3"
 FLOAT_WEIGHT_DTYPES = ("BF16", "F16", "F32")  # 16- and 32-bit float tensors: copied as they are, or quantized
 BLOCK_SCALE_DTYPES = ("F32", "F8_E8M0")  # float32, or float8_e8m0fnu: 2^(v - 127), 0xFF is NaN
 FLOAT_DTYPES = (FP8_E4M3, "F8_E5M2", "BF16", "F16", "F32", "F64")  # tensors whose values verify checks
-# compressed-tensors FP8_BLOCK (Mistral-Large-3): a BF16 (or F32) multiplier per block, as DeepSeek's F32 one
+# compressed-tensors FP8_BLOCK: a BF16 (or F32) multiplier per block, as DeepSeek's F32 one
 CT_BLOCK_SCALE_DTYPES = ("BF16", "F32")
 INT4_PACKED_DTYPE = "I32"  # pack-quantized INT4: eight 4-bit values per int32 (weight_packed, weight_zero_point)
-INT4_SHAPE_DTYPES = ("I32", "I64")  # weight_shape: [N, K] (Kimi's are I32; other writers use I64)
+INT4_SHAPE_DTYPES = ("I32", "I64")  # weight_shape: [N, K] (I32 or I64, by writer)
 
 # --- the source checkpoint ----------------------------------------------------------------------
 
@@ -48,12 +49,12 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
 BLOCK_SCALE_SUFFIX = ".weight_scale_inv"
 CHANNEL_SCALE_SUFFIX = ".weight_scale"
-# Mistral's own layout (Mistral-Large-3): params.json instead of config.json, consolidated shards
-MISTRAL_PARAMS_NAME = MISTRAL_CONFIG_NAME
-MISTRAL_INDEX_NAME = "consolidated.safetensors.index.json"
-MISTRAL_SINGLE_FILE_NAME = "consolidated.safetensors"
-MISTRAL_SHARD_PREFIX = "consolidated"
-# compressed-tensors pack-quantized INT4 (Kimi-K2-Thinking, K2.5, K2.6): a module's tensor suffixes
+# A member's own layout (source/members/): params.json instead of config.json, consolidated shards
+PARAMS_JSON_NAME = _PARAMS_JSON_NAME
+CONSOLIDATED_INDEX_NAME = "consolidated.safetensors.index.json"
+CONSOLIDATED_SINGLE_FILE_NAME = "consolidated.safetensors"
+CONSOLIDATED_SHARD_PREFIX = "consolidated"
+# compressed-tensors pack-quantized INT4: a module's tensor suffixes
 INT4_PACKED, INT4_SCALE, INT4_SHAPE, INT4_ZERO_POINT = (
     "weight_packed",
     "weight_scale",
@@ -85,12 +86,54 @@ GITATTRIBUTES_NAME = ".gitattributes"  # the Hub's own file in a new repo: never
 LEFT_RUNNING_THREAD_PREFIX = "mla-convert left running: "
 
 __all__ = [
-    "BF16", "BLOCK_SCALE_DTYPES", "BLOCK_SCALE_SUFFIX", "CARD_METADATA_KEY", "CARD_NAME", "CHANNEL_FP8", "CHANNEL_SCALE_SUFFIX", "COMPLETE",
-    "CONFIG_NAME", "CT_BLOCK_SCALE_DTYPES", "DEMO_MARKER_NAME", "FLOAT_DTYPES", "FLOAT_WEIGHT_DTYPES", "FORMATS",
-    "FP8_E4M3", "FP8_MAX", "GAUDI2", "GAUDI3", "GITATTRIBUTES_NAME", "INCOMPLETE", "INDEX_NAME", "INT4_PACKED", "INT4_PACKED_DTYPE",
-    "INT4_SCALE", "INT4_SHAPE", "INT4_SHAPE_DTYPES", "INT4_ZERO_POINT", "JOURNAL_NAME", "KERNELS_AUTO",
-    "KERNEL_MODES", "LEFT_RUNNING_THREAD_PREFIX", "LOCK_NAME", "MANIFEST_NAME", "MISTRAL_INDEX_NAME", "MISTRAL_PARAMS_NAME", "MISTRAL_SHARD_PREFIX",
-    "MISTRAL_SINGLE_FILE_NAME", "MLA_DIR_NAME", "MLA_MANIFEST_NAME", "PARTIAL_SUFFIX", "PROBE_NAME", "SIGNED_ZERO",
-    "SINGLE_FILE_NAME", "STAGING_DIR_NAME", "TARGETS", "TOOL_NAME", "WRITE_AUTO", "WRITE_BUFFERED", "WRITE_DIRECT",
+    "BF16",
+    "BLOCK_SCALE_DTYPES",
+    "BLOCK_SCALE_SUFFIX",
+    "CARD_METADATA_KEY",
+    "CARD_NAME",
+    "CHANNEL_FP8",
+    "CHANNEL_SCALE_SUFFIX",
+    "COMPLETE",
+    "CONFIG_NAME",
+    "CONSOLIDATED_INDEX_NAME",
+    "CONSOLIDATED_SHARD_PREFIX",
+    "CONSOLIDATED_SINGLE_FILE_NAME",
+    "CT_BLOCK_SCALE_DTYPES",
+    "DEMO_MARKER_NAME",
+    "FLOAT_DTYPES",
+    "FLOAT_WEIGHT_DTYPES",
+    "FORMATS",
+    "FP8_E4M3",
+    "FP8_MAX",
+    "GAUDI2",
+    "GAUDI3",
+    "GITATTRIBUTES_NAME",
+    "INCOMPLETE",
+    "INDEX_NAME",
+    "INT4_PACKED",
+    "INT4_PACKED_DTYPE",
+    "INT4_SCALE",
+    "INT4_SHAPE",
+    "INT4_SHAPE_DTYPES",
+    "INT4_ZERO_POINT",
+    "JOURNAL_NAME",
+    "KERNELS_AUTO",
+    "KERNEL_MODES",
+    "LEFT_RUNNING_THREAD_PREFIX",
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "MLA_DIR_NAME",
+    "MLA_MANIFEST_NAME",
+    "PARAMS_JSON_NAME",
+    "PARTIAL_SUFFIX",
+    "PROBE_NAME",
+    "SIGNED_ZERO",
+    "SINGLE_FILE_NAME",
+    "STAGING_DIR_NAME",
+    "TARGETS",
+    "TOOL_NAME",
+    "WRITE_AUTO",
+    "WRITE_BUFFERED",
+    "WRITE_DIRECT",
     "WRITE_MODES",
 ]  # fmt: skip

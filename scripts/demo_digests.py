@@ -27,9 +27,9 @@ FORMATS = ("channel-fp8", "bf16")
 
 def members() -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from mla_convert.source.family import MEMBERS
+    from mla_convert.source.family import demo_members
 
-    return ["deepseek-r1", *MEMBERS]  # deepseek-r1: the demo's default, not in MEMBERS
+    return ["deepseek-r1", *demo_members()]  # deepseek-r1: the demo's default, not a member's demo
 
 
 def digests(directory: Path) -> list[tuple[str, str]]:

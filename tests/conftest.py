@@ -243,7 +243,7 @@ class FamilyCheckpoints:
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory) -> FamilyCheckpoints:
     """family_checkpoints.source(member) / .converted(member, fmt): the tiny checkpoint of each
-    family member (mla_convert.source.family.MEMBERS) and its conversions (read-only: copy to change)."""
+    family member (mla_convert.source.family.demo_members()) and its conversions (read-only: copy to change)."""
     return FamilyCheckpoints(tmp_path_factory.mktemp("family"))
 
 

@@ -17,7 +17,7 @@ from mla_convert.constants import MANIFEST_NAME
 from mla_convert.conversion.pipeline import convert
 from mla_convert.errors import OutputError
 from mla_convert.settings import Options
-from mla_convert.source.family import MEMBERS
+from mla_convert.source.family import demo_members
 from mla_convert.verification import verify
 from support.fake_hub_upload import front_matter_errors
 
@@ -173,7 +173,7 @@ def test_card_refuses_a_no_card_output_and_one_without_recorded_facts(tiny_src, 
 # --- the Hub's validation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("member", list(MEMBERS))
+@pytest.mark.parametrize("member", demo_members())
 def test_every_members_card_passes_the_hubs_validation_locally_and_for_a_repo(
     fake_hub, family_checkpoints, tmp_path, member
 ):

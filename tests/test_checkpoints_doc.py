@@ -5,8 +5,9 @@ import importlib.util
 from pathlib import Path
 
 from mla_convert.demo.specs import FAMILY
-from mla_convert.source.family import MEMBERS
-from mla_convert.source.supported import SUPPORTED
+from mla_convert.source import members
+
+MEMBERS, SUPPORTED = members.demo_members(), members.supported()
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,10 +20,12 @@ from mla_convert.demo.specs import CheckpointSpec
 from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.errors import SourceError
 from mla_convert.settings import Options
-from mla_convert.source.family import KIMI_K25, MEMBERS, SUPPORTED_ARCHITECTURES
+from mla_convert.source import members
 from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 from support.cli_runner import cli_error
+
+MEMBERS, SUPPORTED_ARCHITECTURES = members.demo_members(), members.architectures()
 
 FP8, BF16 = "channel-fp8", "bf16"
 INDEX = "model.safetensors.index.json"
@@ -112,7 +114,9 @@ def test_every_member_has_a_tiny_checkpoint():
         "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight", "glm-5.2",
     }  # fmt: skip
     # Kimi-K2.5 / K2.6 declare their wrapper; the text model inside is a DeepseekV3
-    archs = {CheckpointSpec.family(m).architecture for m in MEMBERS} | {KIMI_K25}
+    archs = {CheckpointSpec.family(m).architecture for m in MEMBERS} | {
+        members.wrapper_of(["KimiK25ForConditionalGeneration"]).architecture
+    }
     assert archs == set(SUPPORTED_ARCHITECTURES)
     with pytest.raises(ValueError, match="deepseek-v4"):
         CheckpointSpec.family("deepseek-v4")

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from mla_convert.demo.specs import CheckpointSpec
-from mla_convert.source.family import MEMBERS
+from mla_convert.source.family import demo_members
 from mla_runtime import ArtifactError, plugin
 from mla_runtime.artifacts import open_artifacts
 from mla_runtime.format import w_uk_t_name, w_uv_name
@@ -29,7 +29,7 @@ def _config(model_dir) -> dict:
     return json.loads((model_dir / "config.json").read_text())
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", demo_members())
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 def test_loader_opens_every_member_and_splits_heads_by_rank(family_checkpoints, member, fmt):
     """Every member's output, whichever way its directory describes the model (config.json,
@@ -160,7 +160,7 @@ def test_gaudi_standin_takes_the_artifacts_at_the_members_dims(
     assert summary["spot_checked"] == len(layers)
 
 
-@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("member", demo_members())
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 def test_gaudi_standin_serves_every_members_output_from_its_artifacts(gaudi, family_checkpoints, member, fmt):
     """Each member's conversion served from its own directory through the vllm-gaudi stand-in (its

@@ -6,7 +6,9 @@ import re
 import pytest
 
 from mla_convert.cli.options import DEMO_FAMILIES
-from mla_convert.source.family import MISTRAL_LARGE_3
+from mla_convert.source.members.mistral_large_3 import MEMBER as MISTRAL_LARGE_3_MEMBER
+
+MISTRAL_LARGE_3 = MISTRAL_LARGE_3_MEMBER.architecture
 
 COMMANDS = [(), ("convert",), ("deepseek-r1",), ("demo",), ("verify",), ("upload",)]
 

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 from mla_convert.cli import card_cmd, convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
-from mla_convert.cli.help import Command, whole_words
+from mla_convert.cli.help import Command, app_summary, whole_words
 from mla_convert.cli.startup import still_working
 from mla_convert.process import interrupts
 from mla_convert.version import __version__
@@ -65,9 +65,7 @@ class _OneLineErrors(TyperGroup):
 app = typer.Typer(
     name="mla-convert",
     cls=_OneLineErrors,
-    help="Convert MLA checkpoints of the DeepSeek-V3 family (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2/K2.5/K2.6, "
-    "GLM-5, DeepSeek-V2, Moonlight, Mistral-Large-3; block-FP8, BF16, or Kimi's INT4 experts) for vLLM on "
-    "Intel Gaudi (channel FP8 or bf16), with each MLA layer's W_UK_T / W_UV precomputed next to the model.",
+    help=app_summary(),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -44,7 +44,7 @@ from mla_convert.source.family import architectures_help
 
 DEFAULT_R1 = "deepseek-ai/DeepSeek-R1"
 EPILOG = (
-    "Supported architectures (detected from config.json, or from params.json for Mistral's own layout):\n\n"
+    "Supported architectures (detected from config.json, or from a member's own config file):\n\n"
     + architectures_help()
 )
 R1_HELP = (

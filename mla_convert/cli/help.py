@@ -7,8 +7,8 @@ Typer shows each parameter's Python type (`<bool>`, `<list[str]>`, `<path>`) and
 argument as `{source}`; `Command` shows the option's metavar (set in cli.options) and the
 argument's name in capitals instead.
 
-click wraps help text as textwrap does by default, also after a hyphen: `mistral-large-3-bf16`
-came out as `mistral-` and `large-3-bf16`, a name that no longer copies. `whole_words` wraps
+click wraps help text as textwrap does by default, also after a hyphen: a demo member's name
+came out cut at one of its hyphens, a name that no longer copies. `whole_words` wraps
 between words only (a word longer than the line is still cut)."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import importlib
 import re
 
 from typer.core import TyperCommand
+
+from mla_convert.source import members
 
 _TYPE = re.compile(r" <[^<>]*>")  # Typer's type label after a name: ' <str>', ' <list[str]>'
 
@@ -80,3 +82,13 @@ class Command(TyperCommand):
             if rows:
                 with formatter.section(title):
                     formatter.write_dl(rows)
+
+
+def app_summary() -> str:
+    """The app's one-paragraph help: the members' short names (source/members/), the inputs, the output."""
+    names = ", ".join(m.short for m in members.all_members() if m.short)
+    return (
+        f"Convert MLA checkpoints of the DeepSeek-V3 family ({names}; block-FP8, BF16, or pack-quantized INT4 "
+        "experts) for vLLM on Intel Gaudi (channel FP8 or bf16), with each MLA layer's W_UK_T / W_UV precomputed "
+        "next to the model."
+    )

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from mla_convert.constants import FORMATS, KERNEL_MODES, TARGETS, WRITE_MODES
-from mla_convert.source.family import MEMBERS, MISTRAL_LARGE_3, SUPPORTED_ARCHITECTURES
+from mla_convert.source import members
 
 
 def choices(values: tuple[str, ...]) -> str:
@@ -73,9 +73,7 @@ SourceArg = Annotated[
     str,
     typer.Argument(
         metavar="SOURCE",
-        help="Checkpoint directory or Hub repo id: one whose config.json names "
-        f"{', '.join(a for a in SUPPORTED_ARCHITECTURES if a != MISTRAL_LARGE_3)}; or Mistral-Large-3 in "
-        "Mistral's own layout (params.json and consolidated shards, no config.json).",
+        help=f"Checkpoint directory or Hub repo id: {members.source_help()}.",
     ),
 ]
 IgnoreOpt = Annotated[
@@ -153,7 +151,7 @@ WriteIoOpt = Annotated[
 # The demo's names: the family members, and deepseek-r1, which has DeepSeek-V3's layout (one
 # architecture, the same dims): the README calls the demo R1-shaped.
 DEMO_DEFAULT = "deepseek-r1"
-DEMO_FAMILIES = {DEMO_DEFAULT: "deepseek-v3"} | {m: m for m in MEMBERS}
+DEMO_FAMILIES = {DEMO_DEFAULT: "deepseek-v3"} | {m: m for m in members.demo_members()}
 FamilyOpt = Annotated[
     str,
     typer.Option(

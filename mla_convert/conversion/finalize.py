@@ -1,6 +1,6 @@
 """The last stage of a conversion: side files, the MLA manifest, the model card (README.md, which
 takes the place of the source's: output.card), the index (model.safetensors.index.json, or
-consolidated.safetensors.index.json) and the config (config.json, or params.json for Mistral's own
+consolidated.safetensors.index.json) and the config (config.json, or params.json for a member's own
 layout), each written atomically and hashed; then the conversion manifest marks the output
 complete. What makes a directory a model is written last, as upload sends it last."""
 
@@ -42,7 +42,13 @@ def finalize(plan: Plan, out_dir: Path, files: dict[str, dict], origin: SourceRe
         if not (card and rel == CARD_NAME):  # the card takes the source's README's place
             record(rel, copy_file_atomic(checked_member(src.root, rel, "side file"), out_dir / rel))
     layers = tuple(
-        LayerEntry(i, Path(mla_file_rel(i)).name, files[mla_file_rel(i)]["size"], files[mla_file_rel(i)]["sha256"])
+        LayerEntry(
+            i,
+            Path(mla_file_rel(i)).name,
+            files[mla_file_rel(i)]["size"],
+            files[mla_file_rel(i)]["sha256"],
+            src.own_dims(i),
+        )
         for i in plan.mla_layers
     )
     manifest = MlaManifest(

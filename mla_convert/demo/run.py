@@ -17,7 +17,7 @@ from mla_convert.output import out_dir as out
 from mla_convert.output.card import record_verification
 from mla_convert.results import DemoResult
 from mla_convert.settings import Options
-from mla_convert.source.family import MEMBERS
+from mla_convert.source.family import demo_members
 from mla_convert.verification.api import verify
 
 # MARKER is written once the demo's source checkpoint is complete: the files it holds, which a later
@@ -26,13 +26,14 @@ SOURCE_DIR = "source"
 
 
 def run_demo(
-    out_dir: str | Path | None, options: Options, overwrite: bool = False, member: str = MEMBERS[0]
+    out_dir: str | Path | None, options: Options, overwrite: bool = False, member: str | None = None
 ) -> DemoResult:
-    """Write the tiny checkpoint of `member` (family.MEMBERS) to `out_dir`/source (default: a new
+    """Write the tiny checkpoint of `member` (family.demo_members(); default: the first) to `out_dir`/source (default: a new
     temporary directory), convert it to `out_dir`/converted-FORMAT and verify that against its source;
     the result goes into the converted model's card."""
-    if member not in MEMBERS:
-        raise ConvertError(f"--family {member!r}: expected one of {', '.join(MEMBERS)}")
+    member = member or demo_members()[0]
+    if member not in demo_members():
+        raise ConvertError(f"--family {member!r}: expected one of {', '.join(demo_members())}")
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
     _prepare(root, overwrite)
     src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))

@@ -1,35 +1,33 @@
 """What a synthetic checkpoint of the MLA family holds: its config, and every tensor's name, kind and
-shape (`CheckpointSpec`); a tiny one of each member (FAMILY) for the tests and the demo, and
-`CheckpointSpec.r1_dims` with a few layers at the true R1 dimensions for the benchmarks.
-`mla_convert.demo.synthetic` writes them.
+shape (`CheckpointSpec`); a tiny one of each demo member (FAMILY: the fields each member module of
+source/members/ declares, at tiny sizes) for the tests and the demo, and `CheckpointSpec.r1_dims`
+with a few layers at the true R1 dimensions for the benchmarks. `mla_convert.demo.synthetic`
+writes them.
 
 The default is DeepSeek-V3/R1's layout: same tensor names, config, quantization_config, index and
 side files as DeepSeek's release; several shards; one weight's scale deliberately in another shard;
 a 576-row kv_a_proj_with_mqa (partial 128-blocks); dense first layers, routed and shared experts,
-and the MTP layer. The members keep their own structure at tiny sizes (from the project's reference
-notes, shared/reference/model-family.md): V3.1's power-of-two scales, V3.2's indexer (a 128-row
-`wk` with a one-row scale grid) and F32 norms, Kimi-K2's per-layer `inv_freq` and shard names,
-GLM-5's dims, BF16 modules_to_not_convert and MTP layer without its own head, V2-Lite's and
-Moonlight's BF16 weights with a plain q_proj; GLM-5.2's IndexShare (indexer_types), Kimi-K2-Thinking's
-pack-quantized INT4 experts, Kimi-K2.5/K2.6's nested config, `language_model.` names and vision
-tower, Mistral-Large-3's own layout (params.json, consolidated shards, Mistral names, FP8_BLOCK with
-BF16 scales, a vision encoder).
+and the MTP layer. The fields below give the members' own structure (from the project's reference
+notes, shared/reference/model-family.md): power-of-two scales, the indexer (a 128-row `wk` with a
+one-row scale grid) and F32 norms, per-layer `inv_freq` and shard names, other dims, BF16
+modules_to_not_convert and an MTP layer without its own head, BF16 weights with a plain q_proj,
+IndexShare (indexer_types), pack-quantized INT4 experts, a nested config, a vision part, and a
+member's own layout (Member.demo_layout).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
 
-from mla_convert.source import family
+from mla_convert.source import family, members
 from mla_convert.source.checkpoint import module_of
 
 BLOCK = 128
-DEEPSEEK, KIMI_K25, MISTRAL = "deepseek", "kimi-k25", "mistral"  # CheckpointSpec.layout
-# weights: "fp8" (DeepSeek's block FP8), "bf16", "ct-fp8-block" (compressed-tensors FP8_BLOCK,
-# Mistral-Large-3), "int4" (compressed-tensors pack-quantized INT4 routed experts, the rest BF16)
+DEEPSEEK = "deepseek"  # CheckpointSpec.layout: config.json and DeepSeek-V3's names; others: Member.demo_layout
+# weights: "fp8" (DeepSeek's block FP8), "bf16", "ct-fp8-block" (compressed-tensors FP8_BLOCK),
+# "int4" (compressed-tensors pack-quantized INT4 routed experts, the rest BF16)
 CT_FP8_BLOCK, INT4 = "ct-fp8-block", "int4"
 DEEPSEEK_AUTO_MAP = {
     "AutoConfig": "configuration_deepseek.DeepseekV3Config",
@@ -45,7 +43,7 @@ class CheckpointSpec:
     first_k_dense_replace: int = 1
     num_nextn_predict_layers: int = 1
     num_attention_heads: int = 4
-    q_lora_rank: int | None = 192  # None: no q LoRA, a single q_proj (V2-Lite, Moonlight)
+    q_lora_rank: int | None = 192  # None: no q LoRA, a single q_proj
     kv_lora_rank: int = 512
     qk_nope_head_dim: int = 128
     qk_rope_head_dim: int = 64
@@ -63,28 +61,32 @@ class CheckpointSpec:
     # A weight whose scale goes to the next shard (R1 has one such pair around layer 39).
     split_scale_of: str = "model.layers.1.mlp.experts.3.down_proj.weight"
     architecture: str = family.DEEPSEEK_V3
+    mtp_key: bool = True  # False: the config has no num_nextn_predict_layers (a member without MTP)
     model_type: str = "deepseek_v3"
     auto_map: tuple[tuple[str, str], ...] = tuple(DEEPSEEK_AUTO_MAP.items())
     weights: str = "fp8"  # "fp8": block FP8 with a quantization_config; "bf16": no quantization_config
     block: tuple[int, int] = (BLOCK, BLOCK)  # weight_block_size
     scale_dtype: str = "f32"  # "f32", or "e8m0": float8_e8m0fnu scale tensors
-    scale_fmt: str | None = None  # "ue8m0" (V3.1, V3.2): power-of-two scales, except o_proj's
-    norm_dtype: str = "bf16"  # "f32": every norm in float32 (V3.2)
-    index_n_heads: int = 0  # > 0: the lightning indexer (V3.2, GLM) on every layer
+    scale_fmt: str | None = None  # "ue8m0": power-of-two scales, except o_proj's
+    norm_dtype: str = "bf16"  # "f32": every norm in float32
+    index_n_heads: int = 0  # > 0: the lightning indexer on every layer
     index_head_dim: int = 128
-    mtp_own_head: bool = True  # False: the MTP layer has no embed_tokens / shared_head.head (GLM)
-    inv_freq: int = 0  # > 0: every layer stores self_attn.rotary_emb.inv_freq, BF16 of this length (Kimi)
+    mtp_own_head: bool = True  # False: the MTP layer has no embed_tokens / shared_head.head
+    inv_freq: int = 0  # > 0: every layer stores self_attn.rotary_emb.inv_freq, BF16 of this length
     not_converted: tuple[str, ...] = ()  # module regexes (re.search) left BF16 in an FP8 source
     topk_method: str = "noaux_tc"
-    shard_name: str = "model-{i:05d}-of-{n:05d}.safetensors"  # Kimi: "model-{i}-of-{n}.safetensors"
+    shard_name: str = "model-{i:05d}-of-{n:05d}.safetensors"
     remote_code: tuple[str, ...] = ("configuration_deepseek.py", "modeling_deepseek.py")
-    # The late-2026 members (shared/reference/model-family.md, "The members of late 2026").
-    layout: str = DEEPSEEK  # DEEPSEEK; KIMI_K25 (config nested in text_config, language_model.); MISTRAL
+    tiktoken: bool = False  # a tiktoken.model vocabulary next to the HF tokenizer files
+    layout: str = DEEPSEEK  # DEEPSEEK, or a member's Member.demo_layout name
     int4_group: int = 32  # weights "int4": the routed experts pack-quantized, symmetric, this group size
-    vision: bool = False  # a BF16 vision tower (Kimi-K2.5/K2.6) or encoder (Mistral-Large-3), copied
-    quant_in_text_config: bool = False  # Kimi-K2.6: quantization_config only inside text_config
-    indexer_types: tuple[str, ...] = ()  # GLM-5.2 (IndexShare): per decoder layer, "full" or "shared"
-    index_topk_freq: int = 0  # > 0: GLM-5.2's index_topk_freq / index_skip_topk_offset, with indexer_types
+    vision: bool = False  # a BF16 vision part (the layout's vision_tensors), copied
+    quant_in_text_config: bool = False  # a nested config: quantization_config only inside text_config
+    quant_ignore: tuple[
+        str, ...
+    ] = ()  # a compressed-tensors config's ignore list; () for INT4: every linear but the experts
+    indexer_types: tuple[str, ...] = ()  # IndexShare: per decoder layer, "full" or "shared"
+    index_topk_freq: int = 0  # > 0: index_topk_freq / index_skip_topk_offset, with indexer_types
     index_skip_topk_offset: int = 0
 
     @classmethod
@@ -118,10 +120,10 @@ class CheckpointSpec:
 
     @classmethod
     def family(cls, member: str, **kw) -> CheckpointSpec:
-        """The tiny checkpoint of a family member (family.MEMBERS); `kw` overrides."""
-        if member not in FAMILY:
-            raise ValueError(f"unknown family member {member!r}; expected one of {', '.join(family.MEMBERS)}")
-        return dataclasses.replace(FAMILY[member], **kw)
+        """The tiny checkpoint of a demo member (family.demo_members()); `kw` overrides."""
+        if member not in members.demo_members():
+            raise ValueError(f"unknown family member {member!r}; expected one of {', '.join(members.demo_members())}")
+        return cls(**(members.demo_spec_fields(member) | kw))
 
     def config(self) -> dict:
         cfg = {
@@ -150,7 +152,7 @@ class CheckpointSpec:
         }
         if self.auto_map:
             cfg["auto_map"] = dict(self.auto_map)
-        if self.topk_method != "noaux_tc":  # DeepSeek-V2's softmax router
+        if self.topk_method != "noaux_tc":  # a softmax router
             cfg["scoring_func"] = "softmax"
             cfg["routed_scaling_factor"] = 1.0
         quantization = self.quantization_config()
@@ -166,7 +168,7 @@ class CheckpointSpec:
             "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group",
             "topk_group", "vocab_size",
         ]  # fmt: skip
-        if self.architecture != family.DEEPSEEK_V2:  # V2 has no MTP, and no such key
+        if self.mtp_key:
             keys.append("num_nextn_predict_layers")
         if self.index_n_heads:
             keys += ["index_n_heads", "index_head_dim"]
@@ -195,19 +197,17 @@ class CheckpointSpec:
 
     def modules_to_not_convert(self) -> list[str]:
         """The linears `not_converted` keeps BF16, as quantization_config lists them (by name); with
-        IndexShare also each layer's `self_attn.indexers_proj`, which names no tensor (as GLM-5.2's)."""
+        IndexShare also each layer's `self_attn.indexers_proj`, which names no tensor (as the real one)."""
         names = [module_of(n) for n, kind, _ in self.tensors() if kind == "bf16-linear"]
         if self.indexer_types:
             names += [f"model.layers.{i}.self_attn.indexers_proj" for i in range(self.num_hidden_layers)]
         return sorted(set(names))
 
     def compressed_tensors_config(self) -> dict:
-        """The source's compressed-tensors quantization_config: Mistral-Large-3's FP8_BLOCK, or
-        Kimi's pack-quantized INT4 (one group, targets Linear; the ignore list keeps every linear
-        but the routed experts)."""
+        """The source's compressed-tensors quantization_config: FP8_BLOCK, or pack-quantized INT4
+        (one group, targets Linear; the ignore list keeps every linear but the routed experts)."""
         if self.weights == CT_FP8_BLOCK:
-            ignore = ["model.embed_tokens", "re:patch_merger.*", "re:vision_encoder.*", "re:vision_language_adapter.*",
-                      "re:.*kv_a_proj_with_mqa$", "re:.*q_a_proj$", "re:.*gate$", "lm_head"]  # fmt: skip
+            ignore = list(self.quant_ignore)
             fp8 = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
             group = {
                 "format": "float-quantized", "targets": ["Linear"], "output_activations": None,
@@ -216,10 +216,9 @@ class CheckpointSpec:
             }  # fmt: skip
             return {"config_groups": {"FP8_BLOCK": group}, "format": "float-quantized", "ignore": ignore,
                     "quant_method": "compressed-tensors", "quantization_status": "compressed"}  # fmt: skip
-        ignore = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
-        if self.vision and self.quant_in_text_config:  # Kimi-K2.6's list
-            ignore = ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-                      "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"]  # fmt: skip
+        ignore = list(self.quant_ignore) or [
+            "lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+        ]  # fmt: skip
         weights = {
             "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": self.int4_group,
             "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
@@ -236,7 +235,7 @@ class CheckpointSpec:
             return "int4" if ".mlp.experts." in module else "bf16-linear"
         if self.weights == "bf16" or any(re.search(p, module) for p in self.not_converted):
             return "bf16-linear"
-        if family.linear_kind(module, self.architecture) != family.FP8_LINEAR:  # Mistral's wq_a, wkv_a_with_mqa
+        if family.linear_kind(module, self.architecture) != family.FP8_LINEAR:  # a member's kept_16bit
             return "bf16-linear"
         return "fp8"
 
@@ -275,7 +274,7 @@ class CheckpointSpec:
         return full
 
     def _mtp_modules(self, p: str) -> list[tuple[str, str, tuple[int, ...]]]:
-        """The MTP layer's own modules (GLM's reuse the main model's embeddings and head)."""
+        """The MTP layer's own modules (some reuse the main model's embeddings and head)."""
         h, vocab = self.hidden_size, self.vocab_size
         out = [(p + "embed_tokens.weight", "bf16", (vocab, h))] if self.mtp_own_head else []
         out += [
@@ -347,75 +346,8 @@ class CheckpointSpec:
                 "int4-packed": "I32", "int4-scale": "BF16", "int4-shape": "I32"}[kind]  # fmt: skip
 
 
-# The tiny checkpoint of each family member, by family.MEMBERS name: the default layout with each
-# member's own structure (shared/reference/model-family.md), dimensions shrunk.
+# The tiny checkpoint of each demo member, by name: the default layout with the fields its member
+# module declares (Member.demos).
 FAMILY: dict[str, CheckpointSpec] = {
-    "deepseek-v3": CheckpointSpec(),
-    "deepseek-v3.1": CheckpointSpec(scale_fmt="ue8m0"),
-    "deepseek-v3.2": CheckpointSpec(
-        architecture=family.DEEPSEEK_V32, model_type="deepseek_v32", scale_fmt="ue8m0", norm_dtype="f32",
-        index_n_heads=4,
-    ),
-    "kimi-k2": CheckpointSpec(
-        model_type="kimi_k2", num_attention_heads=2, n_routed_experts=12, num_nextn_predict_layers=0, inv_freq=56,
-        shard_name="model-{i}-of-{n}.safetensors",
-        remote_code=("configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"),
-    ),
-    "glm-5": CheckpointSpec(
-        architecture=family.GLM_MOE_DSA, model_type="glm_moe_dsa", auto_map=(), remote_code=(), q_lora_rank=2048,
-        qk_nope_head_dim=192, v_head_dim=256, index_n_heads=4, mtp_own_head=False,
-        not_converted=(r"\.mlp\.shared_experts\.",),
-    ),
-    "deepseek-v2-lite": CheckpointSpec(
-        architecture=family.DEEPSEEK_V2, model_type="deepseek_v2", weights="bf16", num_attention_heads=16,
-        q_lora_rank=None, num_nextn_predict_layers=0, topk_method="greedy", n_group=1, topk_group=1,
-        auto_map=(("AutoConfig", "configuration_deepseek.DeepseekV2Config"),
-                  ("AutoModelForCausalLM", "modeling_deepseek.DeepseekV2ForCausalLM")),
-    ),
-    "moonlight": CheckpointSpec(
-        weights="bf16", num_attention_heads=16, q_lora_rank=None, num_nextn_predict_layers=0, n_group=1,
-        topk_group=1,
-    ),
-    # GLM-5.2 / 5.3: IndexShare, indexers on layers 0-2 and every 4th from 6 (0-2 at this size), the
-    # same placement in index_topk_freq / index_skip_topk_offset; 141 shards at full size.
-    "glm-5.2": CheckpointSpec(
-        architecture=family.GLM_MOE_DSA, model_type="glm_moe_dsa", auto_map=(), remote_code=(), q_lora_rank=2048,
-        qk_nope_head_dim=192, v_head_dim=256, index_n_heads=4, mtp_own_head=False, num_hidden_layers=5,
-        not_converted=(r"\.mlp\.shared_experts\.",), indexer_types=("full", "full", "full", "shared", "shared"),
-        index_topk_freq=4, index_skip_topk_offset=3,
-    ),
-    # Mistral-Large-3-675B-Instruct-2512: Mistral's own layout, FP8_BLOCK with BF16 scales, a vision
-    # encoder, softmax routing (no e_score_correction_bias), no MTP layer.
-    "mistral-large-3": CheckpointSpec(
-        architecture=family.MISTRAL_LARGE_3, model_type="deepseek_v3", layout=MISTRAL, weights=CT_FP8_BLOCK,
-        scale_dtype="bf16", num_nextn_predict_layers=0, topk_method="softmax", n_group=1, topk_group=1,
-        auto_map=(), remote_code=(), vision=True, shard_name="consolidated-{i:05d}-of-{n:05d}.safetensors",
-        split_scale_of="model.layers.1.mlp.experts.3.down_proj.weight",
-    ),
-    # Its BF16 release: the same names and files, no quantization.
-    "mistral-large-3-bf16": CheckpointSpec(
-        architecture=family.MISTRAL_LARGE_3, model_type="deepseek_v3", layout=MISTRAL, weights="bf16",
-        num_nextn_predict_layers=0, topk_method="softmax", n_group=1, topk_group=1, auto_map=(), remote_code=(),
-        vision=True, shard_name="consolidated-{i:05d}-of-{n:05d}.safetensors",
-    ),
-    # Kimi-K2-Thinking: pack-quantized INT4 routed experts (group 32), everything else BF16; 62 shards.
-    "kimi-k2-thinking": CheckpointSpec(
-        model_type="kimi_k2", weights=INT4, num_attention_heads=2, n_routed_experts=12, num_nextn_predict_layers=0,
-        n_group=1, topk_group=1, shard_name="model-{i:05d}-of-{n:06d}.safetensors",
-        remote_code=("configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"),
-    ),
-    # Kimi-K2.5: KimiK25ForConditionalGeneration, the text model in text_config, language_model.
-    # names, a BF16 vision tower and projector; 64 shards. K2.6: its quantization_config in text_config only.
-    "kimi-k2.5": CheckpointSpec(
-        model_type="kimi_k2", layout=KIMI_K25, weights=INT4, num_attention_heads=2, n_routed_experts=12,
-        num_nextn_predict_layers=0, n_group=1, topk_group=1, vision=True, shard_name="model-{i:05d}-of-{n:06d}.safetensors",
-        remote_code=("configuration_kimi_k25.py", "modeling_kimi_k25.py", "tokenization_kimi.py"),
-    ),
-    "kimi-k2.6": CheckpointSpec(
-        model_type="kimi_k2", layout=KIMI_K25, weights=INT4, num_attention_heads=2, n_routed_experts=12,
-        num_nextn_predict_layers=0, n_group=1, topk_group=1, vision=True, quant_in_text_config=True,
-        shard_name="model-{i:05d}-of-{n:06d}.safetensors",
-        remote_code=("configuration_kimi_k25.py", "modeling_kimi_k25.py", "tokenization_kimi.py"),
-    ),
-}  # fmt: skip
-assert tuple(FAMILY) == family.MEMBERS
+    name: CheckpointSpec(**members.demo_spec_fields(name)) for name in members.demo_members()
+}

@@ -1,6 +1,6 @@
 """Write the synthetic checkpoints `mla_convert.demo.specs` describes: tensors generated and
 written one at a time (big checkpoints stream), DeepSeek's block quantization of them (with BF16
-scales for compressed-tensors FP8_BLOCK), Kimi's pack-quantized INT4 routed experts, the index,
+scales for compressed-tensors FP8_BLOCK), pack-quantized INT4 routed experts, the index,
 config and side files in the member's layout (demo.layouts)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from mla_convert.demo import layouts
-from mla_convert.demo.specs import BLOCK, CT_FP8_BLOCK, KIMI_K25, MISTRAL, CheckpointSpec
+from mla_convert.demo.specs import BLOCK, CT_FP8_BLOCK, CheckpointSpec
 from mla_convert.io.shard_writer import ShardWriter
 from mla_runtime.safetensors_file import nbytes_of
 
@@ -176,10 +176,11 @@ def _assign_shards(tensors, spec: CheckpointSpec) -> dict[str, int]:
 
 
 def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
-    if spec.layout == MISTRAL:
-        _write_mistral_side_files(out_dir, spec)
-    else:
+    own = layouts.side_files(spec)
+    if own is None:
         _write_hf_side_files(out_dir, spec)
+    for fname, text in (own or {}).items():
+        (out_dir / fname).write_text(text)
     weights = {"fp8": "block-FP8", "bf16": "BF16", CT_FP8_BLOCK: "FP8_BLOCK", "int4": "INT4 experts"}[spec.weights]
     # Front matter as a published checkpoint's card has it (DeepSeek-R1's: license, library), which
     # the converted model's card takes over.
@@ -191,19 +192,6 @@ def _write_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
     )
     (out_dir / "figures").mkdir(exist_ok=True)
     (out_dir / "figures" / "notes.txt").write_text("A side file in a subfolder: copied with its path.\n")
-
-
-def _write_mistral_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
-    """tekken.json, Mistral's tokenizer, in its shape (config, vocab, special tokens); a tiny one."""
-    specials = [{"rank": i, "token_str": t, "is_control": True} for i, t in enumerate(["<unk>", "<s>", "</s>"])]
-    vocab = [{"rank": i, "token_bytes": "", "token_str": f"w{i}"} for i in range(spec.vocab_size - len(specials))]
-    tekken = {
-        "config": {"pattern": r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+", "num_vocab_tokens": len(vocab),
-                   "default_vocab_size": spec.vocab_size, "default_num_special_tokens": len(specials),
-                   "version": "v7"},
-        "vocab": vocab, "special_tokens": specials,
-    }  # fmt: skip
-    (out_dir / "tekken.json").write_text(json.dumps(tekken) + "\n")
 
 
 def _write_hf_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
@@ -249,5 +237,5 @@ def _write_hf_side_files(out_dir: Path, spec: CheckpointSpec) -> None:
             f'"""{fname}: placeholder for a remote-code file in this synthetic checkpoint.\n\n'
             'mla-convert copies such files unchanged and never imports or runs them."""\n'
         )
-    if spec.model_type.startswith("kimi") or spec.layout == KIMI_K25:  # Kimi's tiktoken vocabulary
+    if spec.tiktoken:
         (out_dir / "tiktoken.model").write_text("".join(f"dw{i}= {i}\n" for i in range(8)))

@@ -80,7 +80,7 @@ class CardFacts:
     model_bytes: int
     mla_bytes: int
     ignored_modules: int
-    config_name: str = "config.json"  # params.json for Mistral's own layout
+    config_name: str = "config.json"  # params.json for a member's own layout
     int4_experts: bool = False  # the source's pack-quantized INT4 experts, copied as they are
     repo_id: str | None = None  # the Hub repo the card is written for (upload); None: a local directory
     repo_revision: str | None = None  # its branch, where not main

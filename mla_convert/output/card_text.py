@@ -7,7 +7,7 @@ vLLM"), from scripts/accuracy_runtime.py.
 
 from __future__ import annotations
 
-from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MISTRAL_PARAMS_NAME, MLA_DIR_NAME
+from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MLA_DIR_NAME, PARAMS_JSON_NAME
 from mla_convert.output.card_facts import CardFacts
 from mla_convert.results import VerifyReport
 from mla_convert.units import gb
@@ -178,7 +178,7 @@ def _artifacts(facts: CardFacts) -> str:
 
 def mla_fetch_command(repo_id: str, branch: str | None = None) -> str:
     """What puts a repo's mla/ into the Hub cache's snapshot that `vllm serve REPO_ID` reads: vLLM's
-    own download leaves it out (it takes the index's shards, or Mistral's consolidated ones)."""
+    own download leaves it out (it takes the index's shards, or the consolidated ones)."""
     return f"hf download {repo_id}{_revision_flag(branch)} --include '{MLA_DIR_NAME}/*'"
 
 
@@ -194,12 +194,12 @@ def _serving(facts: CardFacts) -> str:
         if facts.format == CHANNEL_FP8
         else ""
     )
-    mistral = facts.config_name == MISTRAL_PARAMS_NAME
+    consolidated = facts.config_name == PARAMS_JSON_NAME
     repo, rev = facts.repo_id, _revision_flag(facts.repo_revision)
     served = f"{repo}{rev}" if repo else '"$PWD"'
     if repo:
         block = f"{mla_fetch_command(repo, facts.repo_revision)}\nvllm serve {repo}{rev} --tensor-parallel-size {tp}"
-        pattern = "`consolidated*.safetensors`" if mistral else "the shards its index lists"
+        pattern = "`consolidated*.safetensors`" if consolidated else "the shards its index lists"
         where = (
             f"vLLM downloads `{repo}` into the Hub cache and serves it from there, but its download takes only "
             f"{pattern}, never `{MLA_DIR_NAME}/`: the first line puts `{MLA_DIR_NAME}/` into the same snapshot, "

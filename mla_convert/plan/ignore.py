@@ -24,7 +24,7 @@ def convertible_linears(plan: Plan) -> list[str]:
     src = plan.source
     modules = {module_of(name) for name in src.fp8}
     modules |= {module_of(name) for name in src.weight_map if quantizable(src, name)}
-    # in the names the planner matches: vLLM's, after its own mapping (Mistral's layout, Kimi-K2.5's prefix)
+    # in the names the planner matches: vLLM's, after its own mapping (a member's own names, a wrapper's prefix)
     return sorted({src.names.config_module(m) for m in modules}, key=_natural)
 
 

@@ -1,4 +1,4 @@
-"""The converted model's config (config.json, or Mistral's params.json), in the source's shape:
+"""The converted model's config (config.json, or a member's own params.json), in the source's shape:
 bf16 (no quantization_config), compressed-tensors channel FP8, or for an INT4 source channel FP8
 next to the source's INT4 group, unchanged but for its targets (mixed-precision)."""
 

@@ -61,7 +61,7 @@ class Plan:
 
     @property
     def config_name(self) -> str:
-        """The output's config file: config.json, or params.json for Mistral's own layout."""
+        """The output's config file: config.json, or a member's own config file (params.json)."""
         return self.source.model.file
 
     @property
@@ -255,7 +255,7 @@ ROUTED_EXPERTS_TARGET = r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"
 
 def int4_target_list(src: SourceCheckpoint, options: Options) -> list[str]:
     """The targets of the output's INT4 group: exactly the modules the source holds in INT4.
-    The routed experts (every INT4 weight of Kimi's releases) as one pattern, any other INT4 linear
+    The routed experts (every INT4 weight of the INT4 releases) as one pattern, any other INT4 linear
     by name; the pattern only if it matches no linear that is not INT4."""
     names = src.names
     int4 = {names.config_module(m) for m in src.int4}

@@ -25,22 +25,22 @@ from mla_convert.constants import (
     CARD_NAME,
     COMPLETE,
     CONFIG_NAME,
+    CONSOLIDATED_INDEX_NAME,
     INDEX_NAME,
     LOCK_NAME,
     MANIFEST_NAME,
-    MISTRAL_INDEX_NAME,
-    MISTRAL_PARAMS_NAME,
     MLA_DIR_NAME,
     MLA_MANIFEST_NAME,
+    PARAMS_JSON_NAME,
 )
 from mla_convert.errors import UploadError
 from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
 
-# What makes the repo a model (Mistral's layout: params.json and its index), in the last call.
+# What makes the repo a model (a member's own layout: params.json and its index), in the last call.
 LAST = (
-    CONFIG_NAME, MISTRAL_PARAMS_NAME, INDEX_NAME, MISTRAL_INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
+    CONFIG_NAME, PARAMS_JSON_NAME, INDEX_NAME, CONSOLIDATED_INDEX_NAME, f"{MLA_DIR_NAME}/{MLA_MANIFEST_NAME}",
     CARD_NAME, MANIFEST_NAME,
 )  # fmt: skip
 FORBIDDEN_PARTS = (".git", ".cache")  # the Hub refuses paths through these

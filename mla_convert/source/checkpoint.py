@@ -3,7 +3,7 @@ No torch here, and no tensor data is read: the scales' values (and INT4 weight s
 by conversion.scales.
 
 The family's rules are written in DeepSeek-V3's names; a member that names its tensors otherwise
-(Mistral-Large-3, Kimi-K2.5) is checked through its `names` (source.naming), and keeps its own
+(source/members/) is checked through its `names` (source.naming), and keeps its own
 names in the output."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mla_convert.constants import (
@@ -29,7 +29,7 @@ from mla_convert.constants import (
 )
 from mla_convert.errors import SourceError
 from mla_convert.io.headers import read_header
-from mla_convert.source.family import FamilyError, ModelLayout, implied_tensors, indexer_placement
+from mla_convert.source.family import FamilyError, ModelLayout, implied_tensors, indexer_placement, layer_config
 from mla_convert.source.model_config import ModelConfig, read_json_object, read_model_config
 from mla_convert.source.naming import TensorNames
 from mla_convert.source.quantization import BLOCK_FP8, INT4, QuantizationError, SourceQuantization, read_quantization
@@ -104,6 +104,13 @@ class SourceCheckpoint:
     @property
     def dims(self) -> MlaDims:
         return MlaDims.from_model_config(self.config)
+
+    def own_dims(self, layer: int) -> dict | None:
+        """The MLA dims layer `layer` has of its own (MlaDims' names), only those that differ from
+        the model's; None where none do (the MLA manifest then records none)."""
+        dims = MlaDims.from_model_config(layer_config(self.config, self.layout.architecture, layer))
+        own = {k: v for k, v in asdict(dims).items() if getattr(self.dims, k) != v}
+        return own or None
 
     @property
     def num_layers_with_mtp(self) -> int:
@@ -388,7 +395,7 @@ def _check_layers(src: SourceCheckpoint) -> None:
 
 
 def _check_indexer(src: SourceCheckpoint, i: int) -> None:
-    """Layer i holds an indexer exactly when the config says it does (GLM-5.2's indexer_types, or
+    """Layer i holds an indexer exactly when the config says it does (IndexShare's indexer_types, or
     the placement derived from index_topk_freq / index_topk_pattern)."""
     lay = src.layout
     if lay.indexer is None:

@@ -1,12 +1,12 @@
 """The MLA family: which architectures convert, and what a member's config says its checkpoint holds.
 
-Facts from the members' real checkpoints (DeepSeek-V3/R1/V3.1/V3.2, Kimi-K2 and K2-Thinking/K2.5/
-K2.6, GLM-5/5.1/5.2/5.3, DeepSeek-V2, Moonlight, Mistral-Large-3; shared/reference/model-family.md):
-the rules here are written in DeepSeek-V3's tensor names (source.naming maps a member's own names
-to them); the MLA dims come from the text model's config (source.model_config reads it from
-config.json, a nested text_config or params.json); V3.2 and GLM add a lightning indexer, on every
-layer or (GLM-5.2's IndexShare) on those `indexer_types` names "full"; GLM's MTP layer reuses the
-main model's embeddings and head; some checkpoints also store each layer's rotary `inv_freq`
+The members and their facts are declared in `source/members/` (one module each; its registry
+answers here). The rules are written in DeepSeek-V3's tensor names (source.naming maps a member's
+own names to them); the MLA dims come from the text model's config (source.model_config reads it
+from config.json, a nested text_config or a member's own config file); a member may add a
+lightning indexer (on every layer, or on those a config's `indexer_types` names "full"), an MTP
+layer that reuses the main model's embeddings and head, linears its releases keep 16-bit, and its
+own per-layer dims and tensors. Some checkpoints also store each layer's rotary `inv_freq`
 buffer. Standard library only, so the CLI's --help can list the architectures without torch.
 """
 
@@ -15,69 +15,28 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mla_convert.source import members
 from mla_convert.source.nonmembers import non_member
 
-DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
-DEEPSEEK_V32 = "DeepseekV32ForCausalLM"
-DEEPSEEK_V2 = "DeepseekV2ForCausalLM"
-GLM_MOE_DSA = "GlmMoeDsaForCausalLM"
-KIMI_K25 = "KimiK25ForConditionalGeneration"  # a wrapper: the text model is a DeepseekV3 in text_config
-MISTRAL_LARGE_3 = "MistralLarge3ForCausalLM"  # what vLLM builds from a Mistral-native params.json
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"  # the architecture the rules are written for
 
-# architecture -> (the checkpoints that declare it, what the conversion does with them)
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    DEEPSEEK_V3: (
-        "DeepSeek-V3, R1, V3.1 (deepseek_v3); Kimi-K2, Kimi-K2-Thinking (kimi_k2); Moonlight; fine-tunes; "
-        "any model_type",
-        "Block-FP8 (F32 or E8M0 scales, any block size), BF16, or compressed-tensors pack-quantized INT4 "
-        "experts (Kimi-K2-Thinking: copied for channel-fp8, dequantized for bf16); MTP layer kept where present; "
-        "Kimi's rotary inv_freq copied",
-    ),
-    DEEPSEEK_V32: (
-        "DeepSeek-V3.2, V3.2-Exp (deepseek_v32)",
-        "As DeepseekV3, plus the lightning indexer: wq_b / wk converted, weights_proj and k_norm copied; "
-        "F32 norms stay F32",
-    ),
-    GLM_MOE_DSA: (
-        "GLM-5, GLM-5.1, GLM-5.2, GLM-5.3 FP8 (glm_moe_dsa)",
-        "As DeepseekV32 with its own dims (qk_nope 192, v_head 256); modules_to_not_convert copied as BF16 "
-        "and ignored; MTP layer without embed_tokens / shared_head.head; indexer_types (IndexShare) read",
-    ),
-    DEEPSEEK_V2: (
-        "DeepSeek-V2, V2.5, V2-Lite (deepseek_v2)",
-        "BF16 source: channel FP8 quantizes the linears per row, bf16 copies them; without q_lora, q_proj",
-    ),
-    KIMI_K25: (
-        "Kimi-K2.5, Kimi-K2.6 (kimi_k25, the text model in text_config)",
-        "As Kimi-K2-Thinking behind language_model.; vision_tower and mm_projector copied; the config keeps "
-        "its nesting and the quantization_config where the source had it",
-    ),
-    MISTRAL_LARGE_3: (
-        "Mistral-Large-3 in Mistral's own layout (params.json, consolidated shards; no config.json)",
-        "compressed-tensors FP8_BLOCK (BF16 or F32 scales) or BF16; output in the same layout and names; "
-        "wq_a, wkv_a_with_mqa, the router and the vision encoder stay BF16",
-    ),
-}
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
-# The architectures of a text model itself (KIMI_K25 wraps a DeepseekV3 one).
-TEXT_ARCHITECTURES = (DEEPSEEK_V3, DEEPSEEK_V32, GLM_MOE_DSA, DEEPSEEK_V2, MISTRAL_LARGE_3)
+
+def supported_architectures() -> tuple[str, ...]:
+    """Every architecture a config may declare (a wrapper's included), from the members."""
+    return members.architectures()
 
 
 def architectures_help() -> str:
     """The supported architectures, one paragraph each, for --help."""
-    return "\n\n".join(f"{arch}: {who}. {what}." for arch, (who, what) in ARCHITECTURES.items())
+    return members.architectures_help()
 
 
-INDEXER_ARCHITECTURES = (DEEPSEEK_V32, GLM_MOE_DSA)
-# MTP layers that reuse the main model's embed_tokens and lm_head instead of storing their own.
-SHARED_MTP_HEAD_ARCHITECTURES = (GLM_MOE_DSA,)
+def demo_members() -> tuple[str, ...]:
+    """The tiny synthetic checkpoints (demo.specs) and `demo --family`, by name."""
+    return members.demo_members()
 
-# The tiny synthetic checkpoints (demo.specs.FAMILY) and `demo --family`, by member name.
-MEMBERS = (
-    "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight",
-    "glm-5.2", "mistral-large-3", "mistral-large-3-bf16", "kimi-k2-thinking", "kimi-k2.5", "kimi-k2.6",
-)  # fmt: skip
-INDEXER_TYPES = ("full", "shared")  # GLM-5.2's indexer_types: a layer with its own indexer, or one sharing
+
+INDEXER_TYPES = ("full", "shared")  # indexer_types (IndexShare): a layer with its own indexer, or one sharing
 
 MLA_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
@@ -86,8 +45,8 @@ MLA_KEYS = (
 INDEXER_KEYS = ("index_n_heads", "index_head_dim")
 
 # Linear kinds. FP8_LINEAR: one that the member's FP8 releases quantize (DeepSeek's: attention
-# projections with the indexer's wq_b / wk, dense MLP, routed and shared experts; Mistral-Large-3's
-# the same but q_a_proj and kv_a_proj_with_mqa); a BF16 (or INT4) source's channel-FP8 conversion
+# projections with the indexer's wq_b / wk, dense MLP, routed and shared experts; a member may keep
+# some of them 16-bit, Member.kept_16bit); a BF16 (or INT4) source's channel-FP8 conversion
 # quantizes exactly these. LINEAR: a linear that stays in 16-bit (lm_head, the router gate, the MTP
 # eh_proj and shared head, the indexer's weights_proj). OTHER: embeddings, norms, biases, buffers.
 FP8_LINEAR = "fp8-linear"
@@ -102,19 +61,15 @@ _FP8_LINEAR_RE = re.compile(
 _LINEAR_RE = re.compile(
     r"lm_head$|" + _LAYER + r"(mlp\.gate|eh_proj|shared_head\.head|self_attn\.indexer\.weights_proj)$"
 )
-# Buffers some real checkpoints store (Kimi-K2: every layer's rotary inv_freq, BF16): copied, and
+# Buffers some real checkpoints store (every layer's rotary inv_freq, BF16): copied, and
 # accepted by verify for the layers the config has, whatever their length.
 EXTRA_BUFFER_RE = re.compile(r"model\.layers\.(\d+)\.self_attn\.rotary_emb\.inv_freq$")
-
-
-# Linears an architecture's own FP8 release keeps in BF16 although DeepSeek's quantize them.
-_KEPT_16BIT = {MISTRAL_LARGE_3: re.compile(_LAYER + r"self_attn\.(q_a_proj|kv_a_proj_with_mqa)$")}
 
 
 def linear_kind(module: str, architecture: str = DEEPSEEK_V3) -> str:
     """FP8_LINEAR, LINEAR or OTHER for a module name like 'model.layers.3.mlp.experts.7.up_proj'."""
     if _FP8_LINEAR_RE.match(module):
-        kept = _KEPT_16BIT.get(architecture)
+        kept = members.kept_16bit(architecture)
         return LINEAR if kept is not None and kept.match(module) else FP8_LINEAR
     if _LINEAR_RE.match(module):
         return LINEAR
@@ -132,11 +87,11 @@ def architecture_of(config: dict) -> str:
     if refusal:
         raise FamilyError(refusal)
     archs = config.get("architectures") or []
-    found = [a for a in archs if a in TEXT_ARCHITECTURES] if isinstance(archs, list) else []
+    found = [a for a in archs if a in members.text_architectures()] if isinstance(archs, list) else []
     if not found:
         raise FamilyError(
             f"architectures {archs!r} (model_type {config.get('model_type')!r}) is not a supported MLA model; "
-            f"expected one of {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"expected one of {', '.join(supported_architectures())}"
         )
     return found[0]
 
@@ -158,7 +113,11 @@ class ModelLayout:
     def of(cls, config: dict) -> ModelLayout:
         """Raises FamilyError for an unsupported architecture or a missing or non-integer dimension."""
         arch = architecture_of(config)
-        keys = MLA_KEYS + (INDEXER_KEYS if arch in INDEXER_ARCHITECTURES else ())
+        member = members.member_of(arch)
+        refusal = member.refuse(config) if member.refuse is not None else None
+        if refusal:
+            raise FamilyError(refusal)
+        keys = MLA_KEYS + (INDEXER_KEYS if member.indexer else ())
         missing = [k for k in keys if not _is_int(config.get(k))]
         if missing:
             raise FamilyError(f"{arch} config lacks integer {', '.join(missing)}")
@@ -168,12 +127,12 @@ class ModelLayout:
         mtp = config.get("num_nextn_predict_layers") or 0
         if not _is_int(mtp) or mtp < 0:
             raise FamilyError(f"num_nextn_predict_layers {mtp!r} must be a non-negative integer")
-        indexer = (config["index_n_heads"], config["index_head_dim"]) if arch in INDEXER_ARCHITECTURES else None
+        indexer = (config["index_n_heads"], config["index_head_dim"]) if member.indexer else None
         layers = config["num_hidden_layers"]
         _check_indexer_types(config, layers)
         with_indexer = frozenset(i for i in range(layers + mtp) if indexer and _has_indexer(config, i, layers))
         moe = frozenset(i for i in range(layers + mtp) if is_moe_layer(config, i))
-        return cls(arch, layers, mtp, q_lora or None, indexer, arch not in SHARED_MTP_HEAD_ARCHITECTURES,
+        return cls(arch, layers, mtp, q_lora or None, indexer, member.mtp_own_head,
                    with_indexer, moe)  # fmt: skip
 
     @property
@@ -201,7 +160,7 @@ def _check_indexer_types(config: dict, layers: int) -> None:
 
 
 def _has_indexer(config: dict, i: int, layers: int) -> bool:
-    """Whether layer i holds an indexer: GLM-5.2's indexer_types says so per decoder layer ('full'
+    """Whether layer i holds an indexer: indexer_types (IndexShare) says so per decoder layer ('full'
     holds one, 'shared' reuses another layer's top-k), where the config has it; else every layer
     does unless the config shares one layer's top-k with the next ones (index_topk_pattern 'S', or
     index_topk_freq > 1 as vLLM and transformers read it); MTP layers always do."""
@@ -248,15 +207,28 @@ def implied_tensors(cfg: dict) -> Implied:
             if lay.mtp_own_head:
                 out[pre + "embed_tokens.weight"] = ((vocab, h), OTHER)
                 out[pre + "shared_head.head.weight"] = ((vocab, h), LINEAR)
-    if lay.architecture in _KEPT_16BIT:
+    member = members.member_of(lay.architecture)
+    if member.layer_inventory is not None:
+        for i in range(lay.all_layers):
+            member.layer_inventory(cfg, i, out)
+    if members.kept_16bit(lay.architecture) is not None:
         for name, (shape, kind) in out.items():
             if kind == FP8_LINEAR:
                 out[name] = (shape, linear_kind(name.rsplit(".", 1)[0], lay.architecture))
     return out
 
 
+def layer_config(cfg: dict, architecture: str, i: int) -> dict:
+    """The config as layer i sees it: the model's, with the MLA dims (config.json's names) its
+    member gives that layer of its own (Member.layer_dims)."""
+    hook = members.member_of(architecture).layer_dims
+    own = hook(cfg, i) if hook is not None else None
+    return cfg | own if own else cfg
+
+
 def _attention_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> None:
     """Layer i's MLA projections and norms, and its indexer where it has one."""
+    cfg = layer_config(cfg, lay.architecture, i)
     h, n, q_lora = cfg["hidden_size"], cfg["num_attention_heads"], lay.q_lora_rank
     p, r, v, l = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
     a = f"model.layers.{i}.self_attn."
@@ -281,7 +253,7 @@ def _attention_tensors(out: Implied, cfg: dict, lay: ModelLayout, i: int) -> Non
 
 
 def is_moe_layer(cfg: dict, i: int) -> bool:
-    """Whether layer i has routed experts: GLM's per-layer mlp_layer_types where present, else
+    """Whether layer i has routed experts: a per-layer mlp_layer_types where present, else
     first_k_dense_replace and moe_layer_freq."""
     if not cfg.get("n_routed_experts"):
         return False

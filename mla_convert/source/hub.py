@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX, MISTRAL_PARAMS_NAME
+from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
 from mla_runtime.safetensors_file import ShardHeader, file_digest
@@ -307,11 +307,13 @@ def prepare_staging(repo: HubRepo, staging: Path) -> dict[str, ShardHeader]:
     from mla_convert.source.model_config import read_model_config
 
     snapshot(repo, ignore_patterns=["*.safetensors"], local_dir=staging)
-    if not (staging / CONFIG_NAME).exists() and not (staging / MISTRAL_PARAMS_NAME).exists():
-        raise SourceError(
-            f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME} (nor a {MISTRAL_PARAMS_NAME})"
-        )
-    model = read_model_config(staging)  # config.json, or Mistral's params.json next to its consolidated index
+    from mla_convert.source import members
+
+    own = members.own_config_files()
+    if not any((staging / name).exists() for name in (CONFIG_NAME, *own)):
+        nor = "".join(f" (nor a {name})" for name in own)
+        raise SourceError(f"{repo.label(CONFIG_NAME)}: the repository has no {CONFIG_NAME}{nor}")
+    model = read_model_config(staging)  # config.json, or a member's own config file
     index_name, index_path = model.index_name, staging / model.index_name
     if index_path.exists():
         try:

@@ -1,9 +1,10 @@
-"""How a checkpoint directory describes its model, in one of three shapes (the members' real files):
+"""How a checkpoint directory describes its model, in one of three shapes (the members' real files;
+which member uses which: source/members/):
 
 - `config.json` of the text model itself (DeepSeek-V3 and most of the family);
-- `config.json` of a multimodal wrapper that nests the text model in `text_config`
-  (Kimi-K2.5 / K2.6: KimiK25ForConditionalGeneration; its text tensors behind `language_model.`);
-- Mistral's `params.json` (Mistral-Large-3: no config.json, consolidated shards).
+- `config.json` of a multimodal wrapper that nests the text model in `text_config` (its text
+  tensors behind a prefix: Member.names);
+- a member's own layout without config.json (Member.own_layout / read_own_layout).
 
 `read_model_config` gives the text model's config in config.json's names (what source.family
 reads), how the checkpoint names its tensors (source.naming), its index file, and where its
@@ -18,23 +19,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import (
-    CONFIG_NAME,
-    INDEX_NAME,
-    MISTRAL_INDEX_NAME,
-    MISTRAL_PARAMS_NAME,
-    MISTRAL_SINGLE_FILE_NAME,
-    SINGLE_FILE_NAME,
-)
+from mla_convert.constants import CONFIG_NAME, INDEX_NAME, SINGLE_FILE_NAME
 from mla_convert.errors import SourceError
-from mla_convert.source import mistral
-from mla_convert.source.family import DEEPSEEK_V3, KIMI_K25
-from mla_convert.source.naming import DEEPSEEK_NAMES, PrefixedNames, TensorNames
+from mla_convert.source import members
+from mla_convert.source.family import DEEPSEEK_V3
+from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 
 QUANT_KEY = "quantization_config"
 TEXT_CONFIG = "text_config"
-# Multimodal wrappers whose text model (a DeepseekV3) sits in text_config, its tensors behind a prefix.
-WRAPPERS = {KIMI_K25: PrefixedNames()}
 
 
 @dataclass(frozen=True)
@@ -63,7 +55,7 @@ class ModelConfig:
         return self.field_label.get(name, name)
 
     def where(self) -> str:
-        """Where the text model's config is, for messages: '' or "KimiK25ForConditionalGeneration's text_config: "."""
+        """Where the text model's config is, for messages: '' or "<wrapper architecture>'s text_config: "."""
         return f"{self.architecture}'s {self.text_key}: " if self.text_key else ""
 
     def output(self, quantization: dict | None) -> dict:
@@ -108,39 +100,25 @@ def read_json_object(path: Path, what: str) -> tuple[dict, bytes]:
 
 def read_model_config(root: Path) -> ModelConfig:
     """The model description of the checkpoint (or converted) directory `root`; SourceError."""
-    if mistral.is_mistral_dir(root):
-        return _mistral(root)
+    own = members.own_layout_of(root)
+    if own is not None:
+        return own.read_own_layout(root)
     raw, raw_bytes = read_json_object(root / CONFIG_NAME, CONFIG_NAME)
-    archs = raw.get("architectures")
-    wrapper = next((a for a in archs if a in WRAPPERS), None) if isinstance(archs, list) else None
-    if wrapper is None:
+    member = members.wrapper_of(raw.get("architectures"))
+    if member is None:
         return ModelConfig(CONFIG_NAME, raw, raw_bytes, raw, quant_at=(None,) if QUANT_KEY in raw else ())
-    nested = raw.get(TEXT_CONFIG)
+    wrapper, nested = member.architecture, raw.get(TEXT_CONFIG)
     if not isinstance(nested, dict):
         raise SourceError(
             f"{root / CONFIG_NAME}: {wrapper} keeps its text model in text_config, and this config has "
             f"{'none' if nested is None else 'no object there'}"
         )
-    text = nested if nested.get("architectures") else nested | {"architectures": [DEEPSEEK_V3]}
+    text = nested if nested.get("architectures") else nested | {"architectures": [member.text_architecture]}
     quant_at = tuple(w for w, place in ((None, raw), (TEXT_CONFIG, nested)) if QUANT_KEY in place)
     if len(quant_at) == 2 and raw[QUANT_KEY] != nested[QUANT_KEY]:
         raise SourceError(
             f"{root / CONFIG_NAME}: the quantization_config at the top level and the one in text_config differ; "
             "expected one, or the same in both"
         )
-    return ModelConfig(CONFIG_NAME, raw, raw_bytes, text, WRAPPERS[wrapper], wrapper, TEXT_CONFIG, quant_at,
+    return ModelConfig(CONFIG_NAME, raw, raw_bytes, text, member.names, wrapper, TEXT_CONFIG, quant_at,
                        vision=raw.get("vision_config") is not None)  # fmt: skip
-
-
-def _mistral(root: Path) -> ModelConfig:
-    path = root / MISTRAL_PARAMS_NAME
-    params, raw_bytes = read_json_object(path, MISTRAL_PARAMS_NAME)
-    try:
-        text = mistral.text_config(params)
-    except mistral.MistralError as e:
-        raise SourceError(f"{path}: {e}") from e
-    return ModelConfig(
-        MISTRAL_PARAMS_NAME, params, raw_bytes, text, mistral.names_of(params), text["architectures"][0],
-        quant_at=(None,) if QUANT_KEY in params else (), index_name=MISTRAL_INDEX_NAME,
-        single_file_name=MISTRAL_SINGLE_FILE_NAME, field_label=mistral.PARAMS_FIELD, vision=mistral.has_vision(params),
-    )  # fmt: skip

@@ -1,13 +1,13 @@
 """How a checkpoint names its tensors, against the DeepSeek-V3 names that the family's rules
 (source.family) are written in.
 
-Three ways, from the members' real checkpoints:
+Three ways, from the members' real checkpoints (which member names its tensors how: its
+`Member.names` in source/members/):
 
-- DeepSeek-V3's own names (every HF-format member but Kimi-K2.5/K2.6): `model.layers.N.self_attn...`.
-- Kimi-K2.5 / K2.6 (KimiK25ForConditionalGeneration): the same names behind `language_model.`,
-  next to a vision tower (`vision_tower.*`) and projector (`mm_projector.*`).
-- Mistral-Large-3 in Mistral's own layout: `layers.N.attention.wkv_b.weight` and so on
-  (source.mistral.MistralNames), with a vision encoder.
+- DeepSeek-V3's own names: `model.layers.N.self_attn...`.
+- The same names behind a prefix (a multimodal wrapper's `language_model.`), next to the tensors of
+  a vision part.
+- A member's own layout with names of its own (a TensorNames subclass in its member module).
 
 The output keeps the source's names. A tensor of another part of the model (vision) has no
 DeepSeek name: it is copied as it is. `config_module` gives a module's name as vLLM's
@@ -55,8 +55,8 @@ class TensorNames:
 
 @dataclass(frozen=True)
 class PrefixedNames(TensorNames):
-    """DeepSeek-V3's names behind a prefix (Kimi-K2.5 / K2.6: `language_model.`). vLLM's module
-    names are the checkpoint's."""
+    """DeepSeek-V3's names behind a prefix (a wrapper's `language_model.`), next to a vision tower
+    and projector. vLLM's module names are the checkpoint's."""
 
     extra_prefixes: tuple[str, ...] = ("vision_tower.", "mm_projector.")
     prefix: str = "language_model."

@@ -3,10 +3,10 @@
 - none: a BF16 source;
 - DeepSeek's block FP8 (`quant_method: fp8`, `fmt: e4m3`, `weight_block_size`): F8_E4M3 weights,
   each with an F32 or E8M0 `weight_scale_inv` multiplier per block;
-- compressed-tensors FP8_BLOCK (Mistral-Large-3): one float-quantized group of 8-bit float weights
+- compressed-tensors FP8_BLOCK: one float-quantized group of 8-bit float weights
   with `strategy: block` and a `block_structure`: the same arithmetic, the multiplier named
   `weight_scale`, stored BF16 (or F32);
-- compressed-tensors pack-quantized INT4 (Kimi-K2-Thinking, K2.5, K2.6): one group of 4-bit int
+- compressed-tensors pack-quantized INT4 (routed experts, the rest BF16): one group of 4-bit int
   weights, `strategy: group` (or `channel`), symmetric or not: `weight_packed` I32, `weight_scale`,
   `weight_shape`, and for an asymmetric scheme `weight_zero_point`.
 

@@ -1,7 +1,7 @@
 """The tensor shapes a member's config fixes, each named by the config fields it depends on, so that
 a config that does not describe its tensors is refused in one sentence naming the field, the
 tensor and both numbers. Written in DeepSeek-V3's names and config.json's field names; a member's
-own names (Mistral's params.json, its tensor names) are put into the sentence by the caller's
+own names (its own config file's fields, its tensor names) are put into the sentence by the caller's
 `labels`. Standard library only.
 """
 
@@ -108,8 +108,8 @@ def shape_rules(layout: ModelLayout, layer: int) -> list[ShapeRule]:
 
 @dataclass(frozen=True)
 class Labels:
-    """How the sentence names things: a config field (params.json's names for a Mistral
-    checkpoint) and a tensor (the checkpoint's own name of a DeepSeek-V3 name)."""
+    """How the sentence names things: a config field (its own config file's names, for a
+    member with one) and a tensor (the checkpoint's own name of a DeepSeek-V3 name)."""
 
     field: Callable[[str], str] = str
     tensor: Callable[[str], str] = str

@@ -73,7 +73,7 @@ def check_mla_manifest(
             expected=layer_file_name(entry.layer),
             found=entry.file,
         ):
-            hd = _check_layer_file(root, entry.layer, man.dims, tally)
+            hd = _check_layer_file(root, entry.layer, man.dims_of(entry.layer), tally)
             if hd is not None:
                 headers[entry.layer] = hd
     return man, headers

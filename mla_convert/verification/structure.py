@@ -20,14 +20,13 @@ from mla_convert.constants import (
     FP8_E4M3,
     INDEX_NAME,
     INT4_PACKED,
-    MISTRAL_INDEX_NAME,
 )
 from mla_convert.errors import SourceError
 from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan
+from mla_convert.source import members
 from mla_convert.source.checkpoint import module_of
-from mla_convert.source.family import FP8_LINEAR, LINEAR, SUPPORTED_ARCHITECTURES, FamilyError, ModelLayout
-from mla_convert.source.mistral import is_mistral_dir
+from mla_convert.source.family import FP8_LINEAR, LINEAR, FamilyError, ModelLayout, supported_architectures
 from mla_convert.source.model_config import ModelConfig, read_model_config
 from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 from mla_convert.verification.expects import (
@@ -67,8 +66,8 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
     lay.model = _check_config(root, fmt, tally)
     if lay.model is not None:
         lay.config, lay.names, lay.index_name = lay.model.text, lay.model.names, lay.model.index_name
-    elif is_mistral_dir(root):
-        lay.index_name = MISTRAL_INDEX_NAME
+    elif (own := members.own_layout_of(root)) is not None:
+        lay.index_name = own.index_file or INDEX_NAME
     _check_index(root, lay, tally)
     if lay.config is None:
         return lay
@@ -117,17 +116,18 @@ def _check_config(root: Path, fmt: str, tally: Tally) -> ModelConfig | None:
     try:
         model = read_model_config(root)
     except SourceError as e:
-        name = CONFIG_NAME if not is_mistral_dir(root) else "params.json"
+        own = members.own_layout_of(root)
+        name = CONFIG_NAME if own is None else own.config_file
         missing = not (root / name).exists()
         found = "missing" if missing else str(e).replace(f"{root / name}: ", "")
         tally.fail(STRUCTURE, "config", name, expected=name if missing else "valid JSON", found=found)
         return None
     if not tally.expect(
-        model.architecture in SUPPORTED_ARCHITECTURES,
+        model.architecture in supported_architectures(),
         STRUCTURE,
         "config",
         model.file,
-        expected=f"architectures containing one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+        expected=f"architectures containing one of {', '.join(supported_architectures())}",
         found=repr(model.raw.get("architectures")),
     ):
         return None
