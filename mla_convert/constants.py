@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mla_runtime.format import CONFIG_NAME, CONVERT_MANIFEST_NAME, MLA_DIR_NAME
 from mla_runtime.format import MANIFEST_NAME as MLA_MANIFEST_NAME
-from mla_runtime.format import MISTRAL_CONFIG_NAME as _PARAMS_JSON_NAME
+from mla_runtime.model_configs import PARAMS_CONFIG_NAME as _PARAMS_JSON_NAME
 
 TOOL_NAME = "mla-convert"  # the producer named in both manifests
 

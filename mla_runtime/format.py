@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .model_configs import PARAMS_CONFIG_NAME, mla_fields
+from .model_configs import mla_fields
 
 FORMAT_NAME = "mla-precomputed"
 FORMAT_VERSION = 1
@@ -22,7 +22,6 @@ ARTIFACT_ST_DTYPE = "BF16"  # the same, as the layer files' safetensors headers 
 
 # Files of the converted model directory that the runtime reads too.
 CONFIG_NAME = "config.json"
-MISTRAL_CONFIG_NAME = PARAMS_CONFIG_NAME  # the name importers know it by
 CONVERT_MANIFEST_NAME = "mla-convert-manifest.json"  # mla-convert's record of the whole conversion
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight$")

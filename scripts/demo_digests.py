@@ -4,7 +4,7 @@ that a change that must not change output bytes can be checked against the commi
 
     python scripts/demo_digests.py > after.txt
     git stash; python scripts/demo_digests.py > before.txt; git stash pop
-    diff before.txt after.txt
+    diff <(sort before.txt) <(sort after.txt)
 
 One line a file: member, format, path inside the converted directory, sha256. The source
 checkpoint the demo writes is listed too (under `source/`). Runs the CLI of the checkout it stands
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,12 +44,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", help="only these members (repeatable)")
     parser.add_argument("--format", action="append", choices=FORMATS, help="only these formats (repeatable)")
+    parser.add_argument(
+        "--workdir",
+        default=os.path.join(tempfile.gettempdir(), "demo-digests"),
+        help="where each demo is written (a fixed path: outputs record their source's path)",
+    )
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for member in args.family or members():
         for fmt in args.format or FORMATS:
+            # One fixed path: the card and the conversion manifest record the source's path.
             with tempfile.TemporaryDirectory(prefix="demo-digests-") as tmp:
-                out = Path(tmp) / "demo"
+                out = Path(args.workdir) / "demo"
+                shutil.rmtree(out, ignore_errors=True)
                 cmd = [sys.executable, "-m", "mla_convert", "demo", "--quiet", "--family", member, "--format", fmt]
                 subprocess.run([*cmd, "--out", str(out)], check=True, env=env, cwd=tmp)
                 for rel, digest in digests(out):
