@@ -12,9 +12,9 @@ from mla_convert.conversion.pipeline import convert
 from mla_convert.demo.synthetic import quantize_block_fp8
 from mla_convert.errors import ConvertError
 from mla_convert.kernels import native, native_build
-from mla_convert.kernels import select as kernels_mod
+from mla_convert.kernels import fastest as kernels_mod
 from mla_convert.kernels.bits import same_values
-from mla_convert.kernels.select import eager_kernels, resolve_mode, select_kernels
+from mla_convert.kernels.fastest import eager_kernels, resolve_mode, select_kernels
 from mla_convert.process import threads
 from mla_convert.settings import Options
 from mla_convert.verification import readers as readers_mod
@@ -45,10 +45,10 @@ def fresh_native(monkeypatch, tmp_path):
     """No built library in memory or in a private cache, and no cached kernel choice."""
     monkeypatch.setenv("MLA_CONVERT_CACHE", str(tmp_path / "native-cache"))
     native.reset()
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
     yield tmp_path / "native-cache"
     native.reset()  # the next test loads the library of the default cache again
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
 
 
 @pytest.mark.slow

@@ -5,15 +5,15 @@ that. The C kernels decode and encode e4m3fn with integer arithmetic, find each 
 the fp8 bytes, and on CPUs with AVX-512 VBMI turn each (row, block) into a table of 128 codes and a
 byte lookup. The library is compiled for this CPU (-march=native) into a cache keyed by source,
 compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
-Anything that fails here raises NativeUnavailable; kernels.select then falls back with the reason.
+Anything that fails here raises NativeUnavailable; kernels.fastest then falls back with the reason.
 
 No torch at import: the conversion's hot path calls the kernels on raw addresses (`channel_fp8`,
 `bf16_rows`, ...), so a run whose kernel verdict is cached (kernels.verdict) never imports it. The
 functions that take and return torch tensors (`to_channel_fp8`, `decode`, ...: the probes, verify)
 import it when called, and run the same C entry points.
 
-The built library and the thread pool the kernels run on are kept for the process:
-`release_threads()` ends the pool (a conversion does at its end), `reset()` forgets both.
+The built library and the thread pool the kernels run on belong to the run (process.resources:
+closed when it ends): `release_threads()` ends the pool, `reset()` forgets both.
 """
 
 from __future__ import annotations
@@ -21,71 +21,96 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import itertools
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from mla_convert.kernels.native_build import NativeUnavailable, build
-from mla_convert.process import interrupts, threads
+from mla_convert.process import interrupts, resources, threads
 
 if TYPE_CHECKING:
     import torch
 
-_LIB: ctypes.CDLL | None = None
-_LIB_PATH: Path | None = None
+_LIBRARY, _THREADS = "kernels.native.library", "kernels.native.threads"  # the run's slots (process.resources)
+
+
+class _Loaded(NamedTuple):
+    lib: ctypes.CDLL
+    path: Path
+
+
+def _load() -> _Loaded:
+    path = build()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
+    i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
+    lib.mla_channel_fp8.argtypes = [ptr, ptr, i64, i64, i64, f32, u32, ptr, ptr, i64, i64, i64]
+    lib.mla_bf16_channel.argtypes = [ptr, i64, f32, u32, ptr, ptr, i64, i64, i64]
+    lib.mla_bf16.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64]
+    lib.mla_split.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64]
+    lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+    lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
+    lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
+    lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
+    lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
+    lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
+    lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
+    lib.mla_scale_over_limit.restype = i64
+    lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
+    lib.mla_artifact_bound.restype = i64
+    lib.mla_normal_fill.argtypes, lib.mla_normal_fill.restype = [ptr, ptr, i64], None
+    lib.mla_functional_error.argtypes = [ptr, ptr, ptr, *[i64] * 7, ptr, ptr, ptr, ptr]
+    lib.mla_functional_error.restype = ctypes.c_double
+    for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
+        f = getattr(lib, f"mla_count_matching{bits}")
+        f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
+    for f in (lib.mla_channel_fp8, lib.mla_bf16_channel, lib.mla_bf16, lib.mla_split, lib.mla_dequant_rows,
+              lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
+        f.restype = None
+    return _Loaded(lib, path)
 
 
 def library() -> ctypes.CDLL:
-    global _LIB, _LIB_PATH
-    if _LIB is None:
-        path = build()
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
-        i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-        lib.mla_channel_fp8.argtypes = [ptr, ptr, i64, i64, i64, f32, u32, ptr, ptr, i64, i64, i64]
-        lib.mla_bf16_channel.argtypes = [ptr, i64, f32, u32, ptr, ptr, i64, i64, i64]
-        lib.mla_bf16.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64]
-        lib.mla_split.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64]
-        lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
-        lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
-        lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
-        lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
-        lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
-        lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
-        lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
-        lib.mla_scale_over_limit.restype = i64
-        lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
-        lib.mla_artifact_bound.restype = i64
-        lib.mla_normal_fill.argtypes, lib.mla_normal_fill.restype = [ptr, ptr, i64], None
-        lib.mla_functional_error.argtypes = [ptr, ptr, ptr, *[i64] * 7, ptr, ptr, ptr, ptr]
-        lib.mla_functional_error.restype = ctypes.c_double
-        for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
-            f = getattr(lib, f"mla_count_matching{bits}")
-            f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
-        for f in (lib.mla_channel_fp8, lib.mla_bf16_channel, lib.mla_bf16, lib.mla_split, lib.mla_dequant_rows,
-                  lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
-            f.restype = None
-        _LIB, _LIB_PATH = lib, path
-    return _LIB
+    """The built library, loaded once per run (process.resources)."""
+    return resources.current().slot(_LIBRARY, _load).lib
 
 
 def is_loaded() -> bool:
-    """Whether this process has loaded the library (without building or loading it)."""
-    return _LIB is not None
+    """Whether this run has loaded the library (without building or loading it)."""
+    return resources.current().get(_LIBRARY) is not None
 
 
 def library_path() -> Path:
     """The file of the loaded library (loading it first)."""
-    library()
-    assert _LIB_PATH is not None
-    return _LIB_PATH
+    return resources.current().slot(_LIBRARY, _load).path
 
 
 # ---- threads -------------------------------------------------------------------------------------
 
-_POOL: cf.ThreadPoolExecutor | None = None
 MIN_ROWS_PER_THREAD = 64
+
+
+class _Threads:
+    """The kernels' thread pool, grown to the most threads a call has asked for. A pool replaced
+    by a larger one is not shut down here: another thread may still be submitting to it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pool: cf.ThreadPoolExecutor | None = None
+
+    def at_least(self, count: int) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self.pool is None or self.pool._max_workers < count:
+                self.pool = cf.ThreadPoolExecutor(count, thread_name_prefix="mla-kernel")
+            return self.pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
@@ -97,16 +122,14 @@ def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> Non
     does not stop the wait for the others, and a Ctrl-C is held back until they are all done
     (interrupts.deferred), then raised.
     """
-    global _POOL
     count = max(1, min(threads.count(), n // min_per_thread))
     if count == 1:
         fn(0, n)
         return
-    if _POOL is None or _POOL._max_workers < count:
-        _POOL = cf.ThreadPoolExecutor(count, thread_name_prefix="mla-kernel")
+    pool = resources.current().slot(_THREADS, _Threads, _Threads.close).at_least(count)
     bounds = [n * i // count for i in range(count + 1)]
     with interrupts.deferred():
-        futures = [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
+        futures = [pool.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
         cf.wait(futures)
     for f in futures:
         f.result()
@@ -114,18 +137,14 @@ def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> Non
 
 def release_threads() -> None:
     """Shut the kernels' thread pool down (the next kernel call starts another)."""
-    global _POOL
-    pool, _POOL = _POOL, None
-    if pool is not None:
-        pool.shutdown(wait=True)
+    resources.current().release(_THREADS)
 
 
 def reset() -> None:
     """release_threads(), and forget the loaded library (the next call loads it again from the
     build cache)."""
-    global _LIB, _LIB_PATH
     release_threads()
-    _LIB = _LIB_PATH = None
+    resources.current().release(_LIBRARY)
 
 
 # ---- the conversion kernels on raw addresses (the hot path) ---------------------------------------
@@ -151,7 +170,7 @@ def _zero_sign(signed_zero: bool) -> int:
 def channel_fp8(w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int, fmt) -> None:
     """numerics.block_to_channel_fp8 for rows [r0, r1) of an e4m3fn weight of k columns: codes to
     `q` (k bytes a row), float32 channel scales to `scale`. `fmt`: its `block`, `fp8_max` and
-    `signed_zero` (an Fp8Format, or kernels.choice.NativeRows)."""
+    `signed_zero` (an Fp8Format, or kernels.transforms.Params)."""
     zero_sign = _zero_sign(fmt.signed_zero)
     library().mla_channel_fp8(w, s, k, *fmt.block, fmt.fp8_max, zero_sign, q, scale, r0, r1, threads.count())
 
