@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mla_convert.conversion.pipeline import convert
-from mla_convert.kernels import numerics, probes
 from mla_convert.kernels import fastest as kernels
+from mla_convert.kernels import numerics, probes
 from mla_convert.kernels.fastest import DEVICE_KERNEL_FACTORIES, select_kernels
 from mla_convert.settings import Options
 from mla_convert.verification import verify

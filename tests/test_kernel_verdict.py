@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from mla_convert.kernels import modes, native, verdict
 from mla_convert.kernels import fastest as kernels_mod
+from mla_convert.kernels import modes, native, verdict
 from mla_convert.kernels.fastest import select_kernels
 
 BLOCK, OPS = (128, 128), ("fp8",)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mla_convert.conversion.pipeline import convert
 from mla_convert.demo.synthetic import quantize_block_fp8
 from mla_convert.errors import ConvertError
-from mla_convert.kernels import native, native_build
 from mla_convert.kernels import fastest as kernels_mod
+from mla_convert.kernels import native, native_build
 from mla_convert.kernels.bits import same_values
 from mla_convert.kernels.fastest import eager_kernels, resolve_mode, select_kernels
 from mla_convert.process import threads

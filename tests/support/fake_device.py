@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from mla_convert.kernels import numerics
 from mla_convert.kernels import fastest as kernels
+from mla_convert.kernels import numerics
 
 _DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide}
 

@@ -32,5 +32,6 @@ TRANSFORM = Transform(
     probes=probes,
     native=lambda p: lambda w, s: native.dequantize(w, s, p.block),
     native_dtypes=("F8_E4M3",),
-    verify="exact",
+    verify="mla",
+    bound="mla_artifacts",
 )

@@ -36,4 +36,5 @@ TRANSFORM = Transform(
     split="mla",
     exact_op="dequant",
     verify="bf16",
+    bound="bf16",
 )

@@ -38,4 +38,5 @@ TRANSFORM = Transform(
     split="mla",
     exact_op="dequant",
     verify="channel_fp8",
+    bound="channel_fp8",
 )

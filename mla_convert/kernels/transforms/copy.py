@@ -19,5 +19,6 @@ TRANSFORM = Transform(
     eager=eager,
     native_dtypes=(BF16_DTYPE,),  # a bf16 kv_b_proj: split by the C kernels (mla_split)
     split="mla16",
-    verify="copied",
+    verify="copy",
+    bound="copied",
 )

@@ -42,4 +42,5 @@ TRANSFORM = Transform(
     compiles=True,
     split="mla16",
     verify="channel_fp8",
+    bound="channel_fp8",
 )

@@ -12,4 +12,4 @@ def eager(p: Params):
     return lambda shape: shape
 
 
-TRANSFORM = Transform(op=OP, reads=("shape",), writes=SOURCE_DTYPE, eager=eager, verify="copied")
+TRANSFORM = Transform(op=OP, reads=("shape",), writes=SOURCE_DTYPE, eager=eager, verify="copy", bound="copied")

@@ -34,5 +34,6 @@ TRANSFORM = Transform(
     eager=eager,
     exact=exact,
     from_exact=from_exact,
-    verify="bf16",
+    verify="int4_bf16",
+    bound="bf16",
 )

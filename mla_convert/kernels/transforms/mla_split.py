@@ -76,7 +76,8 @@ TRANSFORM = Transform(
     native=lambda p: lambda w, s, dims: native.split_kv_b_proj(w, s, p.block, dims),
     rows=rows,
     native_dtypes=("F8_E4M3",),
-    verify="mla_artifacts",
+    verify="mla",
+    bound="mla_artifacts",
 )
 TRANSFORM16 = Transform(
     op=OP16,
@@ -88,5 +89,6 @@ TRANSFORM16 = Transform(
     native=lambda p: lambda w, dims: native.split_kv_b_proj(w, None, None, dims),
     rows=rows16,
     native_dtypes=(BF16_DTYPE,),
-    verify="mla_artifacts",
+    verify="mla",
+    bound="mla_artifacts",
 )

@@ -51,7 +51,11 @@ class Transform:
     # Where the output is made from the exact value (computed once, the split taking it too):
     exact: Callable[[Params], Callable] | None = None
     from_exact: Callable | None = None
-    verify: str = "copied"  # the check verify applies to its output (verification.bounds.TOLERANCES)
+    # What verify applies to its output: the comparison with the source
+    # (verification.against_source.SourceComparisons' method of that name) and the bound it holds
+    # it to (verification.bounds.TOLERANCES).
+    verify: str = "copy"
+    bound: str = "copied"
 
     def takes_natively(self, dtype: str, rank: int) -> bool:
         """Whether the C entry takes a 2-D source of this dtype (the rows kernel exists)."""
