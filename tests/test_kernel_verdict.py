@@ -12,6 +12,7 @@ import torch
 from mla_convert.kernels import fastest as kernels_mod
 from mla_convert.kernels import modes, native, verdict
 from mla_convert.kernels.fastest import select_kernels
+from mla_convert.kernels.transforms import block_fp8_to_channel_fp8
 
 BLOCK, OPS = (128, 128), ("fp8",)
 TORCH_IMPORTED = re.compile(r"\|\s+torch$", re.MULTILINE)  # PYTHONPROFILEIMPORTTIME's line for torch
@@ -50,14 +51,14 @@ def test_a_passed_check_is_remembered_for_its_parameters_and_a_failed_one_forgot
     assert modes.cached_native(BLOCK, 448.0, False, OPS) is None
     assert modes.cached_native(BLOCK, 448.0, True, ("fp8", "quant")) is None
 
-    real = native.to_channel_fp8
+    real = block_fp8_to_channel_fp8.to_channel_fp8
 
     def off_by_one_bit(w, s, block, fp8_max, *signed_zero):
         q, sc = real(w, s, block, fp8_max, *signed_zero)
         q.view(torch.uint8)[0, 0] ^= 1
         return q, sc
 
-    monkeypatch.setattr(native, "to_channel_fp8", off_by_one_bit)
+    monkeypatch.setattr(block_fp8_to_channel_fp8, "to_channel_fp8", off_by_one_bit)
     kernels_mod.forget()
     k = select_kernels(BLOCK, 448.0, "cpu", ("native", "eager"), OPS)
     assert k.name == "eager" and "differed from eager" in k.reason

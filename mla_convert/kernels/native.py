@@ -7,10 +7,11 @@ byte lookup. The library is compiled for this CPU (-march=native) into a cache k
 compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
 Anything that fails here raises NativeUnavailable; kernels.fastest then falls back with the reason.
 
-No torch at import: the conversion's hot path calls the kernels on raw addresses (`channel_fp8`,
-`bf16_rows`, ...), so a run whose kernel verdict is cached (kernels.verdict) never imports it. The
-functions that take and return torch tensors (`to_channel_fp8`, `decode`, ...: the probes, verify)
-import it when called, and run the same C entry points.
+No torch at import: the conversion's hot path calls the kernels on raw addresses (each transform's
+C entry, an `Entry` declared in its module in kernels.transforms), so a run whose kernel verdict is
+cached (kernels.verdict) never imports it. The functions that take and return torch tensors (the
+transforms' tensor entries, `decode`, ...: the probes, verify) import it when called, and run the
+same C entry points. The entries verify's own checks call are declared here.
 
 The built library and the thread pool the kernels run on belong to the run (process.resources:
 closed when it ends): `release_threads()` ends the pool, `reset()` forgets both.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 _LIBRARY, _THREADS = "kernels.native.library", "kernels.native.threads"  # the run's slots (process.resources)
+I64, U32, F32, PTR = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
 
 
 class _Loaded(NamedTuple):
@@ -45,11 +47,7 @@ def _load() -> _Loaded:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
-    i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-    lib.mla_channel_fp8.argtypes = [ptr, ptr, i64, i64, i64, f32, u32, ptr, ptr, i64, i64, i64]
-    lib.mla_bf16_channel.argtypes = [ptr, i64, f32, u32, ptr, ptr, i64, i64, i64]
-    lib.mla_bf16.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64]
-    lib.mla_split.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64]
+    i64, f32, ptr = I64, F32, PTR
     lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
     lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
     lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
@@ -66,8 +64,7 @@ def _load() -> _Loaded:
     for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
         f = getattr(lib, f"mla_count_matching{bits}")
         f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
-    for f in (lib.mla_channel_fp8, lib.mla_bf16_channel, lib.mla_bf16, lib.mla_split, lib.mla_dequant_rows,
-              lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
+    for f in (lib.mla_dequant_rows, lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):
         f.restype = None
     return _Loaded(lib, path)
 
@@ -147,61 +144,30 @@ def reset() -> None:
     resources.current().release(_LIBRARY)
 
 
-# ---- the conversion kernels on raw addresses (the hot path) ---------------------------------------
-# Row kernels: the weight and the outputs are C-contiguous and point at row r0 (a chunk of rows read
-# into a buffer, written into a staging buffer); block scales are the whole float32 grid. Each call
-# splits its rows over this process's threads in C and returns when they are all done.
+class Entry:
+    """One C entry point of the library, its ctypes signature declared by the transform module
+    that calls it (kernels.transforms); the entries verify's checks share are declared in _load."""
+
+    def __init__(self, name: str, argtypes: list, restype=None) -> None:
+        self.name, self.argtypes, self.restype = name, argtypes, restype
+
+    def __call__(self, *args):
+        f = getattr(library(), self.name)  # ctypes keeps one function object per name and library
+        if f.argtypes is None:
+            f.argtypes, f.restype = self.argtypes, self.restype
+        return f(*args)
 
 
-class Fp8Format(NamedTuple):
-    """What the FP8 kernels need to know of the source and the output: the source's scale block,
-    the output's FP8 range and whether a zero code keeps its sign."""
-
-    block: tuple[int, int]
-    fp8_max: float
-    signed_zero: bool
-
-
-def _zero_sign(signed_zero: bool) -> int:
+def zero_sign(signed_zero: bool) -> int:
     """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
     return 0x80 if signed_zero else 0
 
 
-def channel_fp8(w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int, fmt) -> None:
-    """numerics.block_to_channel_fp8 for rows [r0, r1) of an e4m3fn weight of k columns: codes to
-    `q` (k bytes a row), float32 channel scales to `scale`. `fmt`: its `block`, `fp8_max` and
-    `signed_zero` (an Fp8Format, or kernels.transforms.Params)."""
-    zero_sign = _zero_sign(fmt.signed_zero)
-    library().mla_channel_fp8(w, s, k, *fmt.block, fmt.fp8_max, zero_sign, q, scale, r0, r1, threads.count())
+# ---- on torch tensors (the probes, verify) --------------------------------------------------------
 
 
-def bf16_channel_fp8(w: int, k: int, fp8_max: float, signed_zero: bool, q: int, scale: int, r0: int, r1: int) -> None:
-    """numerics.float_to_channel_fp8 for rows [r0, r1) of a bf16 weight of k columns."""
-    library().mla_bf16_channel(w, k, fp8_max, _zero_sign(signed_zero), q, scale, r0, r1, threads.count())
-
-
-def bf16_rows(w: int, s: int, k: int, block, out: int, r0: int, r1: int) -> None:
-    """numerics.to_bf16(numerics.dequantize_block_fp8(...)) for rows [r0, r1): 2k bytes a row to `out`."""
-    library().mla_bf16(w, s, k, *block, out, r0, r1, threads.count())
-
-
-def split_fp8(w: int, s: int, block, dims, uk_t: int, uv: int) -> None:
-    """mla_runtime.layout.split_kv_b_proj(dequant of a block-FP8 kv_b_proj at `w`, `s`) in bf16,
-    into W_UK_T at `uk_t` and W_UV at `uv`."""
-    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    library().mla_split(w, s, l, *block, p, v, uk_t, uv, dims.num_heads, threads.count())
-
-
-def split_bf16(w: int, dims, uk_t: int, uv: int) -> None:
-    """mla_runtime.layout.split_kv_b_proj of a bf16 kv_b_proj at `w`: only values move."""
-    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    library().mla_split(w, None, l, 1, 1, p, v, uk_t, uv, dims.num_heads, threads.count())
-
-
-# ---- the same kernels on torch tensors (the probes, verify) ---------------------------------------
-
-
-def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+def check_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+    """(rows, cols) of a 2-D e4m3fn CPU weight whose float32 scale grid fits `block`; ValueError otherwise."""
     import torch
 
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.device.type != "cpu":
@@ -213,93 +179,6 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     if tuple(scale_inv.shape) != grid or scale_inv.dtype != torch.float32:
         raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not fit weight {(n, k)} with block {block}")
     return n, k
-
-
-def to_channel_fp8(
-    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    import torch
-
-    library()
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    scale = torch.empty(n, 1, dtype=torch.float32)
-    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    if n and k:
-        fmt = Fp8Format(block, fp8_max, signed_zero)
-        channel_fp8(w.data_ptr(), s.data_ptr(), k, q.data_ptr(), scale.data_ptr(), 0, n, fmt)
-    return q, scale
-
-
-def bf16_to_channel_fp8(
-    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    import torch
-
-    library()
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
-        raise ValueError(
-            f"bf16_to_channel_fp8 takes a 2-D bfloat16 CPU weight, got {weight.dtype} {tuple(weight.shape)}"
-        )
-    n, k = weight.shape
-    w = weight.contiguous()
-    scale = torch.empty(n, 1, dtype=torch.float32)
-    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    if n and k:
-        bf16_channel_fp8(w.data_ptr(), k, fp8_max, signed_zero, q.data_ptr(), scale.data_ptr(), 0, n)
-    return q, scale
-
-
-def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
-    """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
-    import torch
-
-    library()
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.bfloat16)
-    if n and k:
-        bf16_rows(w.data_ptr(), s.data_ptr(), k, block, out.data_ptr(), 0, n)
-    return out
-
-
-def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
-    """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
-    import torch
-
-    fn = library().mla_dequant_rows
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.float32)
-    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
-    if n and k:
-        _rows_parallel(lambda a, b: fn(wp, sp, k, block[0], block[1], op, a, b), n)
-    return out
-
-
-def split_kv_b_proj(weight, scale_inv, block: tuple[int, int] | None, dims) -> tuple[torch.Tensor, torch.Tensor]:
-    """mla_runtime.layout.split_kv_b_proj of a block-FP8 kv_b_proj's dequant (`scale_inv` given)
-    or of a bf16 one (`scale_inv` None), in bf16: (W_UK_T [N, P, L], W_UV [N, L, V])."""
-    import torch
-
-    library()
-    n, p, v, l = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    if tuple(weight.shape) != (n * (p + v), l):
-        raise ValueError(f"kv_b_proj weight has shape {tuple(weight.shape)}, expected {(n * (p + v), l)}")
-    uk_t = torch.empty(n, p, l, dtype=torch.bfloat16)
-    uv = torch.empty(n, l, v, dtype=torch.bfloat16)
-    w = weight.contiguous()
-    if scale_inv is None:
-        if w.dtype != torch.bfloat16:
-            raise ValueError(f"split_kv_b_proj takes a bfloat16 or float8_e4m3fn kv_b_proj, got {w.dtype}")
-        split_bf16(w.data_ptr(), dims, uk_t.data_ptr(), uv.data_ptr())
-    else:
-        _check(w, scale_inv, block)
-        s = scale_inv.contiguous()
-        split_fp8(w.data_ptr(), s.data_ptr(), block, dims, uk_t.data_ptr(), uv.data_ptr())
-    return uk_t, uv
 
 
 def decode(t: torch.Tensor) -> torch.Tensor:
@@ -390,7 +269,7 @@ def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: flo
     import torch
 
     lib = library()
-    n, k = _check(weight, scale_inv, block)
+    n, k = check_block_fp8(weight, scale_inv, block)
     if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (n, k) or scale.numel() != n:
         raise ValueError(f"fp8_bound_rows: q {tuple(q.shape)} / scale {tuple(scale.shape)} do not match {(n, k)}")
     q, sc = q.contiguous(), scale.reshape(n).to(torch.float32).contiguous()

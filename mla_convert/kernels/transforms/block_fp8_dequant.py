@@ -18,6 +18,20 @@ def eager(p: Params):
     return lambda w, s: numerics.dequantize_block_fp8(w, s, p.block)
 
 
+def dequantize(weight, scale_inv, block: tuple[int, int]):
+    """The C entry on CPU tensors: the exact fp32 dequant (native.dequant_rows_at, which verify
+    shares)."""
+    import torch
+
+    native.library()
+    n, k = native.check_block_fp8(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    out = torch.empty(n, k, dtype=torch.float32)
+    if n and k:
+        native.dequant_rows_at(w.data_ptr(), s.data_ptr(), k, block, out.data_ptr(), n)
+    return out
+
+
 def probes(p: Params) -> list[tuple]:
     from mla_convert.kernels import probes
 
@@ -30,7 +44,7 @@ TRANSFORM = Transform(
     writes=F32_DTYPE,
     eager=eager,
     probes=probes,
-    native=lambda p: lambda w, s: native.dequantize(w, s, p.block),
+    native=lambda p: lambda w, s: dequantize(w, s, p.block),
     native_dtypes=("F8_E4M3",),
     verify="mla",
     bound="mla_artifacts",

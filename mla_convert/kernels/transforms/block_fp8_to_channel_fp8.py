@@ -4,11 +4,20 @@ compressed-tensors FP8_BLOCK's bfloat16 ones, are widened to float32 exactly fir
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mla_convert.kernels import native
+from mla_convert.kernels.native import F32, I64, PTR, U32
 from mla_convert.kernels.transforms import block_fp8_dequant
 from mla_convert.kernels.transforms.transform import FP8_DTYPE, Params, Transform
+from mla_convert.process import threads
+
+if TYPE_CHECKING:
+    import torch
 
 OP = "fp8"
+# (w, s, k, bn, bk, fp8_max, zero_sign, q, scale, r0, r1, threads): fp8_kernels.c
+_C = native.Entry("mla_channel_fp8", [PTR, PTR, I64, I64, I64, F32, U32, PTR, PTR, I64, I64, I64])
 
 
 def eager(p: Params):
@@ -18,10 +27,31 @@ def eager(p: Params):
 
 
 def rows(p: Params):
+    """Rows [r0, r1) of an e4m3fn weight of k columns at `w` (float32 block scales at `s`): codes
+    to `q` (k bytes a row), float32 channel scales to `scale`."""
+    zero_sign = native.zero_sign(p.signed_zero)
+
     def kernel(w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int) -> None:
-        native.channel_fp8(w, s, k, q, scale, r0, r1, p)
+        _C(w, s, k, *p.block, p.fp8_max, zero_sign, q, scale, r0, r1, threads.count())
 
     return kernel
+
+
+def to_channel_fp8(
+    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C entry on CPU tensors: (e4m3fn [N, K], fp32 scale [N, 1])."""
+    import torch
+
+    native.library()
+    n, k = native.check_block_fp8(weight, scale_inv, block)
+    w, s = weight.contiguous(), scale_inv.contiguous()
+    scale = torch.empty(n, 1, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    if n and k:
+        rows(Params(tuple(block), fp8_max, signed_zero))(w.data_ptr(), s.data_ptr(), k, q.data_ptr(),
+                                                          scale.data_ptr(), 0, n)  # fmt: skip
+    return q, scale
 
 
 TRANSFORM = Transform(
@@ -31,7 +61,7 @@ TRANSFORM = Transform(
     eager=eager,
     outputs=("weights", "scales"),
     probes=block_fp8_dequant.probes,
-    native=lambda p: lambda w, s: native.to_channel_fp8(w, s, p.block, p.fp8_max, p.signed_zero),
+    native=lambda p: lambda w, s: to_channel_fp8(w, s, p.block, p.fp8_max, p.signed_zero),
     rows=rows,
     native_dtypes=("F8_E4M3",),
     compiles=True,
