@@ -31,7 +31,7 @@ from mla_convert.io.read_ahead import will_need
 from mla_convert.io.reads import read_exact
 from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.kernels.modes import BLOCK_DEFAULT
-from mla_convert.kernels.transforms import PLAN_TRANSFORMS, SPLITS, Params, Transform
+from mla_convert.kernels.transforms import PLAN_TRANSFORMS, SPLITS, Params, Transform, mla_split
 from mla_convert.kernels.transforms.transform import F32_DTYPE, FP8_DTYPE, SOURCE_DTYPE
 from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
@@ -58,7 +58,7 @@ class SourceTensor:
 
 @dataclass(frozen=True)
 class Int4Job:
-    """An INT4 weight's partners and dims, for its INT4_TO_BF16 and INT4_SHAPE tensors."""
+    """A pack-quantized INT4 weight's partners and dims, for the transforms that read them."""
 
     packed: str
     scale: str
@@ -436,10 +436,7 @@ class _ShardJob:
         own file, committed with the shard's."""
         if layer is None:
             return
-        torch = import_torch()
-        from mla_runtime.layout import split_kv_b_proj
-
-        w_uk_t, w_uv = split_kv_b_proj(kv_b_exact, self.spec.dims_of(layer), torch.bfloat16)
+        w_uk_t, w_uv = mla_split.split_exact(kv_b_exact, self.spec.dims_of(layer))
         self._write_artifacts(layer, lambda w: (w.write(w_uk_t_name(layer), w_uk_t), w.write(w_uv_name(layer), w_uv)))
 
     def _write_artifacts(self, layer: int, write: Callable[[ShardWriter], object]) -> None:

@@ -35,7 +35,7 @@ from mla_convert.kernels.modes import (  # noqa: F401 (AUTO_COMPILE_MIN_BYTES, r
     native_ops,
     resolve_mode,
 )
-from mla_convert.kernels.transforms import BLOCK_OPS, KERNEL_TRANSFORMS, SPLITS, Params, mla_split
+from mla_convert.kernels.transforms import BLOCK_OPS, KERNEL_TRANSFORMS, SPLITS, Params, block_fp8_dequant, mla_split
 from mla_convert.process import resources
 
 # ---- the conversion's kernel sets ----------------------------------------------------------------
@@ -177,7 +177,7 @@ def _select(p: Params, device, chain, ops, factory) -> Kernels:
 def _on_device(device, p: Params, ops, factory) -> Kernels:
     """Eager definitions on `device`, checked against CPU eager on every op the run uses
     (block-FP8 sources: the dequant feeding the MLA artifacts, and their split, too)."""
-    checked = (*ops, "dequant", "mla") if set(ops) & set(BLOCK_OPS) else ops
+    checked = (*ops, block_fp8_dequant.OP, mla_split.OP) if set(ops) & set(BLOCK_OPS) else ops
     try:
         funcs = factory(device, p.block, p.fp8_max, p.signed_zero)
         n = _check_against_eager(device, funcs, p, checked)
@@ -203,8 +203,8 @@ def _check_against_eager(name: str, funcs: dict, p: Params, ops) -> int:
     """Raises Differed naming each op whose results on its probes differ from CPU eager, with how
     many elements of how many differed; returns how many output elements were checked."""
     eager = {op: KERNEL_TRANSFORMS[op].eager(p) for op in ops}
-    if "mla" in ops and "mla" not in funcs:  # the artifacts of a set without a split of its own
-        funcs = {"mla": mla_split.split_of(funcs["dequant"]), **funcs}
+    if mla_split.OP in ops and mla_split.OP not in funcs:  # the artifacts of a set without a split of its own
+        funcs = {mla_split.OP: mla_split.split_of(funcs[block_fp8_dequant.OP]), **funcs}
     checked, differed = 0, []
     for op in ops:
         t = KERNEL_TRANSFORMS[op]

@@ -21,18 +21,20 @@ OP, OP16 = "mla", "mla16"
 _C = native.Entry("mla_split", [PTR, PTR, I64, I64, I64, I64, I64, PTR, PTR, I64, I64])
 
 
+def split_exact(x, dims):
+    """The definition: the artifacts, in bf16, of a kv_b_proj's exact value `x` (float32, or the
+    16-bit weight itself)."""
+    import torch
+
+    from mla_runtime.layout import split_kv_b_proj
+
+    return split_kv_b_proj(x, dims, torch.bfloat16)
+
+
 def split_of(dequant: Callable) -> Callable:
     """The split of a block-FP8 kv_b_proj as a kernel set without a split of its own makes it:
-    torch's split of that set's dequant."""
-
-    def split(w, s, dims):
-        import torch
-
-        from mla_runtime.layout import split_kv_b_proj
-
-        return split_kv_b_proj(dequant(w, s), dims, torch.bfloat16)
-
-    return split
+    the split of that set's dequant."""
+    return lambda w, s, dims: split_exact(dequant(w, s), dims)
 
 
 def eager(p: Params):
@@ -42,14 +44,7 @@ def eager(p: Params):
 
 
 def eager16(p: Params):
-    def split(w, dims):
-        import torch
-
-        from mla_runtime.layout import split_kv_b_proj
-
-        return split_kv_b_proj(w, dims, torch.bfloat16)
-
-    return split
+    return split_exact
 
 
 def probes(p: Params) -> list[tuple]:
