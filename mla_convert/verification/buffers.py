@@ -8,6 +8,7 @@ import mmap
 import threading
 from dataclasses import dataclass
 
+from mla_convert.process import resources
 from mla_runtime.safetensors_file import HASH_CHUNK
 
 
@@ -77,14 +78,16 @@ class ReadBuffers:
         return lease
 
 
-_PER_THREAD = threading.local()
+_PER_THREAD = "verification.buffers.per-thread"  # the run's slot (process.resources)
 
 
 def thread_buffers() -> ReadBuffers:
-    """This thread's read buffers, made on first use and kept for the next file."""
-    if not hasattr(_PER_THREAD, "buffers"):
-        _PER_THREAD.buffers = ReadBuffers()
-    return _PER_THREAD.buffers
+    """This thread's read buffers, made on first use and kept for the next file of the run; let go
+    with the run."""
+    per_thread = resources.current().slot(_PER_THREAD, threading.local)
+    if not hasattr(per_thread, "buffers"):
+        per_thread.buffers = ReadBuffers()
+    return per_thread.buffers
 
 
 def _new_buffer(nbytes: int):

@@ -24,6 +24,7 @@ from mla_convert.io.read_ahead import will_need
 from mla_convert.kernels import native
 from mla_convert.kernels.transforms import mla_split
 from mla_convert.plan.ops import COPY_OPS
+from mla_convert.process import resources
 from mla_convert.verification.bounds import (
     ARTIFACT_REL,
     FP8_REL,
@@ -60,14 +61,15 @@ def top_code(fp8_max: float) -> int | None:
 
 
 class _Scratch(threading.local):
-    """This thread's reused memory for the native checks (grown, never shrunk, kept across files)."""
+    """This thread's reused memory for the native checks (grown, never shrunk, kept across the
+    run's files; a slot of the run, so let go with it)."""
 
     def __init__(self) -> None:
         self.source, self.source_scale, self.partner = Buffer(), Buffer(), Buffer()
         self.rows, self.outs, self.split, self.ref, self.inputs = Buffer(), Buffer(), Buffer(), Buffer(), Buffer()
 
 
-SCRATCH = _Scratch()
+_SCRATCH = "verification.native_pass.scratch"  # the run's slot (process.resources)
 
 
 def _addr(view: memoryview) -> int:
@@ -83,7 +85,7 @@ class NativePass:
         self.rope_dim = rope_dim
         self.top = top_code(fp8_max)
         self.files: dict[str, int] = {}
-        self.scratch = SCRATCH
+        self.scratch = resources.current().slot(_SCRATCH, _Scratch)
 
     def close(self) -> None:
         for fd in self.files.values():
