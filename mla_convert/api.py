@@ -143,7 +143,7 @@ def demo(
     **fields,
 ) -> DemoResult:
     """The offline demo, as `mla-convert demo` runs it: the tiny checkpoint of family `member`
-    (source.family.MEMBERS; default the first) written to `out_dir`/source (default: a new
+    (source.family.demo_members(); default the first) written to `out_dir`/source (default: a new
     temporary directory), converted to `out_dir`/converted-FORMAT and verified against it.
     `options` (or its fields by name: `demo(format="bf16")`) say what to convert to; `overwrite`
     replaces an earlier demo in `out_dir`, and only that. Not part of the public API (docs/api.md)."""

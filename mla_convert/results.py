@@ -61,7 +61,7 @@ class ConversionResult:
     kernels: str | None = None
     kernels_reason: str | None = None
     compute_device: str | None = None
-    device_check: str | None = None  # kernels.select: not needed, passed, differed, failed
+    device_check: str | None = None  # kernels.fastest: not needed, passed, differed, failed
     device_reason: str | None = None
     write_io: str | None = None
     write_io_reason: str | None = None

@@ -102,7 +102,7 @@ class Options:
 class RunSettings:
     workers: int = 1  # shard jobs at once; above 1 they run in spawned worker processes
     device: str = "cpu"  # torch device for the arithmetic
-    kernels: str = "auto"  # KERNEL_MODES; resolved per conversion (kernels.select.resolve_mode)
+    kernels: str = "auto"  # KERNEL_MODES; resolved per conversion (kernels.modes.resolve_mode)
     write_io: str = WRITE_AUTO  # WRITE_MODES; resolved for the output directory
     revision: str | None = None  # Hub branch, tag or commit of the source
     stream: bool = False  # Hub source: download each shard just in time, delete it once converted

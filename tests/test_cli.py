@@ -198,11 +198,11 @@ def test_a_device_that_differs_is_named_in_the_summary_and_warned_about(tiny_src
     """--device whose arithmetic differs from the CPU's (here a fake one dividing by reciprocal
     multiplication): the CPU converts, the kernels row names the CPU, the device row says why, and
     stderr carries one warning line."""
-    from mla_convert.kernels import select
+    from mla_convert.kernels import fastest
     from support import fake_device
 
-    select.CHOICES.clear()
-    monkeypatch.setitem(select.DEVICE_KERNEL_FACTORIES, "meta", fake_device.reciprocal_division)
+    fastest.forget()
+    monkeypatch.setitem(fastest.DEVICE_KERNEL_FACTORIES, "meta", fake_device.reciprocal_division)
     r = run("convert", tiny_src, "--out", tmp_path / "out", "--device", "meta")
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -1,7 +1,7 @@
 """--device: the device is checked bit-identical to eager on the CPU before it converts anything, in
 every process, and falls back to the CPU kernels on any difference (issue 16). There is no device
 here: tests/support/fake_device.py supplies device kernel sets through the documented hook
-kernels.select.DEVICE_KERNEL_FACTORIES (a conversion hands the factory to its worker processes),
+kernels.fastest.DEVICE_KERNEL_FACTORIES (a conversion hands the factory to its worker processes),
 and the device name is "meta" (torch accepts it; eager numerics cannot run on it)."""
 
 import itertools
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mla_convert.conversion.pipeline import convert
+from mla_convert.kernels import fastest as kernels
 from mla_convert.kernels import numerics, probes
-from mla_convert.kernels import select as kernels
-from mla_convert.kernels.select import DEVICE_KERNEL_FACTORIES, select_kernels
+from mla_convert.kernels.fastest import DEVICE_KERNEL_FACTORIES, select_kernels
 from mla_convert.settings import Options
 from mla_convert.verification import verify
 from support import fake_device
@@ -28,7 +28,7 @@ FALLBACK = "; converting on the CPU instead"
 def device_kernels(monkeypatch):
     """device_kernels(NAME): the fake device kernel set support.fake_device.NAME, in this process
     and in the worker processes it starts, with no kernel choice cached."""
-    kernels.CHOICES.clear()
+    kernels.forget()
 
     def use(name: str) -> None:
         monkeypatch.setitem(DEVICE_KERNEL_FACTORIES, "meta", getattr(fake_device, name))
@@ -112,7 +112,7 @@ def test_probe_would_have_caught_issue_16_and_passes_its_fix(device_kernels, mon
         return torch.where(scale > 0, scale, torch.ones_like(scale))
 
     monkeypatch.setattr(numerics, "channel_scales", channel_scales_before_the_fix)
-    kernels.CHOICES.clear()
+    kernels.forget()
     k = select_kernels((128, 128), 448.0, "meta", "eager", ("fp8", "quant"))
     assert k.device_check == "differed" and k.device == "cpu"
     differed = _differed(k.device_reason)
@@ -136,7 +136,7 @@ def test_probe_catches_minus_zero_flushed_subnormals_and_truncation(device_kerne
 
 def test_a_device_that_cannot_run_the_numerics_falls_back(monkeypatch):
     """No device kernel set injected: eager numerics on "meta" cannot produce values."""
-    kernels.CHOICES.clear()
+    kernels.forget()
     monkeypatch.delitem(DEVICE_KERNEL_FACTORIES, "meta", raising=False)
     k = select_kernels((128, 128), 448.0, "meta", "eager", ("fp8",))
     assert (k.device, k.device_check) == ("cpu", "failed")

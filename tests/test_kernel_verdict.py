@@ -9,9 +9,10 @@ import shutil
 import pytest
 import torch
 
-from mla_convert.kernels import choice, native, verdict
-from mla_convert.kernels import select as kernels_mod
-from mla_convert.kernels.select import select_kernels
+from mla_convert.kernels import fastest as kernels_mod
+from mla_convert.kernels import modes, native, verdict
+from mla_convert.kernels.fastest import select_kernels
+from mla_convert.kernels.transforms import block_fp8_to_channel_fp8
 
 BLOCK, OPS = (128, 128), ("fp8",)
 TORCH_IMPORTED = re.compile(r"\|\s+torch$", re.MULTILINE)  # PYTHONPROFILEIMPORTTIME's line for torch
@@ -28,11 +29,11 @@ def cache(monkeypatch, tmp_path):
     monkeypatch.setenv("MLA_CONVERT_CACHE", str(private))
     native.reset()
     verdict.forget()
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
     yield private
     native.reset()  # the next test loads the library of the default cache again
     verdict.forget()
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
 
 
 def _records(cache) -> list:
@@ -40,37 +41,37 @@ def _records(cache) -> list:
 
 
 def test_a_passed_check_is_remembered_for_its_parameters_and_a_failed_one_forgotten(cache, monkeypatch):
-    assert choice.cached_native(BLOCK, 448.0, True, OPS) is None
+    assert modes.cached_native(BLOCK, 448.0, True, OPS) is None
     assert select_kernels(BLOCK, 448.0, "cpu", ("native", "eager"), OPS).name == "native"
-    found = choice.cached_native(BLOCK, 448.0, True, OPS)
+    found = modes.cached_native(BLOCK, 448.0, True, OPS)
     assert found is not None and f"torch {torch.__version__}" in found.reason
     assert len(_records(cache)) == 1
     # another FP8 range, zero rule or set of ops was not checked
-    assert choice.cached_native(BLOCK, 240.0, True, OPS) is None
-    assert choice.cached_native(BLOCK, 448.0, False, OPS) is None
-    assert choice.cached_native(BLOCK, 448.0, True, ("fp8", "quant")) is None
+    assert modes.cached_native(BLOCK, 240.0, True, OPS) is None
+    assert modes.cached_native(BLOCK, 448.0, False, OPS) is None
+    assert modes.cached_native(BLOCK, 448.0, True, ("fp8", "quant")) is None
 
-    real = native.to_channel_fp8
+    real = block_fp8_to_channel_fp8.to_channel_fp8
 
     def off_by_one_bit(w, s, block, fp8_max, *signed_zero):
         q, sc = real(w, s, block, fp8_max, *signed_zero)
         q.view(torch.uint8)[0, 0] ^= 1
         return q, sc
 
-    monkeypatch.setattr(native, "to_channel_fp8", off_by_one_bit)
-    kernels_mod.CHOICES.clear()
+    monkeypatch.setattr(block_fp8_to_channel_fp8, "to_channel_fp8", off_by_one_bit)
+    kernels_mod.forget()
     k = select_kernels(BLOCK, 448.0, "cpu", ("native", "eager"), OPS)
     assert k.name == "eager" and "differed from eager" in k.reason
-    assert choice.cached_native(BLOCK, 448.0, True, OPS) is None and _records(cache) == []
+    assert modes.cached_native(BLOCK, 448.0, True, OPS) is None and _records(cache) == []
 
 
 def test_the_record_is_keyed_by_torchs_version_and_the_librarys_bytes(cache, monkeypatch):
     assert select_kernels(BLOCK, 448.0, "cpu", ("native", "eager"), OPS).name == "native"
-    assert choice.cached_native(BLOCK, 448.0, True, OPS) is not None
+    assert modes.cached_native(BLOCK, 448.0, True, OPS) is not None
     with monkeypatch.context() as m:
         m.setattr(verdict, "torch_version_file", lambda: b"__version__ = '0.0.0'\n")
-        assert choice.cached_native(BLOCK, 448.0, True, OPS) is None
-    assert choice.cached_native(BLOCK, 448.0, True, OPS) is not None
+        assert modes.cached_native(BLOCK, 448.0, True, OPS) is None
+    assert modes.cached_native(BLOCK, 448.0, True, OPS) is not None
 
     lib = native.library_path()
     other = lib.with_name("fp8_kernels-other.so")
@@ -78,9 +79,9 @@ def test_the_record_is_keyed_by_torchs_version_and_the_librarys_bytes(cache, mon
     verdict.forget()
     with monkeypatch.context() as m:
         m.setattr(native, "library_path", lambda: other)
-        assert choice.cached_native(BLOCK, 448.0, True, OPS) is None
+        assert modes.cached_native(BLOCK, 448.0, True, OPS) is None
     verdict.forget()
-    assert choice.cached_native(BLOCK, 448.0, True, OPS) is not None
+    assert modes.cached_native(BLOCK, 448.0, True, OPS) is not None
 
 
 def test_a_damaged_record_means_checking_again(cache):
@@ -89,7 +90,7 @@ def test_a_damaged_record_means_checking_again(cache):
     body = json.loads(record.read_text())
     for damaged in ("{", "[]", json.dumps({**body, "passed": False}), json.dumps({**body, "key": "0" * 32})):
         record.write_text(damaged)
-        assert choice.cached_native(BLOCK, 448.0, True, OPS) is None, damaged
+        assert modes.cached_native(BLOCK, 448.0, True, OPS) is None, damaged
 
 
 @pytest.mark.slow

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from mla_convert.conversion.pipeline import convert
 from mla_convert.demo.synthetic import quantize_block_fp8
 from mla_convert.errors import ConvertError
+from mla_convert.kernels import fastest as kernels_mod
 from mla_convert.kernels import native, native_build
-from mla_convert.kernels import select as kernels_mod
 from mla_convert.kernels.bits import same_values
-from mla_convert.kernels.select import eager_kernels, resolve_mode, select_kernels
+from mla_convert.kernels.fastest import eager_kernels, resolve_mode, select_kernels
+from mla_convert.kernels.transforms import block_fp8_to_channel_fp8
 from mla_convert.process import threads
 from mla_convert.settings import Options
 from mla_convert.verification import readers as readers_mod
@@ -45,10 +46,10 @@ def fresh_native(monkeypatch, tmp_path):
     """No built library in memory or in a private cache, and no cached kernel choice."""
     monkeypatch.setenv("MLA_CONVERT_CACHE", str(tmp_path / "native-cache"))
     native.reset()
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
     yield tmp_path / "native-cache"
     native.reset()  # the next test loads the library of the default cache again
-    kernels_mod.CHOICES.clear()
+    kernels_mod.forget()
 
 
 @pytest.mark.slow
@@ -244,14 +245,14 @@ def test_no_c_compiler_falls_back_with_the_reason(fresh_native, monkeypatch):
 
 
 def test_a_native_build_that_disagrees_is_not_used(fresh_native, monkeypatch):
-    real = native.to_channel_fp8
+    real = block_fp8_to_channel_fp8.to_channel_fp8
 
     def off_by_one_bit(w, s, block, fp8_max, *signed_zero):
         q, sc = real(w, s, block, fp8_max, *signed_zero)
         q.view(torch.uint8)[0, 0] ^= 1
         return q, sc
 
-    monkeypatch.setattr(native, "to_channel_fp8", off_by_one_bit)
+    monkeypatch.setattr(block_fp8_to_channel_fp8, "to_channel_fp8", off_by_one_bit)
     k = select_kernels((128, 128), 448.0, "cpu", ("native", "eager"), ("fp8",))
     assert k.name == "eager" and "differed from eager" in k.reason
 
@@ -346,12 +347,12 @@ def test_native_channel_fp8_on_quotients_near_rounding_midpoints(fp8_max, block,
     mantissa, at every exponent, both zero rules."""
     w, s = _near_midpoint_weight(fp8_max, block, seed=int(fp8_max) + block[1])
     for signed_zero in (True, False):
-        q, sc = native.to_channel_fp8(w, s, block, fp8_max, signed_zero)
+        q, sc = block_fp8_to_channel_fp8.to_channel_fp8(w, s, block, fp8_max, signed_zero)
         q_e, sc_e = eager_kernels(block, fp8_max, signed_zero=signed_zero).to_channel_fp8(w, s)
         assert same_values(sc, sc_e)
         assert reference.same_bits(q, q_e), f"{int((q.view(torch.uint8) != q_e.view(torch.uint8)).sum())} codes differ"
     ref_q, ref_s = reference.channel_fp8(reference.dequant_block(w, s, block), fp8_max)
-    q, sc = native.to_channel_fp8(w, s, block, fp8_max)
+    q, sc = block_fp8_to_channel_fp8.to_channel_fp8(w, s, block, fp8_max)
     assert reference.same_bits(q, ref_q) and reference.same_bits(sc, ref_s)
 
 
@@ -371,7 +372,7 @@ def test_native_channel_fp8_at_the_edges_of_the_code_tables(fp8_max):
     s[4] = torch.tensor(edges[::-1])
     w = w.view(torch.float8_e4m3fn)
     for signed_zero in (True, False):
-        got = native.to_channel_fp8(w, s, (1, 64), fp8_max, signed_zero)
+        got = block_fp8_to_channel_fp8.to_channel_fp8(w, s, (1, 64), fp8_max, signed_zero)
         want = eager_kernels((1, 64), fp8_max, signed_zero=signed_zero).to_channel_fp8(w, s)
         assert all(same_values(a, b) for a, b in zip(got, want, strict=True))
 
@@ -412,7 +413,7 @@ def test_native_fp8_bound_rows_equals_its_torch_formulation(shape, block):
     torch.manual_seed(sum(shape) + block[1])
     w = (torch.randn(shape) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     s = torch.rand(-(-shape[0] // block[0]), -(-shape[1] // block[1])) * 0.01 + 1e-3
-    q, sc = native.to_channel_fp8(w, s, block, 448.0)
+    q, sc = block_fp8_to_channel_fp8.to_channel_fp8(w, s, block, 448.0)
     codes = q.view(torch.uint8).clone()
     codes[1, shape[1] // 2] ^= 0x21  # out of bound
     codes[-1, -1] = 0x7F  # NaN

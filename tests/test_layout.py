@@ -91,3 +91,18 @@ def test_importing_the_package_imports_no_torch():
     code = "import sys, mla_convert, mla_runtime.plugin; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+def test_no_global_statement_in_the_product():
+    # A run's state belongs to its owner (process.resources) and the plugin's to mla_runtime.serving;
+    # a process setting is an attribute of one owning object, never a rebound module variable.
+    import ast
+
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for package in ("mla_convert", "mla_runtime")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert not found, found

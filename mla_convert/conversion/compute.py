@@ -1,8 +1,8 @@
 """How the arithmetic of a conversion runs: the device checked usable, the --kernels mode resolved
-for the source, and the kernel set chosen and probed (kernels.select), the same for every job.
+for the source, and the kernel set chosen and probed (kernels.fastest), the same for every job.
 
 No torch at import, and none at all for a CPU conversion whose native kernels this machine has
-already checked (kernels.choice.cached_native): the shard jobs then run them on raw buffers.
+already checked (kernels.modes.cached_native): the shard jobs then run them on raw buffers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from mla_convert.constants import SIGNED_ZERO
 from mla_convert.errors import ConvertError
-from mla_convert.kernels.choice import (
+from mla_convert.kernels.modes import (
     BLOCK_DEFAULT,
     CPU_ONLY,
     DeviceKernelFactory,
@@ -20,12 +20,14 @@ from mla_convert.kernels.choice import (
     is_cpu,
     resolve_mode,
 )
+from mla_convert.kernels.transforms import Params
 from mla_convert.plan.ops import CONVERTING_OPS
 from mla_convert.plan.planner import Plan
+from mla_convert.process import resources
 from mla_convert.process.torch_import import import_torch
 from mla_convert.settings import RunSettings
 
-_NATIVE_ROWS: dict = {}  # this process's answers of Compute.native_rows
+_NATIVE_ROWS = "conversion.compute.native_rows"  # the run's slot: Compute -> its native_rows()
 
 
 @dataclass(frozen=True)
@@ -35,16 +37,16 @@ class Compute:
     block: tuple[int, int] | None  # the source's scale block (None: a BF16 source)
     fp8_max: float  # the target's FP8 range
     ops: tuple[str, ...]  # converting ops the plan uses (plan.ops): what gets probed and compiled
-    device: str  # where the arithmetic should run, if it passes the check (kernels.select_kernels)
-    chain: tuple[str, ...]  # CPU kernels to try in order (kernels.choice.resolve_mode)
+    device: str  # where the arithmetic should run, if it passes the check (kernels.fastest.select_kernels)
+    chain: tuple[str, ...]  # CPU kernels to try in order (kernels.modes.resolve_mode)
     signed_zero: bool = True  # the target's FP8 weights may hold -0 (constants.SIGNED_ZERO)
-    factory: DeviceKernelFactory | None = None  # the device's kernel set (kernels.select.device_factory)
+    factory: DeviceKernelFactory | None = None  # the device's kernel set (kernels.fastest.device_factory)
 
     def kernels(self):
-        """The torch kernel set (kernels.select.Kernels), chosen and checked once per process: the
+        """The torch kernel set (kernels.fastest.Kernels), chosen and checked once per run: the
         first call, before this process writes. Imports torch."""
         import_torch()
-        from mla_convert.kernels.select import select_kernels
+        from mla_convert.kernels.fastest import select_kernels
 
         return select_kernels(
             self.block or BLOCK_DEFAULT, self.fp8_max, self.device, self.chain, self.ops, self.signed_zero,
@@ -55,9 +57,10 @@ class Compute:
         """The native kernels on raw buffers, where they are what this conversion runs: on the CPU,
         with native first in the chain, checked on this machine (a remembered verdict, without
         torch) or in this process (with torch). None: the torch kernels (`kernels()`) run."""
-        if self not in _NATIVE_ROWS:
-            _NATIVE_ROWS[self] = self._native_rows()
-        return _NATIVE_ROWS[self]
+        answers = resources.current().slot(_NATIVE_ROWS, dict)
+        if self not in answers:
+            answers[self] = self._native_rows()
+        return answers[self]
 
     def _native_rows(self) -> NativeRows | None:
         if not is_cpu(self.device) or not self.chain or self.chain[0] != "native":
@@ -69,7 +72,7 @@ class Compute:
         chosen = self.kernels()  # checks them with torch, remembering a pass for later runs
         if chosen.name != "native" or not is_cpu(chosen.device):
             return None
-        return NativeRows(block, self.fp8_max, self.signed_zero, chosen.reason)
+        return NativeRows(Params(block, self.fp8_max, self.signed_zero), chosen.reason)
 
 
 def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
@@ -86,7 +89,7 @@ def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
     factory = None
     if not is_cpu(settings.device):
         import_torch()
-        from mla_convert.kernels.select import device_factory
+        from mla_convert.kernels.fastest import device_factory
 
         factory = device_factory(settings.device)
     compute = Compute(src.block, plan.options.fp8_max, plan.ops(), settings.device, chain, signed_zero, factory)

@@ -29,10 +29,9 @@ from mla_convert.conversion.compute import Compute, check_device, choose_compute
 from mla_convert.conversion.finalize import finalize, unmake_model
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
-from mla_convert.conversion.shard_job import job_specs, release_buffers
+from mla_convert.conversion.shard_job import job_specs
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
-from mla_convert.kernels import native
 from mla_convert.output import preflight
 from mla_convert.output.card import BASE_MODEL_HINT
 from mla_convert.output.card_facts import SourceRef, source_ref
@@ -69,8 +68,7 @@ def convert(
     run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes))
     # The run's scope owns what it allocates for its own use (staging buffers, the shard jobs'
     # buffers, the native kernels' threads: every run gets its own), closed after the cleanup.
-    with resources.run_scope() as owner, contextlib.ExitStack() as cleanup:
-        _release_when_closed(owner)
+    with resources.run_scope(), contextlib.ExitStack() as cleanup:
         run.cleanup = cleanup
         run.open_source(cleanup)
         run.make_plan()
@@ -84,17 +82,6 @@ def convert(
         run.convert_shards()
         run.finalize()
     return run.result
-
-
-def _release_when_closed(owner: resources.RunResources) -> None:
-    """The shard jobs' buffers and the native kernels' threads, kept by their modules rather than
-    in a slot: released when the run's owner closes, as its slots are."""
-
-    def release(_) -> None:
-        release_buffers()
-        native.release_threads()
-
-    owner.put("conversion.pipeline.module-buffers", None, release)
 
 
 def _quiet(message: str) -> None:

@@ -1,21 +1,24 @@
-"""One shard job: every tensor of one output shard read by offset, transformed by the chosen
-kernels and written, plus the MLA artifact file of each kv_b_proj the shard holds.
+"""One shard job: every tensor of one output shard read by offset, transformed and written, plus
+the MLA artifact file of each kv_b_proj the shard holds.
 
-A job is a `JobSpec`, small enough to send to a worker process. Its tensors are handled by op
-(plan.ops), one small function each; a layer's W_UK_T / W_UV are written in one place, from the
-exact value of the SOURCE kv_b_proj (the fp32 dequant of a block-FP8 one, a 16-bit one as it is),
-never from the requantized copy.
+A job is a `JobSpec`, small enough to send to a worker process. Each tensor is read -> transform ->
+write: its op names its transform (kernels.transforms), which says what is read (its partners
+included), what is written and which implementation runs. A layer's W_UK_T / W_UV are written in
+one place, from the exact value of the SOURCE kv_b_proj (the fp32 dequant of a block-FP8 one, a
+16-bit one as it is), never from the requantized copy.
 
-Two ways through each handler. With the native kernels (kernels.choice.NativeRows) a weight is read
-a chunk of rows at a time into a reused buffer and converted straight into the writer's staging
-buffers, where it is hashed and written from (io.shard_writer.fill_rows): no torch, no fresh
-memory. Otherwise (eager, torch.compile, another device, dtypes the native kernels do not take)
-tensors are torch tensors (`_Inputs.get`, `self.kernels`), imported on first use.
+Two ways through. Where the transform's C entry takes the source and the native kernels were chosen
+(kernels.modes.NativeRows), a weight is read a chunk of rows at a time into a reused buffer and
+converted straight into the writer's staging buffers, where it is hashed and written from
+(io.shard_writer.fill_rows): no torch, no fresh memory. Otherwise (eager, torch.compile, another
+device, dtypes the native kernels do not take, INT4) tensors are torch tensors (`_Inputs.get`) and
+the chosen kernel set (or the transform's definition) runs on them; torch is imported on first use.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,12 @@ from mla_convert.io.buffers import Buffer
 from mla_convert.io.headers import read_exact
 from mla_convert.io.read_ahead import will_need
 from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
-from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
+from mla_convert.kernels.modes import BLOCK_DEFAULT
+from mla_convert.kernels.transforms import PLAN_TRANSFORMS, SPLITS, Params, Transform, mla_split
+from mla_convert.kernels.transforms.transform import F32_DTYPE, FP8_DTYPE, SOURCE_DTYPE
+from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
+from mla_convert.process import resources
 from mla_convert.process.interrupts import crash_point
 from mla_convert.process.torch_import import import_torch
 from mla_convert.process.workers import errors_intact, report
@@ -36,8 +43,6 @@ from mla_convert.settings import ProgressFn
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
 from mla_runtime.format import ARTIFACT_ST_DTYPE, MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.safetensors_file import nbytes_of
-
-FP8, BF16, F32 = "F8_E4M3", "BF16", "F32"
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class SourceTensor:
 
 @dataclass(frozen=True)
 class Int4Job:
-    """An INT4 weight's partners and dims, for its INT4_TO_BF16 and INT4_SHAPE tensors."""
+    """A pack-quantized INT4 weight's partners and dims, for the transforms that read them."""
 
     packed: str
     scale: str
@@ -77,12 +82,18 @@ class JobSpec:
     compute: Compute
     write_io: str  # disk_write mode, resolved once for the output directory: direct or buffered
     int4: dict[str, Int4Job] = field(default_factory=dict)  # an INT4 weight's packed and shape tensor -> it
+    layer_dims: dict[int, MlaDims] = field(default_factory=dict)  # a layer's MLA dims where not `dims`
+
+    def dims_of(self, layer: int) -> MlaDims:
+        """The MLA dims of `layer`: its own where the plan gives them, else the model's."""
+        return self.layer_dims.get(layer, self.dims)
 
     def read_bytes(self, t: OutTensor) -> int:
         """The source bytes behind output tensor `t`: its source tensor and that one's block scale
         (an INT4 weight's scale)."""
+        reads = PLAN_TRANSFORMS[t.op].reads if t.op in PLAN_TRANSFORMS else ()
         scale = self.scales.get(t.source)
-        if t.op == INT4_TO_BF16:
+        if "group_scale" in reads:
             scale = self.int4[t.source].scale
         return self.sources[t.source].nbytes + (self.sources[scale].nbytes if scale else 0)
 
@@ -97,14 +108,24 @@ def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> lis
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
         scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
         int4 = _int4_jobs(src, job)
-        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io, int4))
+        layer_dims = _layer_dims(plan, job)
+        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io, int4,
+                             layer_dims))  # fmt: skip
     return specs
+
+
+def _layer_dims(plan: Plan, job: ShardJob) -> dict[int, MlaDims]:
+    """The dims of each layer whose artifacts the job writes, where its member gives that layer
+    dims of its own (`SourceCheckpoint.own_dims`)."""
+    src = plan.source
+    layers = {t.layer for t in job.tensors if t.layer is not None and t.op != FP8_SCALE}
+    return {layer: dataclasses.replace(src.dims, **own) for layer in sorted(layers) if (own := src.own_dims(layer))}
 
 
 def _int4_jobs(src: SourceCheckpoint, job: ShardJob) -> dict[str, Int4Job]:
     out = {}
     for t in job.tensors:
-        if t.op in (INT4_TO_BF16, INT4_SHAPE):
+        if t.op in PLAN_TRANSFORMS and {"packed", "shape"} & set(PLAN_TRANSFORMS[t.op].reads):
             w = src.int4[module_of(t.source)]
             g = src.quant.int4.columns_per_scale(w.cols)
             out[t.source] = Int4Job(w.packed.name, w.scale.name, w.shape.name, w.rows, w.cols, g)
@@ -122,9 +143,9 @@ class _Rows:
 
 
 class _Buffers:
-    """The native path's memory, reused by every tensor of every job in this process: a chunk of
-    a weight's rows, a whole weight (a kv_b_proj), its block scales, the channel scales computed,
-    and the MLA split's W_UK_T and W_UV. `release()` lets go of all of it (a conversion's end)."""
+    """The native path's memory, reused by every tensor of every job of the run in this process: a
+    chunk of a weight's rows, a whole weight (a kv_b_proj), its block scales, the channel scales
+    computed, and the MLA split's W_UK_T and W_UV. `release()` lets go of all of it."""
 
     def __init__(self) -> None:
         self.chunk, self.whole, self.block_scale = Buffer(), Buffer(), Buffer()
@@ -135,11 +156,12 @@ class _Buffers:
             buf.release()
 
 
-BUFFERS = _Buffers()
+_BUFFERS = "conversion.shard_job.buffers"  # the run's slot (process.resources)
 
 
-def release_buffers() -> None:
-    BUFFERS.release()
+def buffers() -> _Buffers:
+    """This run's native buffers (made on first use, released when the run ends)."""
+    return resources.current().slot(_BUFFERS, _Buffers, _Buffers.release)
 
 
 class _Inputs:
@@ -148,7 +170,8 @@ class _Inputs:
 
     def __init__(self, spec: JobSpec):
         self.root, self.sources, self.files = Path(spec.src_root), spec.sources, {}
-        self._chunk, self._whole, self._scale = BUFFERS.chunk, BUFFERS.whole, BUFFERS.block_scale
+        bufs = buffers()
+        self._chunk, self._whole, self._scale = bufs.chunk, bufs.whole, bufs.block_scale
 
     def _file(self, rel: str):
         if rel not in self.files:
@@ -263,109 +286,106 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
 
 
 class _ShardJob:
-    """The tensors of one shard, handled one at a time by op (_HANDLERS)."""
+    """The tensors of one shard, each read -> transformed (its op's transform) -> written."""
 
     def __init__(self, spec: JobSpec, commits: BackgroundCommits):
         self.spec, self.commits = spec, commits
-        self.native = spec.compute.native_rows()  # None: the torch kernels
-        self._kernels = None if self.native else spec.compute.kernels()  # checked before the first write
+        c = spec.compute
+        self.params = Params(c.block or BLOCK_DEFAULT, c.fp8_max, c.signed_zero)
+        self.native = c.native_rows()  # None: the torch kernels
+        self._kernels = None if self.native else c.kernels()  # checked before the first write
         self.inputs = _Inputs(spec)
         self.writer: ShardWriter | None = None
         self.pending: PendingFiles = []
         self.channel_scale = None  # computed with a weight, written right after it: a tensor, or float32 bytes
-        self._scales = BUFFERS.channel_scale  # the native kernels' channel scales
-        self._artifacts = (BUFFERS.w_uk_t, BUFFERS.w_uv)  # the native split's W_UK_T, W_UV
+        bufs = buffers()
+        self._scales = bufs.channel_scale  # the native kernels' channel scales
+        self._artifacts = (bufs.w_uk_t, bufs.w_uv)  # the native split's W_UK_T, W_UV
 
     @property
     def kernels(self):
-        """The torch kernels (kernels.select.Kernels), for what the native ones do not cover."""
+        """The torch kernels (kernels.fastest.Kernels), for what the native ones do not cover."""
         if self._kernels is None:
             self._kernels = self.spec.compute.kernels()
         return self._kernels
 
     def write(self, t: OutTensor) -> None:
-        layer = t.layer if t.op != FP8_SCALE else None
-        if t.op == COPY and layer is None:  # bit for bit, read straight into the writer: never decoded
+        if t.op == FP8_SCALE:
+            self._scale(t)
+            return
+        tr, layer = PLAN_TRANSFORMS[t.op], t.layer
+        if tr.writes == SOURCE_DTYPE and (layer is None or tr.split is None):
+            if "shape" in tr.reads:
+                self._int4_checked(t.source)
+            # bit for bit, read straight into the writer: never decoded
             fd, offset, path = self.inputs.at(t.source)
             self.writer.copy_from(t.name, fd, offset, path)
             return
-        _HANDLERS[t.op](self, t, layer)
-
-    def _copy(self, t: OutTensor, layer: int | None) -> None:
         src = self.spec.sources[t.source]
-        if self.native and src.dtype == BF16:  # a bf16 kv_b_proj: its artifacts are bit-exact splits of it
-            data, _ = self._native_rows(t.source, layer, None)
-            self.writer.write_bytes(t.name, data, src.dtype, src.shape)
-            return
-        w = self.inputs.get(t.source)  # a 16-bit kv_b_proj: its artifacts are bit-exact splits of it
-        self._mla_artifacts(layer, w)
-        self.writer.write(t.name, w)
+        if self.native and src.dtype in tr.native_dtypes and len(src.shape) == 2 and (tr.rows or layer is not None):
+            self._native_transform(t, tr, layer)
+        else:
+            self._torch_transform(t, tr, layer)
 
-    def _scale(self, t: OutTensor, layer: int | None) -> None:
+    def _scale(self, t: OutTensor) -> None:
         if isinstance(self.channel_scale, memoryview):
-            self.writer.write_bytes(t.name, self.channel_scale, F32, t.shape)
+            self.writer.write_bytes(t.name, self.channel_scale, F32_DTYPE, t.shape)
         else:
             self.writer.write(t.name, self.channel_scale)
         self.channel_scale = None
 
-    def _quantize(self, t: OutTensor, layer: int | None) -> None:
-        src = self.spec.sources[t.source]
-        if self.native and src.dtype == BF16 and len(src.shape) == 2:
-            _, rows = self._native_rows(t.source, layer, None)
-            k = rows.cols
-
-            def kernel(w: int, q: int, scales: int, r0: int, r1: int) -> None:
-                self.native.bf16_channel_fp8(w, k, q, scales, r0, r1)
-
-            self._native_channel_fp8(t, rows, kernel)
-            return
-        w = self.inputs.get(t.source)
-        self._mla_artifacts(layer, w)
-        q, self.channel_scale = self.kernels.quantize(w)
-        self.writer.write(t.name, q)
-
-    def _block_fp8(self, t: OutTensor, layer: int | None) -> None:
-        if self.native:
-            s = self.inputs.scale(self.spec.scales[t.source])
-            _, rows = self._native_rows(t.source, layer, s)
-            k = rows.cols
-            if t.op == TO_BF16:
-
-                def fill(out: int, r0: int, r1: int) -> None:
-                    self.native.bf16_rows(rows.at(r0, r1), s, k, out, r0, r1)
-
-                self.writer.fill_rows(t.name, BF16, (rows.rows, k), fill)
-            else:
-
-                def kernel(w: int, q: int, scales: int, r0: int, r1: int) -> None:
-                    self.native.channel_fp8(w, s, k, q, scales, r0, r1)
-
-                self._native_channel_fp8(t, rows, kernel)
-            return
-        w, s = self._fp8_inputs(t.source)
-        if layer is not None:
-            self._mla_artifacts(layer, self.kernels.dequant_fp32(w, s))
-        if t.op == TO_BF16:
-            self.writer.write(t.name, self.kernels.to_bf16(w, s))
+    def _torch_transform(self, t: OutTensor, tr: Transform, layer: int | None) -> None:
+        """On torch tensors: the chosen kernel set's implementation of the transform (its definition
+        where kernel sets have none); the artifacts from the exact value of what it reads."""
+        args = self._torch_inputs(t, tr)
+        if tr.from_exact is not None:  # the output is made from the exact value, computed once
+            exact = tr.exact(self.params)(*args)
+            self._mla_artifacts(layer, exact)
+            out = tr.from_exact(exact)
         else:
-            q, self.channel_scale = self.kernels.to_channel_fp8(w, s)
-            self.writer.write(t.name, q)
+            if layer is not None:
+                self._mla_artifacts(layer, self.kernels[tr.exact_op](*args) if tr.exact_op else args[0])
+            run = self.kernels[tr.op] if tr.probes is not None else tr.eager(self.params)
+            out = run(*args)
+        if tr.writes == FP8_DTYPE:
+            out, self.channel_scale = out
+        self.writer.write(t.name, out)
 
-    def _int4_to_bf16(self, t: OutTensor, layer: int | None) -> None:
-        """The exact fp32 dequant of an INT4 weight, rounded once to bf16 (torch: the native kernels
-        do not take INT4)."""
-        from mla_convert.kernels import numerics
+    def _torch_inputs(self, t: OutTensor, tr: Transform) -> list:
+        """What the transform reads, as torch tensors in the order of `tr.reads` (a weight_shape,
+        checked first, as the INT4 columns and group size, last)."""
+        j = self._int4_checked(t.source) if "shape" in tr.reads else None
+        got = {}
+        if "block_scale" in tr.reads:
+            got["block_scale"] = self._block_scale(t.source)
+        for role, name in (("weight", t.source), ("packed", j and j.packed), ("group_scale", j and j.scale)):
+            if role in tr.reads:
+                got[role] = self.inputs.get(name)
+        args = [got[role] for role in tr.reads if role != "shape"]
+        return [*args, j.cols, j.group_size] if j is not None else args
 
-        j = self._int4_checked(t.source)
-        w = numerics.dequantize_int4(self.inputs.get(j.packed), self.inputs.get(j.scale), j.cols, j.group_size)
-        self._mla_artifacts(layer, w)
-        self.writer.write(t.name, numerics.to_bf16(w))
+    def _native_transform(self, t: OutTensor, tr: Transform, layer: int | None) -> None:
+        """On raw rows: the transform's C entry (a kv_b_proj read whole, its artifacts split first)."""
+        src = self.spec.sources[t.source]
+        s = self.inputs.scale(self.spec.scales[t.source]) if "block_scale" in tr.reads else 0
+        if layer is None:
+            data, rows = None, self.inputs.rows(t.source)
+        else:
+            data, rows = self.inputs.whole(t.source)
+            split, w, dims = self.native.rows(SPLITS[tr.split]), rows.at(0, 0), self.spec.dims_of(layer)
+            self._native_artifacts(layer, lambda uk_t, uv: split(w, s, dims, uk_t, uv))
+        if tr.writes == SOURCE_DTYPE:  # a bf16 kv_b_proj: its artifacts are bit-exact splits of it
+            self.writer.write_bytes(t.name, data, src.dtype, src.shape)
+            return
+        kernel, k = self.native.rows(tr), rows.cols
+        if tr.writes == FP8_DTYPE:
+            self._native_channel_fp8(t, rows, lambda w, q, scales, r0, r1: kernel(w, s, k, q, scales, r0, r1))
+            return
 
-    def _int4_shape(self, t: OutTensor, layer: int | None) -> None:
-        """An INT4 weight's weight_shape, copied once its values are its packed weight's [N, K]."""
-        self._int4_checked(t.source)
-        fd, offset, path = self.inputs.at(t.source)
-        self.writer.copy_from(t.name, fd, offset, path)
+        def fill(out: int, r0: int, r1: int) -> None:
+            kernel(rows.at(r0, r1), s, k, out, 0, r0, r1)
+
+        self.writer.fill_rows(t.name, tr.writes, (rows.rows, k), fill)
 
     def _int4_checked(self, name: str) -> Int4Job:
         j = self.spec.int4[name]
@@ -375,27 +395,12 @@ class _ShardJob:
         check_int4_shape(int_values(data, shape.dtype), (j.rows, j.cols), path, j.shape, j.packed)
         return j
 
-    def _fp8_inputs(self, name: str):
+    def _block_scale(self, name: str):
         scale_name = self.spec.scales[name]
         where = f"{self.spec.src_root}/{self.spec.sources[scale_name].file}"
-        scale = check_scale(self.inputs.get(scale_name), where, scale_name)
-        return self.inputs.get(name), scale
+        return check_scale(self.inputs.get(scale_name), where, scale_name)
 
     # -- the native path's plumbing -------------------------------------------------------------------
-
-    def _native_rows(self, name: str, layer: int | None, scale: int | None) -> tuple[memoryview | None, _Rows]:
-        """A weight's rows for the native kernels: read a chunk at a time, or (a kv_b_proj, whose
-        artifacts are split from it first: block FP8 with its float32 scales at `scale`, else bf16)
-        whole, once; and, when whole, its bytes."""
-        if layer is None:
-            return None, self.inputs.rows(name)
-        data, rows = self.inputs.whole(name)
-        w, dims = rows.at(0, 0), self.spec.dims
-        if scale is None:
-            self._native_artifacts(layer, lambda uk_t, uv: self.native.split_bf16(w, dims, uk_t, uv))
-        else:
-            self._native_artifacts(layer, lambda uk_t, uv: self.native.split_fp8(w, scale, dims, uk_t, uv))
-        return data, rows
 
     def _native_channel_fp8(self, t: OutTensor, rows: _Rows, kernel) -> None:
         """Codes into the writer's stages, channel scales into the job's buffer (written next)."""
@@ -405,12 +410,12 @@ class _ShardJob:
         def fill(q: int, r0: int, r1: int) -> None:
             kernel(rows.at(r0, r1), q, base + 4 * r0, r0, r1)
 
-        self.writer.fill_rows(t.name, FP8, (rows.rows, rows.cols), fill)
+        self.writer.fill_rows(t.name, FP8_DTYPE, (rows.rows, rows.cols), fill)
         self.channel_scale = scales
 
     def _native_artifacts(self, layer: int, split: Callable[[int, int], None]) -> None:
         """The layer's W_UK_T / W_UV (bf16) split by the native kernels into the job's buffers."""
-        dims = self.spec.dims
+        dims = self.spec.dims_of(layer)
         uk_t, uv = (buf.view(nbytes_of(ARTIFACT_ST_DTYPE, shape)) for buf, shape in
                     zip(self._artifacts, (dims.w_uk_t_shape(), dims.w_uv_shape()), strict=True))  # fmt: skip
         split(self._artifacts[0].address, self._artifacts[1].address)
@@ -426,14 +431,11 @@ class _ShardJob:
         own file, committed with the shard's."""
         if layer is None:
             return
-        torch = import_torch()
-        from mla_runtime.layout import split_kv_b_proj
-
-        w_uk_t, w_uv = split_kv_b_proj(kv_b_exact, self.spec.dims, torch.bfloat16)
+        w_uk_t, w_uv = mla_split.split_exact(kv_b_exact, self.spec.dims_of(layer))
         self._write_artifacts(layer, lambda w: (w.write(w_uk_t_name(layer), w_uk_t), w.write(w_uv_name(layer), w_uv)))
 
     def _write_artifacts(self, layer: int, write: Callable[[ShardWriter], object]) -> None:
-        dims, rel = self.spec.dims, mla_file_rel(layer)
+        dims, rel = self.spec.dims_of(layer), mla_file_rel(layer)
         specs = {
             w_uk_t_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uk_t_shape()),
             w_uv_name(layer): (ARTIFACT_ST_DTYPE, dims.w_uv_shape()),
@@ -441,14 +443,3 @@ class _ShardJob:
         with ShardWriter(Path(self.spec.out_dir) / rel, specs, write_mode=self.spec.write_io) as w:
             write(w)
             self.pending.append((rel, self.commits.submit(w)))
-
-
-_HANDLERS: dict[str, Callable[[_ShardJob, OutTensor, int | None], None]] = {
-    COPY: _ShardJob._copy,
-    FP8_SCALE: _ShardJob._scale,
-    QUANT_FP8: _ShardJob._quantize,
-    TO_FP8: _ShardJob._block_fp8,
-    TO_BF16: _ShardJob._block_fp8,
-    INT4_TO_BF16: _ShardJob._int4_to_bf16,
-    INT4_SHAPE: _ShardJob._int4_shape,
-}

@@ -5,15 +5,16 @@ that. The C kernels decode and encode e4m3fn with integer arithmetic, find each 
 the fp8 bytes, and on CPUs with AVX-512 VBMI turn each (row, block) into a table of 128 codes and a
 byte lookup. The library is compiled for this CPU (-march=native) into a cache keyed by source,
 compiler, flags and CPU, so a shared home directory never serves one CPU's build to another.
-Anything that fails here raises NativeUnavailable; kernels.select then falls back with the reason.
+Anything that fails here raises NativeUnavailable; kernels.fastest then falls back with the reason.
 
-No torch at import: the conversion's hot path calls the kernels on raw addresses (`channel_fp8`,
-`bf16_rows`, ...), so a run whose kernel verdict is cached (kernels.verdict) never imports it. The
-functions that take and return torch tensors (`to_channel_fp8`, `decode`, ...: the probes, verify)
-import it when called, and run the same C entry points.
+No torch at import: the conversion's hot path calls the kernels on raw addresses (each transform's
+C entry, an `Entry` declared in its module in kernels.transforms), so a run whose kernel verdict is
+cached (kernels.verdict) never imports it. The functions that take and return torch tensors (the
+transforms' tensor entries, `decode`, ...: the probes, verify) import it when called, and run the
+same C entry points. The entries verify's own checks call are declared here.
 
-The built library and the thread pool the kernels run on are kept for the process:
-`release_threads()` ends the pool (a conversion does at its end), `reset()` forgets both.
+The built library and the thread pool the kernels run on belong to the run (process.resources:
+closed when it ends): `release_threads()` ends the pool, `reset()` forgets both.
 """
 
 from __future__ import annotations
@@ -21,71 +22,92 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import itertools
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from mla_convert.kernels.native_build import NativeUnavailable, build
-from mla_convert.process import interrupts, threads
+from mla_convert.process import interrupts, resources, threads
 
 if TYPE_CHECKING:
     import torch
 
-_LIB: ctypes.CDLL | None = None
-_LIB_PATH: Path | None = None
+_LIBRARY, _THREADS = "kernels.native.library", "kernels.native.threads"  # the run's slots (process.resources)
+I64, U32, F32, PTR = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
+
+
+class _Loaded(NamedTuple):
+    lib: ctypes.CDLL
+    path: Path
+
+
+def _load() -> _Loaded:
+    path = build()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
+    i64, f32, ptr = I64, F32, PTR
+    lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
+    lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
+    lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
+    lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
+    lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
+    lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
+    lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
+    lib.mla_scale_over_limit.restype = i64
+    lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
+    lib.mla_artifact_bound.restype = i64
+    lib.mla_normal_fill.argtypes, lib.mla_normal_fill.restype = [ptr, ptr, i64], None
+    lib.mla_functional_error.argtypes = [ptr, ptr, ptr, *[i64] * 7, ptr, ptr, ptr, ptr]
+    lib.mla_functional_error.restype = ctypes.c_double
+    for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
+        f = getattr(lib, f"mla_count_matching{bits}")
+        f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
+    for f in (lib.mla_dequant_rows, lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):
+        f.restype = None
+    return _Loaded(lib, path)
 
 
 def library() -> ctypes.CDLL:
-    global _LIB, _LIB_PATH
-    if _LIB is None:
-        path = build()
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            raise NativeUnavailable(f"cannot load the built kernels ({e})") from e
-        i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-        lib.mla_channel_fp8.argtypes = [ptr, ptr, i64, i64, i64, f32, u32, ptr, ptr, i64, i64, i64]
-        lib.mla_bf16_channel.argtypes = [ptr, i64, f32, u32, ptr, ptr, i64, i64, i64]
-        lib.mla_bf16.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64, i64]
-        lib.mla_split.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64]
-        lib.mla_dequant_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, i64, i64]
-        lib.mla_decode_e4m3fn.argtypes = [ptr, ptr, i64, i64]
-        lib.mla_row_max_code.argtypes = [ptr, i64, ptr, i64, i64]
-        lib.mla_fp8_bound_rows.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, *[ptr] * 8, i64, i64]
-        lib.mla_first_difference.argtypes, lib.mla_first_difference.restype = [ptr, ptr, i64], i64
-        lib.mla_bound_totals.argtypes, lib.mla_bound_totals.restype = [*[ptr] * 6, i64, ptr], None
-        lib.mla_scale_over_limit.argtypes = [ptr, ptr, i64, f32, f32, f32, ptr]
-        lib.mla_scale_over_limit.restype = i64
-        lib.mla_artifact_bound.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, f32, f32, i64, i64]
-        lib.mla_artifact_bound.restype = i64
-        lib.mla_normal_fill.argtypes, lib.mla_normal_fill.restype = [ptr, ptr, i64], None
-        lib.mla_functional_error.argtypes = [ptr, ptr, ptr, *[i64] * 7, ptr, ptr, ptr, ptr]
-        lib.mla_functional_error.restype = ctypes.c_double
-        for bits, c_type in ((8, ctypes.c_uint8), (16, ctypes.c_uint16), (32, ctypes.c_uint32)):
-            f = getattr(lib, f"mla_count_matching{bits}")
-            f.argtypes, f.restype = [ptr, i64, c_type, c_type], i64
-        for f in (lib.mla_channel_fp8, lib.mla_bf16_channel, lib.mla_bf16, lib.mla_split, lib.mla_dequant_rows,
-                  lib.mla_decode_e4m3fn, lib.mla_row_max_code, lib.mla_fp8_bound_rows):  # fmt: skip
-            f.restype = None
-        _LIB, _LIB_PATH = lib, path
-    return _LIB
+    """The built library, loaded once per run (process.resources)."""
+    return resources.current().slot(_LIBRARY, _load).lib
 
 
 def is_loaded() -> bool:
-    """Whether this process has loaded the library (without building or loading it)."""
-    return _LIB is not None
+    """Whether this run has loaded the library (without building or loading it)."""
+    return resources.current().get(_LIBRARY) is not None
 
 
 def library_path() -> Path:
     """The file of the loaded library (loading it first)."""
-    library()
-    assert _LIB_PATH is not None
-    return _LIB_PATH
+    return resources.current().slot(_LIBRARY, _load).path
 
 
 # ---- threads -------------------------------------------------------------------------------------
 
-_POOL: cf.ThreadPoolExecutor | None = None
 MIN_ROWS_PER_THREAD = 64
+
+
+class _Threads:
+    """The kernels' thread pool, grown to the most threads a call has asked for. A pool replaced
+    by a larger one is not shut down here: another thread may still be submitting to it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pool: cf.ThreadPoolExecutor | None = None
+
+    def at_least(self, count: int) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self.pool is None or self.pool._max_workers < count:
+                self.pool = cf.ThreadPoolExecutor(count, thread_name_prefix="mla-kernel")
+            return self.pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> None:
@@ -97,16 +119,14 @@ def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> Non
     does not stop the wait for the others, and a Ctrl-C is held back until they are all done
     (interrupts.deferred), then raised.
     """
-    global _POOL
     count = max(1, min(threads.count(), n // min_per_thread))
     if count == 1:
         fn(0, n)
         return
-    if _POOL is None or _POOL._max_workers < count:
-        _POOL = cf.ThreadPoolExecutor(count, thread_name_prefix="mla-kernel")
+    pool = resources.current().slot(_THREADS, _Threads, _Threads.close).at_least(count)
     bounds = [n * i // count for i in range(count + 1)]
     with interrupts.deferred():
-        futures = [_POOL.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
+        futures = [pool.submit(fn, a, b) for a, b in itertools.pairwise(bounds)]
         cf.wait(futures)
     for f in futures:
         f.result()
@@ -114,75 +134,40 @@ def _rows_parallel(fn, n: int, min_per_thread: int = MIN_ROWS_PER_THREAD) -> Non
 
 def release_threads() -> None:
     """Shut the kernels' thread pool down (the next kernel call starts another)."""
-    global _POOL
-    pool, _POOL = _POOL, None
-    if pool is not None:
-        pool.shutdown(wait=True)
+    resources.current().release(_THREADS)
 
 
 def reset() -> None:
     """release_threads(), and forget the loaded library (the next call loads it again from the
     build cache)."""
-    global _LIB, _LIB_PATH
     release_threads()
-    _LIB = _LIB_PATH = None
+    resources.current().release(_LIBRARY)
 
 
-# ---- the conversion kernels on raw addresses (the hot path) ---------------------------------------
-# Row kernels: the weight and the outputs are C-contiguous and point at row r0 (a chunk of rows read
-# into a buffer, written into a staging buffer); block scales are the whole float32 grid. Each call
-# splits its rows over this process's threads in C and returns when they are all done.
+class Entry:
+    """One C entry point of the library, its ctypes signature declared by the transform module
+    that calls it (kernels.transforms); the entries verify's checks share are declared in _load."""
+
+    def __init__(self, name: str, argtypes: list, restype=None) -> None:
+        self.name, self.argtypes, self.restype = name, argtypes, restype
+
+    def __call__(self, *args):
+        f = getattr(library(), self.name)  # ctypes keeps one function object per name and library
+        if f.argtypes is None:
+            f.argtypes, f.restype = self.argtypes, self.restype
+        return f(*args)
 
 
-class Fp8Format(NamedTuple):
-    """What the FP8 kernels need to know of the source and the output: the source's scale block,
-    the output's FP8 range and whether a zero code keeps its sign."""
-
-    block: tuple[int, int]
-    fp8_max: float
-    signed_zero: bool
-
-
-def _zero_sign(signed_zero: bool) -> int:
+def zero_sign(signed_zero: bool) -> int:
     """The kernels' zero_sign: the sign bit a zero code may keep (numerics.SIGNED_ZERO)."""
     return 0x80 if signed_zero else 0
 
 
-def channel_fp8(w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int, fmt) -> None:
-    """numerics.block_to_channel_fp8 for rows [r0, r1) of an e4m3fn weight of k columns: codes to
-    `q` (k bytes a row), float32 channel scales to `scale`. `fmt`: its `block`, `fp8_max` and
-    `signed_zero` (an Fp8Format, or kernels.choice.NativeRows)."""
-    zero_sign = _zero_sign(fmt.signed_zero)
-    library().mla_channel_fp8(w, s, k, *fmt.block, fmt.fp8_max, zero_sign, q, scale, r0, r1, threads.count())
+# ---- on torch tensors (the probes, verify) --------------------------------------------------------
 
 
-def bf16_channel_fp8(w: int, k: int, fp8_max: float, signed_zero: bool, q: int, scale: int, r0: int, r1: int) -> None:
-    """numerics.float_to_channel_fp8 for rows [r0, r1) of a bf16 weight of k columns."""
-    library().mla_bf16_channel(w, k, fp8_max, _zero_sign(signed_zero), q, scale, r0, r1, threads.count())
-
-
-def bf16_rows(w: int, s: int, k: int, block, out: int, r0: int, r1: int) -> None:
-    """numerics.to_bf16(numerics.dequantize_block_fp8(...)) for rows [r0, r1): 2k bytes a row to `out`."""
-    library().mla_bf16(w, s, k, *block, out, r0, r1, threads.count())
-
-
-def split_fp8(w: int, s: int, block, dims, uk_t: int, uv: int) -> None:
-    """mla_runtime.layout.split_kv_b_proj(dequant of a block-FP8 kv_b_proj at `w`, `s`) in bf16,
-    into W_UK_T at `uk_t` and W_UV at `uv`."""
-    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    library().mla_split(w, s, l, *block, p, v, uk_t, uv, dims.num_heads, threads.count())
-
-
-def split_bf16(w: int, dims, uk_t: int, uv: int) -> None:
-    """mla_runtime.layout.split_kv_b_proj of a bf16 kv_b_proj at `w`: only values move."""
-    p, v, l = dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    library().mla_split(w, None, l, 1, 1, p, v, uk_t, uv, dims.num_heads, threads.count())
-
-
-# ---- the same kernels on torch tensors (the probes, verify) ---------------------------------------
-
-
-def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+def check_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> tuple[int, int]:
+    """(rows, cols) of a 2-D e4m3fn CPU weight whose float32 scale grid fits `block`; ValueError otherwise."""
     import torch
 
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.device.type != "cpu":
@@ -194,93 +179,6 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     if tuple(scale_inv.shape) != grid or scale_inv.dtype != torch.float32:
         raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not fit weight {(n, k)} with block {block}")
     return n, k
-
-
-def to_channel_fp8(
-    weight, scale_inv, block: tuple[int, int], fp8_max: float, signed_zero: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """numerics.block_to_channel_fp8 in C: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    import torch
-
-    library()
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    scale = torch.empty(n, 1, dtype=torch.float32)
-    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    if n and k:
-        fmt = Fp8Format(block, fp8_max, signed_zero)
-        channel_fp8(w.data_ptr(), s.data_ptr(), k, q.data_ptr(), scale.data_ptr(), 0, n, fmt)
-    return q, scale
-
-
-def bf16_to_channel_fp8(
-    weight: torch.Tensor, fp8_max: float, signed_zero: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """numerics.float_to_channel_fp8 in C, for a 2-D bf16 CPU weight: (e4m3fn [N, K], fp32 scale [N, 1])."""
-    import torch
-
-    library()
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
-        raise ValueError(
-            f"bf16_to_channel_fp8 takes a 2-D bfloat16 CPU weight, got {weight.dtype} {tuple(weight.shape)}"
-        )
-    n, k = weight.shape
-    w = weight.contiguous()
-    scale = torch.empty(n, 1, dtype=torch.float32)
-    q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    if n and k:
-        bf16_channel_fp8(w.data_ptr(), k, fp8_max, signed_zero, q.data_ptr(), scale.data_ptr(), 0, n)
-    return q, scale
-
-
-def to_bf16(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
-    """numerics.to_bf16(dequantize_block_fp8(...)) in C."""
-    import torch
-
-    library()
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.bfloat16)
-    if n and k:
-        bf16_rows(w.data_ptr(), s.data_ptr(), k, block, out.data_ptr(), 0, n)
-    return out
-
-
-def dequantize(weight, scale_inv, block: tuple[int, int]) -> torch.Tensor:
-    """numerics.dequantize_block_fp8 in C: the exact fp32 dequant."""
-    import torch
-
-    fn = library().mla_dequant_rows
-    n, k = _check(weight, scale_inv, block)
-    w, s = weight.contiguous(), scale_inv.contiguous()
-    out = torch.empty(n, k, dtype=torch.float32)
-    wp, sp, op = w.data_ptr(), s.data_ptr(), out.data_ptr()
-    if n and k:
-        _rows_parallel(lambda a, b: fn(wp, sp, k, block[0], block[1], op, a, b), n)
-    return out
-
-
-def split_kv_b_proj(weight, scale_inv, block: tuple[int, int] | None, dims) -> tuple[torch.Tensor, torch.Tensor]:
-    """mla_runtime.layout.split_kv_b_proj of a block-FP8 kv_b_proj's dequant (`scale_inv` given)
-    or of a bf16 one (`scale_inv` None), in bf16: (W_UK_T [N, P, L], W_UV [N, L, V])."""
-    import torch
-
-    library()
-    n, p, v, l = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    if tuple(weight.shape) != (n * (p + v), l):
-        raise ValueError(f"kv_b_proj weight has shape {tuple(weight.shape)}, expected {(n * (p + v), l)}")
-    uk_t = torch.empty(n, p, l, dtype=torch.bfloat16)
-    uv = torch.empty(n, l, v, dtype=torch.bfloat16)
-    w = weight.contiguous()
-    if scale_inv is None:
-        if w.dtype != torch.bfloat16:
-            raise ValueError(f"split_kv_b_proj takes a bfloat16 or float8_e4m3fn kv_b_proj, got {w.dtype}")
-        split_bf16(w.data_ptr(), dims, uk_t.data_ptr(), uv.data_ptr())
-    else:
-        _check(w, scale_inv, block)
-        s = scale_inv.contiguous()
-        split_fp8(w.data_ptr(), s.data_ptr(), block, dims, uk_t.data_ptr(), uv.data_ptr())
-    return uk_t, uv
 
 
 def decode(t: torch.Tensor) -> torch.Tensor:
@@ -371,7 +269,7 @@ def fp8_bound_rows(q, scale, weight, scale_inv, block: tuple[int, int], rel: flo
     import torch
 
     lib = library()
-    n, k = _check(weight, scale_inv, block)
+    n, k = check_block_fp8(weight, scale_inv, block)
     if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (n, k) or scale.numel() != n:
         raise ValueError(f"fp8_bound_rows: q {tuple(q.shape)} / scale {tuple(scale.shape)} do not match {(n, k)}")
     q, sc = q.contiguous(), scale.reshape(n).to(torch.float32).contiguous()

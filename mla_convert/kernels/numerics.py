@@ -1,15 +1,16 @@
-"""All weight arithmetic of the converter: pure functions, tensor in, tensors out.
+"""The arithmetic the transforms share (kernels.transforms builds each definition from it): pure
+functions, tensor in, tensors out.
 
 Block FP8 (DeepSeek): dequant[i, j] = fp32(weight[i, j]) * scale_inv[i // bn, j // bk], the scale
-float32 or float8_e8m0fnu (decoded to float32 first); compressed-tensors FP8_BLOCK (Mistral-Large-3)
+float32 or float8_e8m0fnu (decoded to float32 first); compressed-tensors FP8_BLOCK
 is the same with a bfloat16 scale, widened to float32 exactly. A 16-bit source weight's exact value
-is its float32 widening. Pack-quantized INT4 (Kimi): eight 4-bit codes per int32, the lowest nibble
+is its float32 widening. Pack-quantized INT4: eight 4-bit codes per int32, the lowest nibble
 the lowest column, code c meaning c - 8; dequant[i, j] = (c - 8) * scale[i, j // group], exact in
 float32 (a 4-bit integer times a 16-bit float).
 
 Every operation here is one IEEE operation per element (multiply, divide, cast) or exact (max,
 compare, select, gather), so the bytes are the same on any device that rounds each operation
-correctly; kernels.select checks a device (and each fast kernel) against CPU eager before use.
+correctly; kernels.fastest checks a device (and each fast kernel) against CPU eager before use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The probe set: inputs on which a kernel set must give exactly what eager `numerics` gives on the CPU.
 
-kernels.py runs every candidate (the native C kernels, a torch.compile graph, eager numerics on
+kernels.fastest runs every candidate (the native C kernels, a torch.compile graph, eager numerics on
 another device) on them before it converts anything. Random tensors alone miss the cases where
 implementations part: a quotient that lands exactly on an e4m3 rounding midpoint rounds one way or
 the other on a one-ulp difference in the channel scale or in the division (a reciprocal multiply
@@ -19,7 +19,6 @@ import torch
 
 from mla_convert.kernels import numerics
 from mla_runtime.format import MlaDims
-from mla_runtime.layout import split_kv_b_proj
 
 ROWS = 4  # rows per block probe: fewer than a block's rows, so the block row is partial
 # Values here are Python floats: each is a short binary fraction, exact in float64, and so are the
@@ -166,17 +165,6 @@ def mla_probe(block) -> tuple[torch.Tensor, torch.Tensor, MlaDims]:
     return w, s, dims
 
 
-def mla_split(dequant, block):
-    """The MLA artifacts of mla_probe's kv_b_proj as convert makes them from `dequant` (a kernel
-    set's dequant_fp32): the bf16 split of its result."""
-    _, _, dims = mla_probe(block)
-
-    def split(w, s):
-        return split_kv_b_proj(dequant(w, s), dims, torch.bfloat16)
-
-    return split
-
-
 def _random_block_probes(block) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Aligned and partial blocks, grid dims that differ and exceed 1, and every byte value."""
     g = torch.Generator().manual_seed(0)
@@ -212,16 +200,14 @@ def mla16_probe(block) -> tuple[torch.Tensor]:
     return (picked.view(torch.bfloat16).reshape(n, k),)
 
 
-def inputs(block, fp8_max: float, op: str) -> list[tuple]:
-    """The probe inputs of one kernel op: 'quant' takes a bf16 weight, 'mla' the kv_b_proj of
-    mla_probe, 'mla16' a bf16 one of the same dims, the others ('fp8', 'bf16', 'dequant') a
-    block-FP8 weight and its scales."""
-    if op == "quant":
-        return [*_random_float_probes(), *midpoint_float_probes(fp8_max), zero_float_probe()]
-    if op == "mla":
-        return [mla_probe(block)[:2]]
-    if op == "mla16":
-        return [mla16_probe(block)]
+def float_inputs(fp8_max: float) -> list[tuple]:
+    """The probe inputs of a transform of a 16-bit weight (kernels.transforms.float_to_channel_fp8)."""
+    return [*_random_float_probes(), *midpoint_float_probes(fp8_max), zero_float_probe()]
+
+
+def block_inputs(block, fp8_max: float) -> list[tuple]:
+    """The probe inputs of a transform of a block-FP8 weight and its scales (kernels.transforms:
+    block_fp8_*); the MLA splits take mla_probe's kv_b_proj and mla16_probe's."""
     return [
         *_random_block_probes(block),
         *midpoint_block_probes(block, fp8_max),

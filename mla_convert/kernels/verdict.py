@@ -1,17 +1,18 @@
 """The native kernels' check, remembered per machine (no torch here).
 
-kernels.select checks the native kernels bit-identical to eager torch on the probe set before they
+kernels.fastest checks the native kernels bit-identical to eager torch on the probe set before they
 convert anything. That needs torch, whose import costs a CPU-second or two per process. A check
 that passed is recorded here under a key of everything its outcome depends on:
 
 - the built library's bytes (its build key already covers source, compiler, flags and CPU);
 - torch's version file (`torch/version.py`: version and git commit), found without importing torch;
-- the sources of this package: the eager definition (numerics), the probe set (probes), the
-  comparison (bits, select) and the calls into the library (native, choice);
+- the sources of this package: the transforms (kernels.transforms: definitions, probes, native
+  entries), the arithmetic they share (numerics), the probe set (probes), the comparison (bits,
+  fastest) and the calls into the library (native, modes);
 - this CPU, and the check's parameters (block, FP8 range, zero rule, ops).
 
 A later process with the same key uses the native kernels without checking again, so without
-torch (kernels.choice.cached_native). Anything that changes a part of the key checks again, with
+torch (kernels.modes.cached_native). Anything that changes a part of the key checks again, with
 torch; a check that fails removes the record. Records live beside the built library, in
 `verdicts/` of the native cache, one small JSON file each.
 """
@@ -26,10 +27,11 @@ import time
 from pathlib import Path
 
 from mla_convert.kernels import native, native_build
+from mla_convert.process import resources
 
 FORMAT = 1
-_SOURCES = ("numerics.py", "probes.py", "bits.py", "select.py", "native.py", "choice.py", "verdict.py")
-_BASES: dict[str, bytes] = {}  # by library file: the hash of the library, the sources and the CPU
+_SOURCES = ("numerics.py", "probes.py", "bits.py", "fastest.py", "native.py", "modes.py", "verdict.py")
+_BASES = "kernels.verdict.bases"  # the run's slot: by library file, the hash of the library, the sources and the CPU
 
 
 def torch_version_file() -> bytes:
@@ -47,16 +49,18 @@ def key(block: tuple[int, int], fp8_max: float, signed_zero: bool, ops: tuple[st
     """The record's key for a check with these parameters (builds or loads the library first);
     `extra`: more source files the check depends on (verify's probes of its readers)."""
     lib = native.library_path()
-    if str(lib) not in _BASES:
+    bases = resources.current().slot(_BASES, dict)
+    if str(lib) not in bases:
         h = hashlib.sha256(f"mla-convert kernel verdict {FORMAT}\0".encode())
         h.update(lib.read_bytes())
         here = Path(__file__).parent
-        for name in _SOURCES:
-            h.update(name.encode() + b"\0" + (here / name).read_bytes())
+        sources = [here / name for name in _SOURCES] + sorted((here / "transforms").glob("*.py"))
+        for path in sources:
+            h.update(str(path.relative_to(here)).encode() + b"\0" + path.read_bytes())
         h.update(native_build.cpu_id().encode())
-        _BASES[str(lib)] = h.digest()
+        bases[str(lib)] = h.digest()
     params = (tuple(block), float(fp8_max), bool(signed_zero), tuple(sorted(ops)))
-    h = hashlib.sha256(_BASES[str(lib)])
+    h = hashlib.sha256(bases[str(lib)])
     h.update(torch_version_file())
     h.update(repr(params).encode())
     for path in extra:
@@ -98,4 +102,4 @@ def record(k: str, passed: bool, ops: tuple[str, ...], torch_version: str) -> No
 
 def forget() -> None:
     """Forget the hashes of the libraries seen (a test that rebuilds one in place)."""
-    _BASES.clear()
+    resources.current().release(_BASES)

@@ -1,21 +1,30 @@
 """What happens to one output tensor: the plan's vocabulary, shared by the shard jobs that carry
 it out and by verify, which checks each tensor by the op that made it.
 
-The three converting ops are named as the kernels name the arithmetic they run
-(kernels.select.OPS), so a plan's ops are its kernel ops. The INT4 ops run eager numerics
-(kernels.numerics) in the shard job itself.
+Each op but FP8_SCALE is a transform (kernels.transforms: one module each, which says what it
+reads, how it is computed and checked); these are their names as a plan spells them.
 """
 
 from __future__ import annotations
 
-COPY = "copy"  # bit-exact copy of a source tensor that is not converted
-TO_BF16 = "bf16"  # block-FP8 weight -> bf16
-TO_FP8 = "fp8"  # block-FP8 weight -> channel-FP8 weight (its scale is the next tensor)
-QUANT_FP8 = "quant"  # a 16- or 32-bit source linear -> channel-FP8 weight (its scale is next)
-FP8_SCALE = "fp8_scale"  # the channel scale computed with the previous weight
-INT4_TO_BF16 = "int4_bf16"  # a pack-quantized INT4 weight (packed, scale) -> bf16 `weight`
-INT4_SHAPE = "int4_shape"  # an INT4 weight's weight_shape: its values checked against the packed weight, copied
+from mla_convert.kernels.transforms import BLOCK_OPS as BLOCK_OPS
+from mla_convert.kernels.transforms import CONVERTING_OPS as CONVERTING_OPS
+from mla_convert.kernels.transforms import (
+    block_fp8_to_bf16,
+    block_fp8_to_channel_fp8,
+    copy,
+    float_to_channel_fp8,
+    int4_shape,
+    int4_to_bf16,
+)
 
-CONVERTING_OPS = (TO_FP8, TO_BF16, QUANT_FP8)  # what the kernels compute
+COPY = copy.OP  # bit-exact copy of a source tensor that is not converted
+TO_BF16 = block_fp8_to_bf16.OP  # block-FP8 weight -> bf16
+TO_FP8 = block_fp8_to_channel_fp8.OP  # block-FP8 weight -> channel-FP8 weight (its scale is the next tensor)
+QUANT_FP8 = float_to_channel_fp8.OP  # a 16- or 32-bit source linear -> channel-FP8 weight (its scale is next)
+FP8_SCALE = "fp8_scale"  # the channel scale computed with the previous weight
+INT4_TO_BF16 = int4_to_bf16.OP  # a pack-quantized INT4 weight (packed, scale) -> bf16 `weight`
+INT4_SHAPE = int4_shape.OP  # an INT4 weight's weight_shape: its values checked against the packed weight, copied
+
 CHANNEL_FP8_OPS = (TO_FP8, QUANT_FP8)  # what writes a channel-FP8 weight and its scale
 COPY_OPS = (COPY, INT4_SHAPE)  # what writes the source tensor's bytes as they are

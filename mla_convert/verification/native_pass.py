@@ -22,6 +22,7 @@ from mla_convert.constants import FP8_E4M3
 from mla_convert.io.buffers import Buffer, address_of
 from mla_convert.io.read_ahead import will_need
 from mla_convert.kernels import native
+from mla_convert.kernels.transforms import mla_split
 from mla_convert.plan.ops import COPY_OPS
 from mla_convert.verification.bounds import (
     ARTIFACT_REL,
@@ -220,7 +221,7 @@ class NativePass:
             s = self._read(sc, 0, grid[0], self.scratch.source_scale, row_bytes=grid[1] * 4)
             split = self.scratch.split.view(len(uk[1]) + len(uv[1]))
             mine_uk, mine_uv = _addr(split), _addr(split) + len(uk[1])
-            native.split_fp8(_addr(w), _addr(s), block, dims, mine_uk, mine_uv)
+            mla_split.split_fp8(_addr(w), _addr(s), block, dims, mine_uk, mine_uv)
             if native.first_difference(uk_addr, mine_uk, len(uk[1])) >= 0:
                 return False
             if native.first_difference(uv_addr, mine_uv, len(uv[1])) >= 0:

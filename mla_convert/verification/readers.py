@@ -1,9 +1,10 @@
 """Exact reads of FP8 (and 16/32-bit float) tensors for verify: the native C readers where they
 agree with torch on the probes below, torch's own ops otherwise.
 
-Chosen once per process (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it) by the
-kernels' one chooser: a pass of these probes is remembered per machine (kernels.verdict, the same
-record the conversion's kernels use, keyed by the library, torch and these sources), so a verify
+Chosen once per run (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it) by the
+kernels' one chooser (kernels.fastest.first_passing): a pass of these probes is remembered per
+machine (kernels.verdict, the same record the conversion's kernels use, keyed by the library,
+torch and these sources), so a verify
 whose readers were checked here before imports no torch at all and runs its checks on the bytes
 read (verification.native_pass). A disagreement, a missing compiler or a failed build means
 torch's ops are used, and the report names the reader that failed (`readers`, `readers_reason`).
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from mla_convert.errors import first_line
 from mla_convert.kernels import native, verdict
+from mla_convert.kernels.chooser import Candidate, Unusable, first_passing
+from mla_convert.process import resources
 from mla_convert.verification.bounds import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP32_SLACK
 
 if TYPE_CHECKING:
@@ -28,10 +31,6 @@ if TYPE_CHECKING:
 # (how the checks are called on raw buffers), besides the library, torch and the kernels' sources.
 _VERDICT_OPS = ("verify-readers",)
 _VERDICT_SOURCES = (Path(__file__), Path(__file__).with_name("native_pass.py"))
-
-
-class _Unusable(Exception):
-    """The native readers cannot be used here (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,17 @@ def _torch_decode(t: torch.Tensor) -> torch.Tensor:
 TORCH_READERS = Fp8Readers(
     "torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite, _torch_count_code
 )
-_CHOSEN: list[Fp8Readers] = []  # this process's choice (fp8_readers), forgotten by reset()
+_CHOSEN = "verification.readers.chosen"  # the run's slot (process.resources): this run's choice
+
+
+class _Requested:
+    """Readers asked for by use(): every run of this process takes them until reset() (an attribute
+    of one object, as the other test seams are, so no module variable is rebound)."""
+
+    readers: Fp8Readers | None = None
+
+
+_REQUESTED = _Requested()
 
 
 def torch_bound_rows(q, sc, w, s, block: tuple[int, int], rel: float, half_step: float) -> dict[str, torch.Tensor]:
@@ -143,16 +152,20 @@ def _bound_rows_agree(native) -> bool:
 
 
 def fp8_readers() -> Fp8Readers:
-    """Chosen once per process: the native readers where their check passed on this machine
+    """Chosen once per run: the native readers where their check passed on this machine
     before (kernels.verdict: no torch needed), else built and probed now (with torch), the pass
     remembered; torch's own ops, with the reason, when the native library is unusable or any of
     its readers (the checks verify runs on raw buffers included) disagrees with torch on the probes."""
-    if not _CHOSEN:
-        try:
-            _CHOSEN.append(_native_readers())
-        except _Unusable as e:  # torch's ops are always right
-            _CHOSEN.append(dataclasses.replace(TORCH_READERS, reason=str(e)))
-    return _CHOSEN[0]
+    if _REQUESTED.readers is not None:
+        return _REQUESTED.readers
+    return resources.current().slot(_CHOSEN, _choose)
+
+
+def _choose() -> Fp8Readers:
+    chosen, why, skipped = first_passing([_NATIVE])
+    if chosen is None:  # torch's ops are always right
+        return dataclasses.replace(TORCH_READERS, reason=skipped[0])
+    return dataclasses.replace(chosen, reason=why)
 
 
 def _verdict_key() -> str:
@@ -160,35 +173,35 @@ def _verdict_key() -> str:
 
 
 def use(readers: Fp8Readers) -> None:
-    """Use `readers` in this process from now on, instead of probing (TORCH_READERS: torch's own
-    ops, as where the native library is unusable; the tests compare the two)."""
-    _CHOSEN[:] = [readers]
+    """Use `readers` in every run of this process from now on, instead of probing (TORCH_READERS:
+    torch's own ops, as where the native library is unusable; the tests compare the two)."""
+    _REQUESTED.readers = readers
 
 
 def reset() -> None:
-    """Forget the readers chosen in this process and the pass remembered on this machine: the next
+    """Forget the readers chosen in this run and the pass remembered on this machine: the next
     fp8_readers() probes again."""
-    _CHOSEN.clear()
+    _REQUESTED.readers = None
+    resources.current().release(_CHOSEN)
     if native.is_loaded():  # else there is no record to key (and no library is built for one)
         verdict.record(_verdict_key(), False, _VERDICT_OPS, "")
 
 
-def _native(reason: str) -> Fp8Readers:
+def _native(reason: str = "") -> Fp8Readers:
     return Fp8Readers("native", reason, native.decode, native.row_max_codes, native.count_nonfinite, native.count_code)
 
 
-def _native_readers() -> Fp8Readers:
-    """The native readers: from a remembered pass, else each probed against torch now; raises
-    _Unusable naming the first that is not usable."""
+def _native_key() -> str:
     try:
         native.library()
-        key = _verdict_key()
+        return _verdict_key()
     except Exception as e:  # no compiler, a failed build or load
         detail = str(e) if isinstance(e, native.NativeUnavailable) else first_line(e)
-        raise _Unusable(f"native library unavailable ({detail})") from e
-    found = verdict.lookup(key)
-    if found is not None:
-        return _native(f"C readers built for this CPU; they agree with torch on the probes (remembered: {found})")
+        raise Unusable(f"native library unavailable ({detail})") from e
+
+
+def _native_checks() -> dict[str, Callable[[], bool]]:
+    """Each native reader against torch's own op, and the checks verify runs on raw buffers."""
     import torch
 
     from mla_convert.kernels.bits import same_values
@@ -198,7 +211,7 @@ def _native_readers() -> Fp8Readers:
     every_byte = codes.view(torch.float8_e4m3fn)
     # The columns are shuffled as uint8 codes, the same bytes: torch's CPU indexing takes float8 only from 2.10.
     rows = codes.reshape(3, 256)[:, torch.randperm(256)][:, :100].view(torch.float8_e4m3fn)
-    checks = {
+    return {
         "decode": lambda: same_values(native.decode(every_byte), every_byte.float()),
         "row max": lambda: torch.equal(native.row_max_codes(rows), _torch_row_max_codes(rows)),
         "non-finite count": lambda: all(
@@ -208,14 +221,26 @@ def _native_readers() -> Fp8Readers:
         **reader_probes.raw_checks(),
         "bound check": lambda: _bound_rows_agree(native),
     }
+
+
+def _check_native(_readers: Fp8Readers) -> str:
+    """Raises Unusable naming the first native reader that fails or disagrees with torch."""
+    checks = _native_checks()
     for what, agrees in checks.items():
         try:
             ok = agrees()
         except Exception as e:
-            verdict.record(key, False, _VERDICT_OPS, torch.__version__)
-            raise _Unusable(f"native {what} failed on the probe ({first_line(e)})") from e
+            raise Unusable(f"native {what} failed on the probe ({first_line(e)})") from e
         if not ok:
-            verdict.record(key, False, _VERDICT_OPS, torch.__version__)
-            raise _Unusable(f"native {what} disagreed with torch on the probe")
-    verdict.record(key, True, _VERDICT_OPS, torch.__version__)
-    return _native(f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes")
+            raise Unusable(f"native {what} disagreed with torch on the probe")
+    return f"C readers built for this CPU; {', '.join(checks)} agree with torch on the probes"
+
+
+_NATIVE = Candidate(
+    "native",
+    make=_native,
+    check=_check_native,
+    key=_native_key,
+    ops=_VERDICT_OPS,
+    recorded=lambda found: f"C readers built for this CPU; they agree with torch on the probes (remembered: {found})",
+)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mla_convert.io.read_ahead import will_need
-from mla_convert.plan.ops import CHANNEL_FP8_OPS, COPY_OPS, FP8_SCALE, INT4_TO_BF16, TO_BF16
+from mla_convert.kernels.transforms import PLAN_TRANSFORMS
+from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.process.torch_import import import_torch
 from mla_convert.verification.buffers import Lease, ReadBuffers, thread_buffers
 from mla_convert.verification.native_pass import NativePass
@@ -183,9 +184,11 @@ class _FileChecks:
         return self._torch_parts
 
     def _role(self, info: TensorInfo, buf: memoryview, job: TensorJob) -> bool:
-        """The checks of the tensor's role in the conversion. Returns whether `buf` is kept for later."""
+        """The checks of the tensor's role in the conversion: the comparison its transform names
+        (Transform.verify). Returns whether `buf` is kept for later."""
         native = self.native
-        if job.op in CHANNEL_FP8_OPS and job.source is not None and job.scale is not None:
+        check = PLAN_TRANSFORMS[job.op].verify if job.op in PLAN_TRANSFORMS else None
+        if check == "channel_fp8" and job.source is not None and job.scale is not None:
             if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
                 self.pending[job.scale_name] = (info, buf)  # checked when its scale streams by
                 return True
@@ -201,11 +204,9 @@ class _FileChecks:
                     self._channel_fp8(w_info, q, (info, buf), self.task.tensors[w_info.name])
                 finally:
                     self._drop(w_info.name)
-        elif job.op == TO_BF16 and job.source is not None:
-            self._torch()[1].bf16(info, _tensor(info, buf), job)
-        elif job.op == INT4_TO_BF16 and job.source is not None:
-            self._torch()[1].int4_bf16(info, _tensor(info, buf), job)
-        elif job.op in COPY_OPS and job.source is not None and not (native and native.copy(info, buf, job)):
+        elif check in ("bf16", "int4_bf16") and job.source is not None:
+            getattr(self._torch()[1], check)(info, _tensor(info, buf), job)
+        elif check == "copy" and job.source is not None and not (native and native.copy(info, buf, job)):
             self._torch()[1].copy(info, _tensor(info, buf), job)
         return False
 

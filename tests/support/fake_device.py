@@ -1,5 +1,5 @@
 """Device kernel sets for tests, where there is no device: factories for the documented hook
-kernels.select.DEVICE_KERNEL_FACTORIES (a test registers one for the device type "meta"; a
+kernels.fastest.DEVICE_KERNEL_FACTORIES (a test registers one for the device type "meta"; a
 conversion hands it to its worker processes, which import it from here).
 
 Each runs the real eager `numerics` on CPU tensors that divide as a device might:
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from mla_convert.kernels import fastest as kernels
 from mla_convert.kernels import numerics
-from mla_convert.kernels import select as kernels
 
 _DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide}
 

@@ -1,6 +1,6 @@
 """What `--kernels` means for a run, and the native kernels without torch (no torch here).
 
-`resolve_mode` turns a mode into the kernels to try in order; kernels.select tries them, each
+`resolve_mode` turns a mode into the kernels to try in order; kernels.fastest tries them, each
 checked bit-identical to eager torch on the probe set. Where that check already passed on this
 machine for this library, this torch and these sources (kernels.verdict), `cached_native` gives the
 native kernels directly: a conversion that needs nothing else of torch then never imports it.
@@ -13,25 +13,27 @@ from dataclasses import dataclass
 
 from mla_convert import envs
 from mla_convert.constants import KERNEL_MODES, KERNELS_AUTO
-from mla_convert.kernels import native, verdict
+from mla_convert.kernels import verdict
+from mla_convert.kernels.native_build import NativeUnavailable
+from mla_convert.kernels.transforms import BLOCK_OPS as BLOCK_OPS
+from mla_convert.kernels.transforms import CONVERTING_OPS, KERNEL_TRANSFORMS, Params, Transform
+from mla_convert.kernels.transforms.transform import RowKernel
 
 BLOCK_DEFAULT = (128, 128)
 
 # A device kernel set: (device, block, fp8_max, signed_zero) -> {op: function taking and returning
-# CPU tensors}; kernels.select.device_funcs (eager numerics on the device) unless
-# kernels.select.DEVICE_KERNEL_FACTORIES names another for the device's type.
+# CPU tensors}; kernels.fastest.device_funcs (eager numerics on the device) unless
+# kernels.fastest.DEVICE_KERNEL_FACTORIES names another for the device's type.
 DeviceKernelFactory = Callable[[str, tuple[int, int], float, bool], dict[str, Callable]]
 
 # Kernels.device_check: how the device was checked.
 CPU_ONLY, PASSED, DIFFERED, FAILED = "not needed", "passed", "differed", "failed"
 
-# The per-tensor conversions a plan can use: block-FP8 -> channel FP8, block-FP8 -> bf16, and a
-# float (bf16) weight -> channel FP8.
-OPS = ("fp8", "bf16", "quant")
-BLOCK_OPS = ("fp8", "bf16")
+# The per-tensor conversions a plan can use that a kernel set implements (kernels.transforms).
+OPS = CONVERTING_OPS
 # What a native check covers besides the plan's ops: the exact dequant, and the MLA split of a
 # block-FP8 kv_b_proj ("mla") and of a bf16 one ("mla16"), as the artifacts are made.
-NATIVE_EXTRA_OPS = ("dequant", "mla", "mla16")
+NATIVE_EXTRA_OPS = tuple(op for op, t in KERNEL_TRANSFORMS.items() if op not in OPS and t.native is not None)
 
 # Below this many bytes of weights to convert, torch.compile's compile time (long when inductor's
 # cache is cold) costs more than it saves over eager. The native kernels build much faster, and are
@@ -71,28 +73,17 @@ def is_cpu(device: str) -> bool:
 
 @dataclass(frozen=True)
 class NativeRows:
-    """The native kernels as the conversion's hot path calls them: on raw addresses, a range of
-    rows at a time (kernels.native), for one block size, FP8 range and zero rule."""
+    """The native kernels as the conversion's hot path calls them: each transform's C entry on raw
+    addresses, a range of rows at a time (kernels.native), for one block size, FP8 range and zero
+    rule."""
 
-    block: tuple[int, int]
-    fp8_max: float
-    signed_zero: bool
+    params: Params
     reason: str  # why they run: checked in this process, or a cached verdict
 
-    def channel_fp8(self, w: int, s: int, k: int, q: int, scale: int, r0: int, r1: int) -> None:
-        native.channel_fp8(w, s, k, q, scale, r0, r1, self)
-
-    def bf16_channel_fp8(self, w: int, k: int, q: int, scale: int, r0: int, r1: int) -> None:
-        native.bf16_channel_fp8(w, k, self.fp8_max, self.signed_zero, q, scale, r0, r1)
-
-    def bf16_rows(self, w: int, s: int, k: int, out: int, r0: int, r1: int) -> None:
-        native.bf16_rows(w, s, k, self.block, out, r0, r1)
-
-    def split_fp8(self, w: int, s: int, dims, uk_t: int, uv: int) -> None:
-        native.split_fp8(w, s, self.block, dims, uk_t, uv)
-
-    def split_bf16(self, w: int, dims, uk_t: int, uv: int) -> None:
-        native.split_bf16(w, dims, uk_t, uv)
+    def rows(self, t: Transform) -> RowKernel:
+        """`t`'s row kernel (Transform.rows) for these parameters."""
+        assert t.rows is not None, t.op
+        return t.rows(self.params)
 
 
 def native_ops(ops: tuple[str, ...]) -> tuple[str, ...]:
@@ -104,12 +95,12 @@ def native_ops(ops: tuple[str, ...]) -> tuple[str, ...]:
 def cached_native(block, fp8_max: float, signed_zero: bool, ops: tuple[str, ...]) -> NativeRows | None:
     """The native kernels, if a check of them with these parameters passed on this machine for
     the library and torch of this run (kernels.verdict); None otherwise (and where the library
-    cannot be built or loaded: kernels.select then says why)."""
+    cannot be built or loaded: kernels.fastest then says why)."""
     try:
         key = verdict.key(tuple(block), fp8_max, signed_zero, native_ops(ops))
-    except native.NativeUnavailable:
+    except NativeUnavailable:
         return None
     found = verdict.lookup(key)
     if found is None:
         return None
-    return NativeRows(tuple(block), fp8_max, signed_zero, f"C kernels built for this CPU; {found}")
+    return NativeRows(Params(tuple(block), fp8_max, signed_zero), f"C kernels built for this CPU; {found}")
