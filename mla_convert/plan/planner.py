@@ -115,8 +115,9 @@ class Plan:
 
     def summary(self) -> dict:
         out_shards = sum(j.out_bytes for j in self.shards)
-        d = self.source.dims
-        mla = len(self.mla_layers) * 2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape()))  # bf16
+        mla = sum(
+            2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape())) for d in map(self.dims_of, self.mla_layers)
+        )  # bf16, each layer at its own dims
         side = sum((self.source.root / f).stat().st_size for f in self.source.side_files)
         return {
             "source": str(self.source.root),
