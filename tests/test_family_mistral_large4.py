@@ -63,6 +63,8 @@ def hf_module(module: str) -> str:
     gate_proj / down_proj / up_proj (the names its quantization config matches once fused)."""
     if module in TOP:
         return TOP[module]
+    if module == "lerope":  # vLLM reads lerope.alpha itself; the converter's name for it
+        return "model.lerope"
     layer, rest = re.fullmatch(r"layers\.(\d+)\.(.+)", module).groups()
     if rest in LAYER:
         return f"model.layers.{layer}.{LAYER[rest]}"
@@ -104,6 +106,8 @@ def test_the_demo_checkpoint_has_every_layer_kind(family_checkpoints, member):
     t = load_all(src)
     fp8 = {module_of(n) for n, x in t.items() if x.dtype == torch.float8_e4m3fn}
     assert fp8 == (set() if member == MEMBER else {module_of(n) for n in t if QUANTIZED.match(module_of(n))})
+    lerope = t.pop("lerope.alpha")  # LeRoPE's one tensor, [qk_rope_head_dim / 2]
+    assert lerope.dtype == torch.float32 and tuple(lerope.shape) == (ROPE // 2,) and params["lerope"]
     assert all(x.dtype == torch.bfloat16 for n, x in t.items() if module_of(n) not in fp8)  # scales included
     for i in range(LAYERS):
         a = f"layers.{i}.attention."
@@ -399,3 +403,13 @@ def test_demo_shows_mistral_large_4(tmp_path):
     assert summary["verify"]["ok"] and summary["verify"]["failed"] == 0
     params = json.loads((tmp_path / "d" / "source" / PARAMS).read_text())
     assert params["dsa"] and params["nope"] and params["kv_sharing"]["source_layers_str"]
+
+
+def test_a_dsa_block_selects_large_4_and_large_3_keeps_its_own(family_checkpoints):
+    """The registry asks the later member first: a params.json with `dsa` is Large 4's; Large 3's
+    checkpoints (no `dsa`) stay Large 3's, its module untouched."""
+    from mla_convert.source import members
+
+    assert members.own_layout_of(family_checkpoints.source(MEMBER)).name == MEMBER
+    assert members.own_layout_of(family_checkpoints.source("mistral-large-3")).name == "mistral-large-3"
+    assert open_source(family_checkpoints.source("mistral-large-3")).layout.architecture == "MistralLarge3ForCausalLM"

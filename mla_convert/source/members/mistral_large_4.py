@@ -149,6 +149,7 @@ def text_config(params: dict) -> dict:
         "indexer_types": indexers,
         "indexer_ssmax_scaling": bool(dsa["indexer_ssmax_scaling"]),
         "ssmax_scaling": bool(params.get("ssmax_scaling")),
+        "lerope": bool(params.get("lerope")),
         "nope_layer_flags": flags,
         "kv_source_layers": sources,
     }
@@ -164,6 +165,9 @@ _OWN_LAYER = {
     f"attention.indexer.{m}": f"self_attn.indexer.{m}" for m in ("q_input_norm", "wq_b", "wk", "weights_proj", "k_norm")
 }
 _OWN_DEEPSEEK = {v: k for k, v in _OWN_LAYER.items()}
+# LeRoPE's one `alpha` tensor [qk_rope_head_dim / 2] (vLLM reads `lerope.alpha` itself), named in
+# the DeepSeek-V3 namespace as a top-level module of the model.
+_LEROPE, _LEROPE_DEEPSEEK = "lerope", "model.lerope"
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ class Large4Names(large3.MistralNames):
     extra_prefixes: tuple[str, ...] = (*large3.MistralNames.extra_prefixes, DRAFT_PREFIX)
 
     def module_to_deepseek(self, module: str) -> str | None:
+        if module == _LEROPE:
+            return _LEROPE_DEEPSEEK
         head, _, rest = module.partition(".")
         layer, _, own = rest.partition(".")
         if head == "layers" and own in _OWN_LAYER and not self.is_extra(module):
@@ -181,6 +187,8 @@ class Large4Names(large3.MistralNames):
         return super().module_to_deepseek(module)
 
     def module_from_deepseek(self, module: str) -> str:
+        if module == _LEROPE_DEEPSEEK:
+            return _LEROPE
         parts = module.split(".", 3)
         if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _OWN_DEEPSEEK:
             return f"layers.{parts[2]}.{_OWN_DEEPSEEK[parts[3]]}"
@@ -225,7 +233,9 @@ def layer_dims(cfg: dict, i: int) -> dict | None:
 
 def layer_inventory(cfg: dict, i: int, out: dict) -> None:
     """A KV-sharing layer without wkv_a_with_mqa / kv_a_norm; SSMax per head; an indexer's input
-    LayerNorm and SSMax (OTHER: copied)."""
+    LayerNorm and SSMax; LeRoPE's alpha (OTHER: copied)."""
+    if i == 0 and cfg.get("lerope"):
+        out[_LEROPE_DEEPSEEK + ".alpha"] = ((cfg["qk_rope_head_dim"] // 2,), OTHER)
     if i >= cfg["num_hidden_layers"]:
         return
     a = f"model.layers.{i}.self_attn."
@@ -255,7 +265,12 @@ def refuse(cfg: dict) -> str | None:
 # Names and params.json written out again from the reference notes (model-family.md,
 # "Mistral-Large-4"), apart from the tables above.
 
-_DEMO_TOP = {"model.embed_tokens": "tok_embeddings", "lm_head": "output", "model.norm": "norm"}
+_DEMO_TOP = {
+    "model.embed_tokens": "tok_embeddings",
+    "lm_head": "output",
+    "model.norm": "norm",
+    "model.lerope": "lerope",
+}
 _DEMO_ATTN = {
     "q_proj": "wq", "kv_a_proj_with_mqa": "wkv_a_with_mqa", "kv_a_layernorm": "kv_a_norm", "kv_b_proj": "wkv_b",
     "o_proj": "wo", "ssmax": "ssmax_scaling", "indexer.ssmax": "indexer.ssmax_scaling",
@@ -315,7 +330,7 @@ def _demo_draft(spec) -> list[tuple[str, str, tuple[int, ...]]]:
 def _demo_tensors(spec, tensors: list) -> list:
     """NoPE layers' wkv_a_with_mqa (kv_lora rows) and wkv_b (nope + rope + v per head), KV-sharing
     layers without wkv_a_with_mqa / kv_a_norm, SSMax per head, the indexer's input norm and SSMax,
-    and the draft; the rest as the generic spec has it."""
+    LeRoPE's alpha and the draft; the rest as the generic spec has it."""
     layers, n = spec.num_hidden_layers, spec.num_attention_heads
     nope = _tile([v == "nope" for v in DEMO_NOPE.split(",")], layers)
     sources = DEMO_KV_SOURCES if len(DEMO_KV_SOURCES) == layers else tuple(range(layers))
@@ -343,7 +358,7 @@ def _demo_tensors(spec, tensors: list) -> list:
             h, heads = spec.hidden_size, spec.index_n_heads
             out += [(a + "indexer.q_input_norm.weight", "norm", (h,)), (a + "indexer.q_input_norm.bias", "bias", (h,)),
                     (a + "indexer.ssmax.s", "norm", (heads,)), (a + "indexer.ssmax.b", "norm", (heads,))]  # fmt: skip
-    return out + _demo_draft(spec)
+    return [*out, ("model.lerope.alpha", "f32", (spec.qk_rope_head_dim // 2,)), *_demo_draft(spec)]
 
 
 def _demo_params_json(spec, cfg: dict) -> dict:
@@ -354,7 +369,7 @@ def _demo_params_json(spec, cfg: dict) -> dict:
         "norm_eps": 1e-06, "vocab_size": spec.vocab_size, "rope_theta": 10000.0, "max_position_embeddings": 4096,
         "q_lora_rank": None, "kv_lora_rank": spec.kv_lora_rank, "qk_nope_head_dim": spec.qk_nope_head_dim,
         "qk_rope_head_dim": spec.qk_rope_head_dim, "v_head_dim": spec.v_head_dim, "tied_embeddings": False,
-        "nope": DEMO_NOPE, "ssmax_scaling": True,
+        "nope": DEMO_NOPE, "ssmax_scaling": True, "lerope": True,
         "kv_sharing": {"source_layers_str": ",".join(map(str, DEMO_KV_SOURCES))},
         "moe": {"expert_hidden_dim": spec.moe_intermediate_size, "first_k_dense_replace": spec.first_k_dense_replace,
                 "num_expert_groups": 1, "num_expert_groups_per_tok": 1, "num_experts": spec.n_routed_experts,
