@@ -109,6 +109,7 @@ def test_every_member_has_a_tiny_checkpoint():
     assert set(MEMBERS) == {
         "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight",
         "glm-5.2", "mistral-large-3", "mistral-large-3-bf16", "kimi-k2-thinking", "kimi-k2.5", "kimi-k2.6",
+        "mistral-large-4", "mistral-large-4-fp8",
     }  # fmt: skip
     assert set(HF_MEMBERS) == {
         "deepseek-v3", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2", "glm-5", "deepseek-v2-lite", "moonlight", "glm-5.2",

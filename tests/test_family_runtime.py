@@ -42,6 +42,7 @@ def test_loader_opens_every_member_and_splits_heads_by_rank(family_checkpoints, 
     assert arts.layers == list(range(spec.num_hidden_layers + spec.num_nextn_predict_layers))
     assert arts.dims.w_uk_t_shape() == (n, p, l) and arts.dims.w_uv_shape() == (n, l, v)
     for layer in arts.layers:
+        p = arts.dims_of(layer).qk_nope_head_dim  # a NoPE layer's own (Mistral-Large-4's own test checks which)
         full = load_file(str(arts.layer_path(layer)))
         uk_t, uv = full[w_uk_t_name(layer)], full[w_uv_name(layer)]
         for tp in (1, 2):
@@ -160,7 +161,8 @@ def test_gaudi_standin_takes_the_artifacts_at_the_members_dims(
     assert summary["spot_checked"] == len(layers)
 
 
-@pytest.mark.parametrize("member", demo_members())
+# vllm-gaudi does not serve Mistral-Large-4 (tests/test_family_mistral_large4.py serves it through vLLM 0.34).
+@pytest.mark.parametrize("member", [m for m in demo_members() if not m.startswith("mistral-large-4")])
 @pytest.mark.parametrize("fmt", ["channel-fp8", "bf16"])
 def test_gaudi_standin_serves_every_members_output_from_its_artifacts(gaudi, family_checkpoints, member, fmt):
     """Each member's conversion served from its own directory through the vllm-gaudi stand-in (its

@@ -257,6 +257,9 @@ class CheckpointSpec:
             out += self._attention(p + "self_attn.", i)
             out += self._ffn(p, i)
         out += [("model.norm.weight", "norm", (h,)), ("lm_head.weight", "bf16", (self.vocab_size, h))]
+        layout = members.demo_layout(self.layout)
+        if layout is not None and layout.edit_tensors is not None:
+            out = layout.edit_tensors(self, out)
         # Every FP8 weight carries its block scale right after it, as in DeepSeek's shards; an INT4
         # weight is its packed codes, scales and shape.
         bn, bk = self.block

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mla_convert.constants import (
     CARD_NAME,
@@ -22,7 +22,7 @@ from mla_convert.plan.output_config import output_config
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
 from mla_convert.source.family import FP8_LINEAR, linear_kind
-from mla_runtime.format import kv_b_layer_index, layer_file_name
+from mla_runtime.format import MlaDims, kv_b_layer_index, layer_file_name
 from mla_runtime.safetensors_file import nbytes_of
 
 
@@ -58,6 +58,12 @@ class Plan:
     @property
     def mla_layers(self) -> list[int]:
         return sorted(i for job in self.shards for i in job.mla_layers)
+
+    def dims_of(self, layer: int) -> MlaDims:
+        """The MLA dims of `layer`'s artifacts: the model's, with those the member gives that layer
+        of its own (SourceCheckpoint.own_dims: a NoPE layer's qk_nope_head_dim)."""
+        own = self.source.own_dims(layer)
+        return replace(self.source.dims, **own) if own else self.source.dims
 
     @property
     def config_name(self) -> str:
@@ -109,8 +115,9 @@ class Plan:
 
     def summary(self) -> dict:
         out_shards = sum(j.out_bytes for j in self.shards)
-        d = self.source.dims
-        mla = len(self.mla_layers) * 2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape()))  # bf16
+        mla = sum(
+            2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape())) for d in map(self.dims_of, self.mla_layers)
+        )  # bf16, each layer at its own dims
         side = sum((self.source.root / f).stat().st_size for f in self.source.side_files)
         return {
             "source": str(self.source.root),

@@ -371,9 +371,14 @@ def _check_layers(src: SourceCheckpoint) -> None:
     q_names = ("q_a_proj.weight", "q_b_proj.weight") if lay.q_lora_rank else ("q_proj.weight",)
     required = ("kv_b_proj.weight", "kv_a_proj_with_mqa.weight", "o_proj.weight", *q_names)
     labels = Labels(field=model.label, tensor=names.from_deepseek)
+    try:  # a member's layer may lack one of them (a KV-sharing layer's kv_a_proj_with_mqa)
+        implied = implied_tensors(src.config)
+    except (KeyError, TypeError):  # a missing MoE or vocabulary size: verify's tensor set names it
+        implied = None
     for i in range(lay.all_layers):
         prefix = f"model.layers.{i}.self_attn."
-        missing = [prefix + s for s in required if src.weight_shape(prefix + s) is None]
+        wanted = [s for s in required if implied is None or prefix + s in implied]
+        missing = [prefix + s for s in wanted if src.weight_shape(prefix + s) is None]
         if missing:
             hint = ""
             if lay.q_lora_rank and src.weight_shape(prefix + "q_proj.weight") is not None:
@@ -388,7 +393,7 @@ def _check_layers(src: SourceCheckpoint) -> None:
             raise SourceError(f"{src.root}: layer {i}'s kv_b_proj is INT4; only a 16-bit or block-FP8 one is supported")
         suffixes = {rule.suffix for rule in shape_rules(lay, i)}
         shapes = {s: shape for s in suffixes if (shape := src.weight_shape(f"model.layers.{i}.{s}")) is not None}
-        problem = shape_mismatch(src.config, lay, i, shapes, labels)
+        problem = shape_mismatch(layer_config(src.config, lay.architecture, i), lay, i, shapes, labels)
         if problem:
             raise SourceError(f"{src.root / model.file}: {model.where()}{problem}")
         _check_indexer(src, i)

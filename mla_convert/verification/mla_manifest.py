@@ -24,11 +24,18 @@ from mla_runtime.safetensors_file import ShardHeader
 
 
 def check_mla_manifest(
-    root: Path, dims: MlaDims, mla_layers: list[int], fmt: str, fingerprint: str, tally: Tally
+    root: Path,
+    dims: MlaDims,
+    mla_layers: list[int],
+    fmt: str,
+    fingerprint: str,
+    tally: Tally,
+    layer_dims: dict[int, MlaDims] | None = None,
 ) -> tuple[MlaManifest | None, dict[int, ShardHeader]]:
-    """mla/manifest.json against the model's `dims` and the layers that must have artifacts, and
-    each artifact file it lists. Returns the manifest (None: unreadable) and the artifact headers
-    that were read, by layer."""
+    """mla/manifest.json against the model's `dims`, each layer's own (`layer_dims`, the config's:
+    a layer absent there has the model's) and the layers that must have artifacts, and each
+    artifact file it lists. Returns the manifest (None: unreadable) and the artifact headers that
+    were read, by layer."""
     try:
         man = read_mla_manifest(root / MLA_DIR_NAME)
     except ArtifactError as e:
@@ -65,6 +72,17 @@ def check_mla_manifest(
         )
     headers: dict[int, ShardHeader] = {}
     for entry in man.layers:
+        want = (layer_dims or {}).get(entry.layer, dims)
+        # a layer at the model's dims on both sides is what the model-wide check above counted
+        if want != dims or entry.dims:
+            tally.expect(
+                man.dims_of(entry.layer) == want,
+                STRUCTURE,
+                "mla-manifest",
+                rel_manifest,
+                expected=f"layer {entry.layer}: {want}",
+                found=f"layer {entry.layer}: {man.dims_of(entry.layer)}",
+            )
         if tally.expect(
             entry.file == layer_file_name(entry.layer),
             STRUCTURE,

@@ -26,7 +26,14 @@ from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan
 from mla_convert.source import members
 from mla_convert.source.checkpoint import module_of
-from mla_convert.source.family import FP8_LINEAR, LINEAR, FamilyError, ModelLayout, supported_architectures
+from mla_convert.source.family import (
+    FP8_LINEAR,
+    LINEAR,
+    FamilyError,
+    ModelLayout,
+    layer_config,
+    supported_architectures,
+)
 from mla_convert.source.model_config import ModelConfig, read_model_config
 from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 from mla_convert.verification.expects import (
@@ -91,7 +98,9 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
     lay.mla_layers = sorted(
         i for n in lay.expects if (d := lay.names.to_deepseek(n)) and (i := kv_b_layer_index(d)) is not None
     )
-    lay.mla_manifest, lay.mla_headers = check_mla_manifest(root, lay.dims, lay.mla_layers, fmt, fingerprint, tally)
+    arch = ModelLayout.of(lay.config).architecture  # the expectations above read it already
+    own = {i: MlaDims.from_model_config(layer_config(lay.config, arch, i)) for i in lay.mla_layers}
+    lay.mla_manifest, lay.mla_headers = check_mla_manifest(root, lay.dims, lay.mla_layers, fmt, fingerprint, tally, own)
     return lay
 
 

@@ -88,7 +88,8 @@ def file_tasks(
             tasks.append(FileTask(rel=rel, header=lay.headers[rel], tensors=jobs, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src), **common))
+            at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src), **at))
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks

@@ -46,6 +46,9 @@ class DemoLayout:
     vision_tensors: Callable[[Any], list] = lambda spec: []  # (name, kind, shape) of the copied part
     index_name: str | None = None  # None: model.safetensors.index.json
     side_files: Callable[[Any], dict[str, str]] | None = None  # file -> text, instead of HF's tokenizer files
+    # (spec, [(DeepSeek-V3 name, kind, shape)]) -> that list with the member's own per-layer tensors
+    # (other widths, tensors dropped or added); before the block scales are appended
+    edit_tensors: Callable[[Any, list], list] | None = None
 
 
 # The MLA dims (config.json's names: qk_nope_head_dim, ...) a member gives layer i of its own; None:
