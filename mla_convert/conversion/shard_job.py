@@ -18,7 +18,6 @@ the chosen kernel set (or the transform's definition) runs on them; torch is imp
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,11 +114,10 @@ def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> lis
 
 
 def _layer_dims(plan: Plan, job: ShardJob) -> dict[int, MlaDims]:
-    """The dims of each layer whose artifacts the job writes, where its member gives that layer
-    dims of its own (`SourceCheckpoint.own_dims`)."""
-    src = plan.source
+    """The dims of each layer whose artifacts the job writes, where they are not the model's
+    (`Plan.dims_of`: a member's layer of its own kind)."""
     layers = {t.layer for t in job.tensors if t.layer is not None and t.op != FP8_SCALE}
-    return {layer: dataclasses.replace(src.dims, **own) for layer in sorted(layers) if (own := src.own_dims(layer))}
+    return {layer: d for layer in sorted(layers) if (d := plan.dims_of(layer)) != plan.source.dims}
 
 
 def _int4_jobs(src: SourceCheckpoint, job: ShardJob) -> dict[str, Int4Job]:
