@@ -319,6 +319,13 @@ def test_a_mistral_model_without_mla_is_refused(mistral_copy, tmp_path):
     assert "params.json" in line and "not an MLA checkpoint" in line
 
 
+def test_a_large_3_params_json_without_q_lora_is_refused_not_a_crash(mistral_copy, tmp_path):
+    # Large 3's names have attention.wq_a / wq_b only; a plain wq is Large 4's (with a `dsa` block).
+    _edit_params(mistral_copy, lambda p: p.update(q_lora_rank=None))
+    line = cli_error(["convert", mistral_copy, "--out", tmp_path / "o"], tmp_path / "o")
+    assert "q_lora_rank is None" in line and "`dsa` block of Mistral-Large-4" in line
+
+
 def test_a_bf16_block_multiplier_that_is_not_finite_is_refused(mistral_copy, tmp_path):
     name = "layers.1.experts.2.w1.weight_scale"
     shard = json.loads((mistral_copy / INDEX).read_text())["weight_map"][name]

@@ -176,6 +176,11 @@ def read_layout(root: Path) -> ModelConfig:
         text = text_config(params)
     except MistralError as e:
         raise SourceError(f"{path}: {e}") from e
+    if text.get("q_lora_rank") is None:  # its names have wq_a / wq_b only (Large 4, with `dsa`, has wq)
+        raise SourceError(
+            f"{path}: q_lora_rank is {params.get('q_lora_rank')!r}; Mistral-Large-3's attention has a q LoRA "
+            "(attention.wq_a, attention.wq_b), and a plain attention.wq needs the `dsa` block of Mistral-Large-4"
+        )
     return ModelConfig(
         PARAMS_JSON_NAME, params, raw_bytes, text, names_of(params), text["architectures"][0],
         quant_at=(None,) if QUANT_KEY in params else (), index_name=CONSOLIDATED_INDEX_NAME,
