@@ -26,6 +26,7 @@ from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
+from support import checkpoints
 from support.edits import rewrite_output_tensor
 
 FP8, BF16 = "channel-fp8", "bf16"
@@ -70,10 +71,7 @@ def module_of(name: str) -> str:
 
 
 def load_all(root: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(set(json.loads((root / INDEX).read_text())["weight_map"].values())):
-        out |= load_file(str(root / file))
-    return out
+    return checkpoints.load_all(root, INDEX)
 
 
 def params(root: Path) -> dict:

@@ -15,15 +15,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_runtime_mistral_large4 as runtime_large4
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from mla_convert.source import family
 from mla_convert.source.checkpoint import open_source
 from mla_convert.verification import verify
-from mla_runtime import envs, model_configs, plugin
+from mla_runtime import model_configs, plugin
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
+from support import checkpoints
 from support.cli_runner import cli_error
 from support.edits import edit_json, fix_hash, rewrite_output_tensor
 
@@ -78,10 +80,7 @@ def module_of(name: str) -> str:
 
 
 def load_all(root: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(set(json.loads((root / INDEX).read_text())["weight_map"].values())):
-        out |= load_file(str(root / file))
-    return out
+    return checkpoints.load_all(root, INDEX)
 
 
 def ok(report) -> bool:
@@ -363,14 +362,7 @@ def test_what_vllm_034_refuses_is_refused_in_one_line(family_checkpoints, tmp_pa
 # --- served through the vLLM 0.34 stand-in --------------------------------------------------------
 
 
-@pytest.fixture
-def v034(vllm_standin, monkeypatch):
-    for var in (*envs.ALL, "VLLM_RELOAD_MODE"):
-        monkeypatch.delenv(var, raising=False)
-    plugin.reset()
-    plugin.register()
-    yield vllm_standin
-    plugin.reset()
+v034 = runtime_large4.v034  # the fixture: the 0.34 stand-in with the plugin registered
 
 
 @pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])
@@ -378,13 +370,12 @@ def v034(vllm_standin, monkeypatch):
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 def test_the_demo_output_is_served_from_its_artifacts_at_every_layers_shapes(v034, family_checkpoints, tmp_path,
                                                                              caplog, member, fmt):  # fmt: skip
-    from test_runtime_mistral_large4 import assert_served_from_artifacts, serve
 
     out = _copy(family_checkpoints.converted(member, fmt), tmp_path)
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
-        layers = serve(v034, out)
+        layers = runtime_large4.serve(v034, out)
     assert sorted(layers) == list(range(LAYERS))
-    assert_served_from_artifacts(layers, out)
+    runtime_large4.assert_served_from_artifacts(layers, out)
     assert [hasattr(b.self_attn, "kv_a_proj_with_mqa") for b in layers.model.model.layers] == [
         s == i for i, s in enumerate(SOURCES)
     ]

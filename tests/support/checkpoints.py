@@ -22,9 +22,10 @@ def load_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def load_all(root: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the sharded safetensors checkpoint in `root`, by name (through its index)."""
-    index = load_json(root / "model.safetensors.index.json")["weight_map"]
+def load_all(root: Path, index_name: str = "model.safetensors.index.json") -> dict[str, torch.Tensor]:
+    """Every tensor of the sharded safetensors checkpoint in `root`, by name (through its index:
+    `index_name`, e.g. a consolidated one)."""
+    index = load_json(root / index_name)["weight_map"]
     out = {}
     for file in sorted(set(index.values())):
         with safe_open(str(root / file), "pt") as f:
