@@ -60,6 +60,11 @@ def layer_count(config: dict) -> int:
     return int(text_model_config(config)["num_hidden_layers"])
 
 
+def tile(pattern: list, count: int) -> list:
+    """A per-layer pattern repeated over `count` layers (vLLM's `_expand_layer_pattern`)."""
+    return (pattern * math.ceil(count / len(pattern)))[:count]
+
+
 def _is_params_json(config: dict) -> bool:
     return "num_attention_heads" not in config and "n_heads" in config
 
@@ -79,8 +84,7 @@ def nope_layers(config: dict) -> list[bool]:
         return [False] * count
     if not isinstance(pattern, str):
         raise ValueError(f"nope must be a comma-separated pattern, got {pattern!r}")
-    tile = [v == "nope" for v in pattern.split(",")]  # as vLLM: any other word is a RoPE layer
-    return (tile * math.ceil(count / len(tile)))[:count]
+    return tile([v == "nope" for v in pattern.split(",")], count)  # as vLLM: any other word is a RoPE layer
 
 
 def kv_sources(config: dict) -> list[int]:
@@ -88,23 +92,33 @@ def kv_sources(config: dict) -> list[int]:
     ValueError for what vLLM refuses (a source that is later, itself sharing, or of the other kind)."""
     count = layer_count(config)
     text = text_model_config(config)
+    params = _is_params_json(config)
+    field, layers_field = (
+        ("kv_sharing.source_layers_str", "n_layers") if params else ("kv_source_layers", "num_hidden_layers")
+    )
     sources = text.get("kv_source_layers")
-    if sources is None and _is_params_json(config) and text.get("dsa"):
+    if sources is None and params and text.get("dsa"):
         spelt = (text.get("kv_sharing") or {}).get("source_layers_str")
-        sources = [int(v) for v in spelt.split(",")] if spelt else None
+        try:
+            sources = [int(v) for v in spelt.split(",")] if spelt else None
+        except (AttributeError, ValueError) as e:
+            raise ValueError(f"{field} {spelt!r} must be comma-separated integers") from e
     if sources is None:
         return list(range(count))
     sources = [int(s) for s in sources]
     if len(sources) != count:
-        raise ValueError(f"kv_sharing names {len(sources)} source layers for {count} layers")
+        raise ValueError(f"{field} names {len(sources)} source layers for {layers_field} {count}")
     nope = nope_layers(config)
     for layer, source in enumerate(sources):
-        if not (0 <= source <= layer and sources[source] == source):
+        if not 0 <= source <= layer:
+            where = "a later one" if source > layer else "which does not exist"
+            raise ValueError(f"layer {layer} shares the KV cache of layer {source}, {where}")
+        if sources[source] != source:
             raise ValueError(
-                f"layer {layer} shares the KV cache of layer {source}, not of an earlier non-sharing layer"
+                f"layer {layer} shares the KV cache of layer {source}, which itself shares layer {sources[source]}'s"
             )
         if nope[layer] != nope[source]:
-            raise ValueError(f"layer {layer} shares the KV cache of layer {source}, whose NoPE flag differs")
+            raise ValueError(f"layer {layer} shares the KV cache of layer {source}, of the other NoPE kind")
     return sources
 
 

@@ -15,7 +15,6 @@ config says: they stay 16-bit. Standard library only.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from mla_convert.source.family import OTHER
 from mla_convert.source.members import mistral_large_3 as large3
 from mla_convert.source.members.member import DemoLayout, Member, SupportedCheckpoint
 from mla_convert.source.model_config import QUANT_KEY, ModelConfig, read_json_object
+from mla_runtime import model_configs
 
 _ARCH = "MistralLarge4ForCausalLM"  # what vLLM 0.34 builds from a params.json with a `dsa` block
 DRAFT_PREFIX = "mtp_dspark."  # the DSpark draft: loaded by its own model, BF16, copied as it is
@@ -53,10 +53,6 @@ def is_large4_dir(root: Path) -> bool:
     except (OSError, ValueError):
         return False  # Mistral-Large-3's reading names the problem
     return isinstance(params, dict) and bool(params.get("dsa"))
-
-
-def _tile(pattern: list, layers: int) -> list:
-    return (pattern * math.ceil(layers / len(pattern)))[:layers]
 
 
 def _dsa(params: dict) -> dict:
@@ -90,34 +86,15 @@ def _dsa(params: dict) -> dict:
 
 def _layer_lists(params: dict, layers: int, dsa: dict) -> tuple[list[bool], list[int], list[str]]:
     """Per layer: NoPE or not, its KV source, and its indexer ("full" or "shared")."""
-    nope = params.get("nope")
-    if nope is not None and not isinstance(nope, str):
-        raise Large4Error(f"nope must be a comma-separated pattern, got {nope!r}")
-    flags = _tile([v == "nope" for v in nope.split(",")], layers) if nope else [False] * layers
     sharing = params.get("kv_sharing") or {}
     if not isinstance(sharing, dict) or set(sharing) - {"source_layers_str"}:
         raise Large4Error(f"kv_sharing {sharing!r} is not supported; vLLM 0.34 reads only source_layers_str")
-    spelt = sharing.get("source_layers_str")
-    try:
-        sources = [int(v) for v in spelt.split(",")] if spelt else list(range(layers))
-    except (AttributeError, ValueError) as e:
-        raise Large4Error(f"kv_sharing.source_layers_str {spelt!r} must be comma-separated integers") from e
-    if len(sources) != layers:
-        raise Large4Error(f"kv_sharing.source_layers_str names {len(sources)} source layers for n_layers {layers}")
-    for layer, source in enumerate(sources):
-        if not 0 <= source <= layer:
-            raise Large4Error(f"layer {layer} shares the KV cache of layer {source}, a later one; vLLM 0.34 refuses it")
-        if sources[source] != source:
-            raise Large4Error(
-                f"layer {layer} shares the KV cache of layer {source}, which itself shares layer {sources[source]}'s; "
-                "vLLM 0.34 refuses it"
-            )
-        if flags[layer] != flags[source]:
-            raise Large4Error(
-                f"layer {layer} shares the KV cache of layer {source}, of the other NoPE kind; vLLM 0.34 refuses it"
-            )
+    try:  # the runtime's reading, which the plugin checks the served model with
+        flags, sources = model_configs.nope_layers(params), model_configs.kv_sources(params)
+    except ValueError as e:
+        raise Large4Error(f"{e}; vLLM 0.34 refuses it") from e
     spelt = dsa.get("index_sharing")
-    indexers = _tile(spelt.split(","), layers) if spelt else ["full"] * layers
+    indexers = model_configs.tile(spelt.split(","), layers) if spelt else ["full"] * layers
     if set(indexers) - {"full", "shared"} or indexers[0] != "full":
         raise Large4Error(f"dsa.sharing {spelt!r} must tile 'full' / 'shared' with layer 0 full, as vLLM 0.34 needs")
     return flags, sources, indexers
@@ -332,9 +309,9 @@ def _demo_tensors(spec, tensors: list) -> list:
     layers without wkv_a_with_mqa / kv_a_norm, SSMax per head, the indexer's input norm and SSMax,
     LeRoPE's alpha and the draft; the rest as the generic spec has it."""
     layers, n = spec.num_hidden_layers, spec.num_attention_heads
-    nope = _tile([v == "nope" for v in DEMO_NOPE.split(",")], layers)
+    nope = model_configs.tile([v == "nope" for v in DEMO_NOPE.split(",")], layers)
     sources = DEMO_KV_SOURCES if len(DEMO_KV_SOURCES) == layers else tuple(range(layers))
-    full = _tile(DEMO_INDEX_SHARING.split(","), layers)
+    full = model_configs.tile(DEMO_INDEX_SHARING.split(","), layers)
     out = []
     for name, kind, shape in tensors:
         parts = name.split(".")
@@ -396,7 +373,7 @@ _DEMO = dict(
     num_attention_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
     v_head_dim=32, intermediate_size=192, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
     num_experts_per_tok=2, vocab_size=256, index_n_heads=2, index_head_dim=16,
-    indexer_types=tuple(_tile(DEMO_INDEX_SHARING.split(","), 12)), split_scale_of="",
+    indexer_types=tuple(model_configs.tile(DEMO_INDEX_SHARING.split(","), 12)), split_scale_of="",
 )  # fmt: skip
 
 MEMBER = Member(
