@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_family_mistral as mistral_layout
 import test_runtime_mistral_large4 as runtime_large4
 import torch
 from safetensors import safe_open
@@ -161,35 +162,12 @@ def test_params_json_is_read_as_vllm_034_reads_it_and_agrees_with_the_runtime(fa
 # --- conversions ---------------------------------------------------------------------------------
 
 
-def expected_output(src: dict[str, torch.Tensor], fmt: str, reference) -> dict[str, torch.Tensor]:
-    """From the slow reference: an FP8_BLOCK weight dequantized with its BF16 block multipliers
-    (bf16) or requantized per row (channel FP8); a BF16 source's linears vLLM quantizes, per row in
-    channel FP8; everything else, the draft included, copied."""
-    out = {}
-    for name, t in src.items():
-        module = module_of(name)
-        if name.endswith(".weight_scale"):
-            continue
-        if t.dtype == torch.float8_e4m3fn:
-            x = reference.dequant_block(t, src[module + ".weight_scale"], (128, 128))
-        elif fmt == FP8 and name.endswith(".weight") and QUANTIZED.match(module):
-            x = t.float()
-        else:
-            out[name] = t
-            continue
-        if fmt == BF16:
-            out[name] = x.to(torch.bfloat16)
-        else:
-            out[name], out[module + ".weight_scale"] = reference.channel_fp8(x, 448.0)
-    return out
-
-
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 def test_converts_to_the_reference_in_the_same_layout(family_checkpoints, reference, member, fmt):
     src_dir, out_dir = family_checkpoints.source(member), family_checkpoints.converted(member, fmt)
     src, got = load_all(src_dir), load_all(out_dir)
-    want = expected_output(src, fmt, reference)
+    want = mistral_layout.expected_output(src, fmt, reference, fp8_source=member.endswith("-fp8"), quantized=QUANTIZED)
     assert set(got) == set(want)
     for name, t in want.items():
         assert reference.same_bits(got[name], t), name
