@@ -91,11 +91,6 @@ def text_config(params: dict) -> dict:
     }
 
 
-def params_field(field: str) -> str:
-    """config.json's field as params.json names it."""
-    return PARAMS_FIELD.get(field, field)
-
-
 # Mistral-Large-3's module names after `layers.N.`, and their DeepSeek-V3 names after
 # `model.layers.N.` (what vLLM's MistralLarge3ForCausalLM.hf_to_vllm_mapper maps at load).
 _MISTRAL_LAYER = {
