@@ -107,3 +107,21 @@ def test_no_global_statement_in_the_run_and_process_modules():
         if isinstance(node, ast.Global)
     ]
     assert found == []
+
+
+def test_verifys_read_buffers_are_the_runs_and_let_go_with_it(converted):
+    """The per-thread read buffers and the native checks' scratch are slots of the verify's owner,
+    not module-level thread-locals that outlive it."""
+    import mla_convert
+    from mla_convert.verification import buffers, native_pass
+
+    owners, seen = [], []
+
+    def factory(total: int):
+        owners.append(resources.current())
+        return lambda n: seen.append({k for k in (buffers._PER_THREAD, native_pass._SCRATCH) if owners[0].get(k)})
+
+    report = mla_convert.verify(converted["channel-fp8"], progress_factory=factory)
+    assert report.ok and seen and seen[-1] == {buffers._PER_THREAD, native_pass._SCRATCH}
+    assert owners[0].get(buffers._PER_THREAD) is None and owners[0].get(native_pass._SCRATCH) is None
+    assert resources.current().get(buffers._PER_THREAD) is None
