@@ -7,7 +7,9 @@ With `data_checks=False` (what `upload` runs first) only the structure and integ
 every file is hashed, no tensor's values are read.
 
 Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
-mla-convert output, its manifest is unreadable, or --source cannot be opened.
+mla-convert output, its manifest is unreadable, or --source cannot be opened or is not the source
+the directory was converted from (its fingerprint is not the one recorded: one line, rather than
+every comparison that follows from it reported as the output's failure).
 
 Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first in this
 process. Then each file gets a task (tasks) and is read once, front to back (stream): hashed, and
@@ -61,7 +63,11 @@ def verify(
 
 
 def _verify(
-    root: Path, source: str | Path | None, workers: int, progress_factory: ProgressFactory | None, data_checks: bool
+    root: Path,
+    source: str | Path | None,
+    workers: int,
+    progress_factory: ProgressFactory | None,
+    data_checks: bool,
 ) -> VerifyReport:
     t0 = time.perf_counter()
     if workers < 1:
@@ -69,10 +75,12 @@ def _verify(
     manifest = _read_conversion_manifest(root)
     options = _recorded_options(root, manifest)
     src = _open_source(source) if source is not None else None
+    fingerprint = str(manifest.get("source_fingerprint"))
+    if src is not None:
+        check_is_its_source(root, src, source, options, fingerprint)
     plan = make_plan(src, options) if src is not None else None
 
     tally = Tally()
-    fingerprint = str(manifest.get("source_fingerprint"))
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, fingerprint, plan, tally)
@@ -147,6 +155,33 @@ def _recorded_options(root: Path, manifest: dict) -> Options:
         )
     except (ConvertError, KeyError, TypeError) as e:
         raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from e
+
+
+def check_is_its_source(root: Path, src: SourceCheckpoint, given: str | Path, options: Options, recorded: str) -> None:
+    """VerificationError unless `src` is the source `root` was converted from (its fingerprint,
+    over config, index and shard headers, is the one the manifest records): another source's
+    comparisons would all fail, and say nothing of the output."""
+    fingerprint = src.fingerprint()
+    if fingerprint == recorded:
+        return
+    raise VerificationError(
+        f"--source {given}: this is not the source this directory was converted from: recorded {recorded}, given "
+        f"{fingerprint}{_config_difference(root, src, options)}; without --source, verify checks the directory alone"
+    )
+
+
+def _config_difference(root: Path, src: SourceCheckpoint, options: Options) -> str:
+    """Where the config `src` implies differs from the directory's (config keys), as a clause;
+    empty when it does not (the index or a shard header differs) or it cannot be told."""
+    try:
+        plan = make_plan(src, options)
+        config = json.loads((root / plan.config_name).read_text())
+    except (ConvertError, OSError, ValueError):
+        return ""
+    if not isinstance(config, dict):
+        return ""
+    keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
+    return f"; its config differs in {keys}" if keys else ""
 
 
 def _open_source(source: str | Path) -> SourceCheckpoint:
