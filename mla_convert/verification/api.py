@@ -25,6 +25,7 @@ import dataclasses
 import gc
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME
@@ -43,7 +44,7 @@ from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_report
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
-from mla_convert.verification.tasks import file_tasks
+from mla_convert.verification.tasks import FileResult, FileTask, file_tasks
 
 
 def verify(
@@ -62,12 +63,34 @@ def verify(
         return _verify(Path(out_dir), source, workers, progress_factory, data_checks)
 
 
+RunTasks = Callable[[list[FileTask], Path, int, "ProgressFactory | None"], dict[str, FileResult]]
+
+
+def verify_with(
+    root: Path,
+    source: str | Path | None,
+    run_tasks: RunTasks,
+    *,
+    label: str,
+    workers: int = 1,
+    progress_factory: ProgressFactory | None = None,
+) -> VerifyReport:
+    """Every check of `verify` on `root`, the data pass run by `run_tasks(tasks, root, workers,
+    progress_factory)` (each file's result, by path) instead of runners.run_files: for a directory
+    whose files are brought in and taken away as the pass goes (verification.remote streams a Hub
+    repo's through one). `label`: what the report says was checked."""
+    with resources.run_scope():
+        return _verify(root, source, workers, progress_factory, True, run_tasks, label)
+
+
 def _verify(
     root: Path,
     source: str | Path | None,
     workers: int,
     progress_factory: ProgressFactory | None,
     data_checks: bool,
+    run_tasks: RunTasks = run_files,
+    label: str | None = None,
 ) -> VerifyReport:
     t0 = time.perf_counter()
     if workers < 1:
@@ -94,7 +117,7 @@ def _verify(
     collecting = gc.isenabled()
     gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
     try:
-        results = run_files(tasks, root, workers, progress_factory)
+        results = run_tasks(tasks, root, workers, progress_factory)
     finally:
         if collecting:
             gc.enable()
@@ -106,7 +129,7 @@ def _verify(
     if not data_checks:
         skipped |= dict.fromkeys((VALUES, SOURCE, MLA), "structure and integrity only")
     info = {
-        "dir": str(root),
+        "dir": label or str(root),
         "source": None if src is None else str(src.root),
         "format": options.format,
         "target": options.target,
