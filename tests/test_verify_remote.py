@@ -117,7 +117,9 @@ def test_a_changed_small_file_fails_naming_it(published):
     code, report, _ = verify(REPO)
     assert code == 1
     assert any(ln.startswith("[integrity/size] config.json") for ln in failure_lines(report))
-    assert any(ln.startswith("[integrity/sha256] config.json") and "(of its bytes)" in ln for ln in failure_lines(report))
+    assert any(
+        ln.startswith("[integrity/sha256] config.json") and "(of its bytes)" in ln for ln in failure_lines(report)
+    )
 
 
 def test_a_missing_file_fails_naming_it(published):
@@ -158,7 +160,9 @@ def test_download_runs_every_check_of_a_local_verify(published, tiny_src, hub):
     assert {g: v.checked for g, v in report.groups.items()} == {g: v.checked for g, v in local.groups.items()}
     assert report.tensors == local.tensors and report.mla_layers == local.mla_layers
     assert all(v.skipped is None for v in report.groups.values())
-    shards = sorted(p for p in json.loads((published / MANIFEST_NAME).read_text())["files"] if p.endswith(".safetensors"))
+    shards = sorted(
+        p for p in json.loads((published / MANIFEST_NAME).read_text())["files"] if p.endswith(".safetensors")
+    )
     assert sorted(shard_gets(hub)) == shards  # each data file downloaded once
     (line,) = notices
     assert line.startswith("downloaded ") and "on disk at once" in line
