@@ -550,6 +550,7 @@ def test_the_state_endpoint_and_the_servers_cpu_time(sink, tmp_path):
     assert state["received_bytes"] == f.stat().st_size
     assert [c["summary"] for c in state["commits"]] == ["initial commit", "upload"]
     assert 0 < state["cpu_seconds"] == pytest.approx(sink.cpu_seconds, abs=0.5)
+    assert state["cpu_by_role"]["upload"] > 0 and sum(state["cpu_by_role"].values()) <= state["cpu_seconds"] + 1e-6
 
 
 def test_the_server_in_a_process_of_its_own(tiny_src, tmp_path):

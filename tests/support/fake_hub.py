@@ -292,6 +292,7 @@ class FakeHub(UploadEndpoints):
         self.host = host
         self.requests: list[RequestRecord] = []
         self.cpu_seconds = 0.0
+        self.cpu_by_role: dict[str, float] = {}  # "download" (resolve, listings) and "upload" (the rest)
         self.hf_home: Path | None = None  # set by install()
         self.cache_dir: Path | None = None  # HF_HUB_CACHE, set by install()
         self._repos: dict[str, _Repo] = {}
@@ -486,21 +487,21 @@ class FakeHub(UploadEndpoints):
             self._stall[(repo_id, path)] = _Countdown(times)
 
     def state(self) -> dict:
-        """What a test in another process asks of the server (GET /_fake/state): its CPU seconds,
-        requests, commits and preuploads, the bytes received, and each repo's main branch
+        """What a test in another process asks of the server (GET /_fake/state): its CPU seconds
+        (all, and by role: "download" for resolve and listings, "upload" for the rest), requests, commits and preuploads, the bytes received, and each repo's main branch
         (path -> [size, sha256, bytes received for it])."""
         with self._lock:
             repos = [r for r in self._repos.values() if "main" in r.refs]
             commits = [c.__dict__ for c in self.commits]
             preuploads = [r.__dict__ for r in self.preuploads]
             n_requests = len(self.requests)
-            cpu = self.cpu_seconds
+            cpu, by_role = self.cpu_seconds, dict(self.cpu_by_role)
         branches = {}
         for repo in repos:
             received, sizes = self.received_by_path(repo.repo_id), self.tree_sizes(repo.repo_id)
             branches[repo.repo_id] = {p: [size, sha, received[p]] for p, (size, sha) in sizes.items()}
         return {
-            "cpu_seconds": cpu, "requests": n_requests, "commits": commits, "preuploads": preuploads,
+            "cpu_seconds": cpu, "cpu_by_role": by_role, "requests": n_requests, "commits": commits, "preuploads": preuploads,
             "received_bytes": self.received_bytes, "repos": branches,
         }  # fmt: skip
 
@@ -551,22 +552,7 @@ class FakeHub(UploadEndpoints):
     def env(self, hf_home: str | Path) -> dict[str, str]:
         """Env vars pointing a `huggingface_hub` process at this server with its cache under `hf_home`.
         (Also remove `ENV_UNSET` from a child's environment; `install` does both for os.environ.)"""
-        hf_home = Path(hf_home)
-        no_proxy = ",".join(
-            x for x in dict.fromkeys([self.host, "localhost", *os.environ.get("NO_PROXY", "").split(",")]) if x
-        )
-        return {
-            "HF_ENDPOINT": self.endpoint,
-            "HF_HOME": str(hf_home),
-            "HF_HUB_CACHE": str(hf_home / "hub"),
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-            "HF_HUB_DISABLE_SYMLINKS_WARNING": "1",
-            "NO_PROXY": no_proxy,
-            "no_proxy": no_proxy,
-        }
+        return client_env(self.endpoint, hf_home)
 
     def install(self, monkeypatch: pytest.MonkeyPatch, hf_home: str | Path) -> None:
         """Point `huggingface_hub` at this server, in this process and in subprocesses started from it, with an
@@ -644,26 +630,29 @@ class FakeHub(UploadEndpoints):
 
     def _handle(self, h: _Handler, method: str) -> None:
         started = time.thread_time()
-        try:
-            self._handle_request(h, method)
-        finally:
-            spent = time.thread_time() - started
-            with self._lock:
-                self.cpu_seconds += spent
-
-    def _handle_request(self, h: _Handler, method: str) -> None:
         split = urlsplit(h.path)
-        raw_segs = split.path.split("/")
-        query = parse_qs(split.query, keep_blank_values=True)
         rec = RequestRecord(
             method=method,
             path=unquote(split.path),
-            query=query,
+            query=parse_qs(split.query, keep_blank_values=True),
             status=0,
             kind="other",
             authorization=h.headers.get("Authorization"),
             range=h.headers.get("Range"),
         )
+        try:
+            self._handle_request(h, method, rec)
+        finally:
+            spent = time.thread_time() - started
+            role = "download" if rec.kind in ("resolve", "info", "tree", "paths-info") else "upload"
+            with self._lock:
+                self.cpu_seconds += spent
+                self.cpu_by_role[role] = self.cpu_by_role.get(role, 0.0) + spent
+
+    def _handle_request(self, h: _Handler, method: str, rec: RequestRecord) -> None:
+        split = urlsplit(h.path)
+        raw_segs = split.path.split("/")
+        query = rec.query
         try:
             kind = upload_kind(method, raw_segs)
             if kind is not None and self._upload_fault(h, rec, kind):
@@ -983,6 +972,26 @@ class FakeHub(UploadEndpoints):
         if method != "HEAD":
             rec.bytes_sent = len(body)
             h.wfile.write(body)
+
+
+def client_env(endpoint: str, hf_home: str | Path) -> dict[str, str]:
+    """Env vars pointing a `huggingface_hub` process at the fake Hub at `endpoint` (another
+    process's too: fake_hub_serve.py), its cache under `hf_home` (FakeHub.env)."""
+    hf_home = Path(hf_home)
+    host = urlsplit(endpoint).hostname or "127.0.0.1"
+    no_proxy = ",".join(x for x in dict.fromkeys([host, "localhost", *os.environ.get("NO_PROXY", "").split(",")]) if x)
+    return {
+        "HF_ENDPOINT": endpoint,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_CACHE": str(hf_home / "hub"),
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+        "HF_HUB_DISABLE_SYMLINKS_WARNING": "1",
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
 
 
 def _parse_range(value: str, total: int) -> tuple[int, int] | None:
