@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests")]
 
 import r1_sparse_source as r1  # noqa: E402
+
 from support.fake_hub import ENV_UNSET, client_env  # noqa: E402
 
 SOURCE_REPO = "deepseek-ai/DeepSeek-R1"
