@@ -214,7 +214,8 @@ def test_download_with_another_source_is_one_line(published, family_checkpoints)
 
 def test_no_such_repo_no_network_no_manifest(hub, tmp_path, monkeypatch):
     code, _, stderr = verify("org/nothing-here")
-    assert code == 2 and "org/nothing-here: repository not found on the Hub" in one_error_line(stderr)
+    line = one_error_line(stderr)
+    assert code == 2 and "org/nothing-here: no such directory here, and no such model repo on the Hub" in line
 
     plain = tmp_path / "plain"
     plain.mkdir()

@@ -30,6 +30,7 @@ VerificationError line (exit 2); a failed check is a failure in the report (exit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +57,7 @@ from mla_convert.verification.tasks import FileResult, FileTask
 
 FETCH_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-download"
 HASH_CHUNK = 1 << 20
-NOT_READ = "the files stay on the Hub (--download reads them)"
+NOT_READ = "not downloaded (--download reads every file)"
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ def verify_repo(
     main): see the module docstring. `max_disk` (bytes, with `download`): what the work directory
     may hold at once (default: what the plan needs, plus one file downloading ahead). `status`:
     what runs now; `notice`: what was downloaded, and the most on disk at once."""
+    t0 = time.perf_counter()
     status = status or (lambda message: None)
     if source is not None and not download:
         raise VerificationError("--source compares every tensor with the source: it needs --download")
@@ -120,7 +123,8 @@ def verify_repo(
         digests = {rel: _fetch(branch, rel, root, scratch) for rel in branch.git()}
         manifest = _read_manifest(branch, root)
         if not download:
-            return _listing_report(branch, manifest, root, digests)
+            report = _listing_report(branch, manifest, root, digests)
+            return dataclasses.replace(report, seconds=round(time.perf_counter() - t0, 3))
         status(f"reading the shard headers of {branch.label}")
         for rel in branch.lfs():
             _stand_in(branch, rel, root)
@@ -130,7 +134,7 @@ def verify_repo(
             notice(
                 f"downloaded {gb(fetcher.downloaded)} from {branch.label}; at most {gb(fetcher.peak)} on disk at once"
             )
-        return report
+        return dataclasses.replace(report, seconds=round(time.perf_counter() - t0, 3))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -149,10 +153,18 @@ def _hub_errors(repo_id: str, revision: str):
 
 def list_branch(repo_id: str, revision: str) -> Branch:
     """The files of one commit of the repo, with sizes and what the Hub records of their bytes."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, errors
 
     with _hub_errors(repo_id, revision):
-        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+        try:
+            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+        except errors.RepositoryNotFoundError as e:
+            if isinstance(e, errors.GatedRepoError):
+                raise
+            raise VerificationError(
+                f"{repo_id}: no such directory here, and no such model repo on the Hub (or the token cannot see it: "
+                "log in with hf auth login)"
+            ) from e
     files = {
         s.rfilename: HubFile(s.rfilename, s.size or 0, s.lfs.sha256 if s.lfs else None, None if s.lfs else s.blob_id)
         for s in info.siblings or []
@@ -231,7 +243,7 @@ def _listing_report(branch: Branch, manifest: dict, root: Path, digests: dict[st
     info = {
         "dir": branch.label, "source": None, "format": options.get("format"), "target": options.get("target"),
         "fp8_max": _fp8_max(options), "files": len(branch.files), "tensors": 0, "mla_layers": 0, "workers": 1,
-        "readers": "none", "readers_reason": NOT_READ, "tolerances": TOLERANCES,
+        "readers": "none", "readers_reason": "no tensor values read", "tolerances": TOLERANCES,
     }  # fmt: skip
     return as_report(tally, skipped, info)
 
