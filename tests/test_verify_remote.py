@@ -204,6 +204,16 @@ def test_download_fails_naming_a_changed_shard(published):
     assert {(f.check, f.file) for f in report.failures() if f.group == "integrity"} == {("sha256", SHARD)}
 
 
+def test_download_reads_each_header_as_the_file_holds_it(published):
+    data = bytearray((published / SHARD).read_bytes())
+    data[8:16] = b"{garbage"  # the header's first bytes: not JSON
+    HfApi().upload_file(path_or_fileobj=bytes(data), path_in_repo=SHARD, repo_id=REPO)
+    report = mla_convert.verify(REPO, download=True)
+    assert report.exit_code == 1
+    headers = [f for f in report.failures() if (f.group, f.check) == ("structure", "header")]
+    assert [(f.file, "not JSON" in f.found) for f in headers] == [(SHARD, True)]
+
+
 def test_download_with_another_source_is_one_line(published, family_checkpoints):
     code, _, stderr = verify(REPO, "--download", "--source", family_checkpoints.source("kimi-k2"))
     assert code == 2 and "this is not the source this directory was converted from" in one_error_line(stderr)

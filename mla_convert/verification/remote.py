@@ -57,6 +57,7 @@ from mla_convert.verification.tasks import FileResult, FileTask
 
 FETCH_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-download"
 HASH_CHUNK = 1 << 20
+MAX_HEADER = 100 << 20  # safetensors' own limit on a header; a longer one is read that far (and refused)
 NOT_READ = "not downloaded (--download reads every file)"
 
 
@@ -121,13 +122,16 @@ def verify_repo(
         root.mkdir()
         status(f"fetching the small files of {branch.label}")
         digests = {rel: _fetch(branch, rel, root, scratch) for rel in branch.git()}
+        if MANIFEST_NAME in branch.files and MANIFEST_NAME not in digests:  # kept in LFS: fetched all the same
+            _fetch(branch, MANIFEST_NAME, root, scratch)
         manifest = _read_manifest(branch, root)
         if not download:
             report = _listing_report(branch, manifest, root, digests)
             return dataclasses.replace(report, seconds=round(time.perf_counter() - t0, 3))
         status(f"reading the shard headers of {branch.label}")
         for rel in branch.lfs():
-            _stand_in(branch, rel, root)
+            if rel != MANIFEST_NAME:
+                _stand_in(branch, rel, root)
         fetcher = _Fetcher(branch, root, scratch, max_disk, sum(f.size for f in map(branch.files.get, digests)))
         report = verify_with(root, source, fetcher.run, label=branch.label, progress_factory=progress_factory)
         if notice is not None:
@@ -259,23 +263,33 @@ def _fp8_max(options: dict) -> float | None:
 
 
 def _stand_in(branch: Branch, rel: str, root: Path) -> None:
-    """root/rel at the file's size, holding only its safetensors header (a hole after it); any
-    other LFS file (not safetensors, or a header that does not parse) a hole of its size."""
+    """root/rel at the file's size, its first bytes the file's own (a safetensors header: its 8-byte
+    length and the header, by two range requests), a hole after them: what the header pass reads
+    of it is what it would read of the file."""
+    size = branch.files[rel].size
+    head = b""
+    if rel.endswith(".safetensors") and size >= 8:
+        head = _range(branch, rel, 0, 7)
+        n = min(struct.unpack("<Q", head)[0], size - 8, MAX_HEADER)
+        head += _range(branch, rel, 8, 8 + n - 1) if n > 0 else b""
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = b""
-    if rel.endswith(".safetensors"):
-        repo = hub.HubRepo(branch.repo_id, branch.commit, {rel: hub.RemoteFile(rel, branch.files[rel].size, None)})
-        try:
-            header = hub.remote_header(repo, rel, path)
-            head = struct.pack("<Q", len(header.header_bytes)) + header.header_bytes
-        except SourceError as e:
-            if "cannot reach" in str(e) or "Hub request failed" in str(e):
-                raise VerificationError(str(e)) from e
-            # a header that does not parse: the header pass reports it, from the stand-in's hole
     with open(path, "wb") as f:
         f.write(head)
-        f.truncate(branch.files[rel].size)
+        f.truncate(size)
+
+
+def _range(branch: Branch, rel: str, start: int, end: int) -> bytes:
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(branch.repo_id, rel, revision=branch.commit)
+    with _hub_errors(branch.repo_id, branch.revision):
+        r = get_session().get(
+            url, headers={**build_hf_headers(), "range": f"bytes={start}-{end}"}, follow_redirects=True
+        )
+        hf_raise_for_status(r)
+    return r.content[: end - start + 1]
 
 
 class _Fetcher:
