@@ -63,6 +63,10 @@ def verify(
     workers: int = 1,
     progress_factory: ProgressFactory | None = None,
     notice: MessageFn | None = None,
+    revision: str | None = None,
+    download: bool = False,
+    max_disk: int | None = None,
+    status: MessageFn | None = None,
 ) -> VerifyReport:
     """Verify `out_dir`, a directory mla-convert wrote, optionally against its `source` (every
     tensor compared with the exact value of the source's). `report.ok` when every check passed;
@@ -71,8 +75,30 @@ def verify(
     Holds `out_dir`'s lock while it reads, as `mla-convert verify` does: refused (OutputError,
     naming the PID) while a conversion, a card or an upload holds it; `notice` hears of a stale
     lock taken over. Raises VerificationError (a ConvertError) when verification cannot run: not
-    an mla-convert output, an unreadable manifest, a `source` that cannot be opened.
+    an mla-convert output, an unreadable manifest, a `source` that cannot be opened or is not the
+    one `out_dir` was converted from.
+
+    `out_dir` an OWNER/NAME that is not a local path: the conversion published on the Hub
+    (verification.remote), at `revision` (default main): its files' sizes and sha256 as the Hub
+    records them against the manifest, without downloading them; with `download`, every check of
+    a local verify (and `source`), the files downloaded in turn, at most `max_disk` bytes at once;
+    `status` hears what runs now, `notice` what was downloaded.
     """
+    from mla_convert.verification.remote import is_repo_target
+
+    if is_repo_target(out_dir):
+        from mla_convert.verification.remote import verify_repo
+
+        return verify_repo(
+            str(out_dir), revision=revision, source=source, download=download, max_disk=max_disk,
+            progress_factory=progress_factory, status=status, notice=notice,
+        )  # fmt: skip
+    if revision is not None or download or max_disk is not None:
+        from mla_convert.errors import VerificationError
+
+        raise VerificationError(
+            f"{out_dir}: a local directory; --revision, --download and --max-disk are for a Hub repo"
+        )
     from mla_convert.verification.api import verify as run
 
     with locked(Path(out_dir), "verify", notice):

@@ -306,3 +306,281 @@ def test_standalone_context_manager_shuts_down(tiny_src):
 
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+# --- what issue 41 needs: sparse files served by sendfile, the sink, byte counters, upload faults ----
+
+
+TOKEN = "hf_fake_write_token"
+SINK_REPO = "org/sink"
+
+
+def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
+    """A file of `size` bytes, holes but for `data` ({offset: bytes})."""
+    with open(path, "wb") as f:
+        for offset, chunk in data.items():
+            f.seek(offset)
+            f.write(chunk)
+        f.truncate(size)
+    return path
+
+
+@pytest.fixture
+def sink(tmp_path, monkeypatch):
+    """A started FakeHub in sink mode, installed, with a write token in HF_TOKEN; parts of 1 MiB."""
+    with FakeHub(sink=True) as hub:
+        hub.install(monkeypatch, tmp_path / "hf_home")
+        hub.add_token(TOKEN)
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        try:
+            yield hub
+        finally:
+            huggingface_hub.close_session()
+
+
+def upload_files(files: dict[str, Path], repo: str = SINK_REPO, message: str = "upload") -> str:
+    from huggingface_hub import CommitOperationAdd
+
+    api = HfApi()
+    api.create_repo(repo, exist_ok=True)
+    ops = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(p)) for rel, p in files.items()]
+    return api.create_commit(repo, ops, commit_message=message).oid
+
+
+class _CountingFile:
+    """A file object that counts the bytes read through it (its descriptor still serves sendfile)."""
+
+    read_bytes = 0
+
+    def __init__(self, f):
+        self._f = f
+
+    def read(self, *args):
+        data = self._f.read(*args)
+        _CountingFile.read_bytes += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def test_a_sparse_file_is_served_without_reading_it_into_python(fake_hub, tmp_path, monkeypatch):
+    import tracemalloc
+
+    import httpx2
+
+    import support.fake_hub
+
+    counting = lambda *a, **k: _CountingFile(open(*a, **k))  # noqa: E731, SIM115 (closed by its __exit__)
+    monkeypatch.setattr(support.fake_hub, "open", counting, raising=False)
+    monkeypatch.setattr(_CountingFile, "read_bytes", 0)
+
+    size = 96 << 20
+    marks = {0: b"head", 50 << 20: b"middle", size - 4: b"tail"}
+    repo_dir = tmp_path / "repo"
+    repo_dir.mkdir()
+    sparse_file(repo_dir / "model.safetensors", size, marks)
+    digest = sha256_of(repo_dir / "model.safetensors")
+    fake_hub.add_repo("org/sparse", repo_dir, known_sha256={"model.safetensors": digest})
+    url = f"{fake_hub.endpoint}/org/sparse/resolve/main/model.safetensors"
+
+    code = (
+        "import hashlib, sys, httpx2\n"
+        "h = hashlib.sha256()\n"
+        "with httpx2.stream('GET', sys.argv[1], timeout=30) as r:\n"
+        "    for chunk in r.iter_bytes(1 << 20): h.update(chunk)\n"
+        "print(r.status_code, h.hexdigest())\n"
+    )
+    tracemalloc.start()
+    try:  # the client in another process: what this one allocates is the server's
+        out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["200", digest]
+    assert peak < 4 << 20, peak  # 96 MiB served, never held by Python
+    assert _CountingFile.read_bytes == 0  # nor read through it: sendfile
+    (get,) = [r for r in fake_hub.requests if r.method == "GET" and r.filename == "model.safetensors"]
+    assert get.bytes_sent == size
+
+    r = httpx2.get(url, headers={"Range": f"bytes={50 << 20}-{(50 << 20) + 5}"}, timeout=5)
+    assert (r.status_code, r.content) == (206, b"middle")
+    r = httpx2.get(url, headers={"Range": "bytes=-4"}, timeout=5)
+    assert (r.status_code, r.content) == (206, b"tail")
+
+
+def test_the_sink_keeps_paths_sizes_and_sha256_not_bytes(sink, tmp_path):
+    big = tmp_path / "model-00001-of-00001.safetensors"
+    big.write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # above the 2 MiB multipart threshold: 4 parts
+    small = tmp_path / "tiny.safetensors"
+    small.write_bytes(os.urandom(1000))
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "deepseek_v3"}\n')
+    upload_files({big.name: big, "sub/" + small.name: small, config.name: config})
+
+    # The listings answer as for kept bytes.
+    files = {e.path: e for e in HfApi().list_repo_tree(SINK_REPO, recursive=True) if hasattr(e, "size")}
+    assert sorted(files) == [
+        ".gitattributes",
+        "config.json",
+        "model-00001-of-00001.safetensors",
+        "sub/tiny.safetensors",
+    ]
+    for rel, p in ((big.name, big), ("sub/" + small.name, small)):
+        assert files[rel].size == p.stat().st_size and files[rel].lfs.sha256 == sha256_of(p)
+    assert files["config.json"].lfs is None and files["config.json"].blob_id == git_sha1_of(config)
+    (info,) = HfApi().get_paths_info(SINK_REPO, [big.name])
+    assert info.lfs.sha256 == sha256_of(big)
+    assert sink.tree_sizes(SINK_REPO)[big.name] == (big.stat().st_size, sha256_of(big))
+    assert sink.count(kind="lfs-part") == 4 and sink.count(kind="lfs-upload") == 1
+
+    # No LFS bytes kept anywhere; a regular file is kept and downloads.
+    stored = [p for p in Path(sink._storage.name).rglob("*") if p.is_file() and p.stat().st_size >= 1000]
+    assert stored == []
+    assert Path(hf_hub_download(SINK_REPO, "config.json")).read_bytes() == config.read_bytes()
+    with pytest.raises(errors.HfHubHTTPError) as e:
+        hf_hub_download(SINK_REPO, big.name)
+    assert e.value.response.status_code == 410
+
+    # Bytes received per path: each file once; the same content again is not sent.
+    sizes = {rel: (tmp_path / rel.split("/")[-1]).stat().st_size for rel in (big.name, config.name)}
+    received = sink.received_by_path(SINK_REPO)
+    assert received[big.name] == sizes[big.name] and received[config.name] == sizes[config.name]
+    assert received["sub/tiny.safetensors"] == 1000 and received[".gitattributes"] == 0
+    before = sink.received_bytes
+    upload_files({"copy-of-big.safetensors": big}, message="again")
+    assert sink.received_bytes == before  # the batch said "stored": no PUT
+    assert sink.received_by_path(SINK_REPO)["copy-of-big.safetensors"] == sizes[big.name]
+    assert [c.summary for c in sink.commits] == ["initial commit", "upload", "again"]
+    assert [(r.repo_id, sorted(p for p, _, _ in r.files)) for r in sink.preuploads] == [
+        (SINK_REPO, ["config.json", big.name, "sub/tiny.safetensors"]),
+        (SINK_REPO, ["copy-of-big.safetensors"]),
+    ]
+    assert {mode for r in sink.preuploads for p, _, mode in r.files if p.endswith(".safetensors")} == {"lfs"}
+
+
+def test_the_sink_refuses_bytes_that_are_not_the_object(sink, tmp_path):
+    import httpx2
+
+    data = os.urandom(1000)
+    url = f"{sink.endpoint}/fake-lfs/{hashlib.sha256(b'other').hexdigest()}?size=1000"
+    assert httpx2.put(url, content=data, timeout=5).status_code == 400
+    assert sink._objects == {}
+
+
+def test_upload_faults_are_retried_by_the_client_where_transient(sink, tmp_path):
+    big = tmp_path / "model.safetensors"
+    big.write_bytes(os.urandom(3 * 1024 * 1024))  # 3 parts of 1 MiB
+    small = tmp_path / "other.safetensors"
+    small.write_bytes(os.urandom(5000))
+    sink.fail_upload("lfs-part", status=503, times=2)
+    sink.cut_upload("lfs-upload", at=1000)
+    sink.fail_upload("preupload", status=429, retry_after=0.2)
+    upload_files({big.name: big, small.name: small})
+
+    assert sink.tree(SINK_REPO)[big.name] == sha256_of(big) and sink.tree(SINK_REPO)[small.name] == sha256_of(small)
+    parts = [r.status for r in sink.requests if r.kind == "lfs-part"]
+    assert parts == [503, 503, 200, 200, 200]
+    assert [r.status for r in sink.requests if r.kind == "lfs-upload"] == [-1, 200]
+    assert [r.status for r in sink.requests if r.kind == "preupload"][:2] == [429, 200]
+    # What was received, the failed sends included: a test of "nothing sent twice" subtracts its faults.
+    assert sink.received_lfs[sha256_of(big)] == 3 * 1024 * 1024 + 2 * 1024 * 1024
+    assert sink.received_lfs[sha256_of(small)] == 1000 + 5000
+
+
+def test_a_failed_commit_says_retry_after_and_changes_nothing(sink, tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(os.urandom(4000))
+    upload_files({}, message="empty")  # the repo exists, the next commit is the faulted one
+    sink.fail_upload("commit", status=429, retry_after=3)
+    with pytest.raises(errors.HfHubHTTPError) as e:
+        upload_files({f.name: f})
+    assert e.value.response.status_code == 429 and e.value.response.headers["Retry-After"] == "3"
+    assert f.name not in sink.tree(SINK_REPO)
+    assert sink.received_lfs[sha256_of(f)] == 4000  # the data went up before the commit
+
+    sink.cut_upload("commit")
+    with pytest.raises(Exception) as e:  # a lost connection: the client's transport error
+        upload_files({f.name: f})
+    assert f.name not in sink.tree(SINK_REPO)
+    assert sink.count(kind="commit", status=-1) == 1
+    upload_files({f.name: f})
+    assert sink.tree(SINK_REPO)[f.name] == sha256_of(f)
+    assert sink.received_by_path(SINK_REPO)[f.name] == 4000  # stored once, never sent again
+
+
+def test_a_stall_holds_the_request_until_released_or_its_time(sink, tmp_path):
+    import threading
+    import time
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(os.urandom(4000))
+    sink.stall_upload("lfs-upload", seconds=0.5)
+    t0 = time.monotonic()
+    upload_files({f.name: f})
+    assert time.monotonic() - t0 >= 0.5
+    g = tmp_path / "second.safetensors"
+    g.write_bytes(os.urandom(4000))
+    sink.stall_upload("commit")  # until released
+    timer = threading.Timer(0.5, sink.release_stalls)
+    timer.start()
+    t0 = time.monotonic()
+    upload_files({g.name: g})
+    assert time.monotonic() - t0 >= 0.5 and g.name in sink.tree(SINK_REPO)
+    timer.join()
+    with pytest.raises(ValueError, match="unknown upload request kind"):
+        sink.fail_upload("upload")
+
+
+def test_the_state_endpoint_and_the_servers_cpu_time(sink, tmp_path):
+    import httpx2
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(os.urandom(3 * 1024 * 1024))
+    upload_files({f.name: f})
+    state = httpx2.get(f"{sink.endpoint}/_fake/state", timeout=5).json()
+    assert state["repos"][SINK_REPO][f.name] == [f.stat().st_size, sha256_of(f), f.stat().st_size]
+    assert state["received_bytes"] == f.stat().st_size
+    assert [c["summary"] for c in state["commits"]] == ["initial commit", "upload"]
+    assert 0 < state["cpu_seconds"] == pytest.approx(sink.cpu_seconds, abs=0.5)
+    assert state["cpu_by_role"]["upload"] > 0 and sum(state["cpu_by_role"].values()) <= state["cpu_seconds"] + 1e-6
+
+
+def test_the_server_in_a_process_of_its_own(tiny_src, tmp_path):
+    import json
+    import signal
+
+    import httpx2
+
+    digests = {SHARD: sha256_of(tiny_src / SHARD)}
+    (tmp_path / "digests.json").write_text(json.dumps(digests))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "support.fake_hub_serve", "--repo", f"{REPO}={tiny_src}:{tmp_path / 'digests.json'}",
+         "--sink", "--token", TOKEN],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        started = json.loads(proc.stdout.readline())
+        assert started["pid"] == proc.pid
+        hub_env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
+        hub_env |= {"HF_ENDPOINT": started["endpoint"], "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
+        code = f"import huggingface_hub as h; print(h.snapshot_download({REPO!r}))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=hub_env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        got = Path(out.stdout.strip().splitlines()[-1])
+        assert (got / SHARD).read_bytes() == (tiny_src / SHARD).read_bytes()
+        state = httpx2.get(f"{started['endpoint']}/_fake/state", timeout=5).json()
+        assert state["repos"][REPO][SHARD][:2] == [(tiny_src / SHARD).stat().st_size, digests[SHARD]]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert usage.ru_utime + usage.ru_stime > 0  # its own CPU time, apart from the client's

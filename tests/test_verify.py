@@ -571,13 +571,31 @@ def test_source_from_another_checkpoint(converted, other, tiny_src, tmp_path):
     _, report = run(converted[FP8], other[FP8].parent / "src")  # same shapes, other values
     assert_fails(report, "source", "copy-exact", tensor="model.embed_tokens.weight")
     assert_fails(report, "source", "fp8-bound", tensor=kv_b(0))
-    src = Path(shutil.copytree(tiny_src, tmp_path / "src"))  # same values, another config
+    src = Path(shutil.copytree(tiny_src, tmp_path / "src"))  # same values, another config: another source
     cfg = json.loads((src / "config.json").read_text())
     cfg["rope_theta"] = 50000
     (src / "config.json").write_text(json.dumps(cfg))
-    _, report = run(converted[FP8], src)
-    assert_fails(report, "source", "fingerprint", file=MANIFEST_NAME)
-    assert_fails(report, "source", "config", file="config.json")
+    res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(src)])
+    assert res.exit_code == 2 and "this is not the source this directory was converted from" in res.stderr
+    assert "its config differs in ['rope_theta']" in res.stderr
+
+
+def test_a_source_that_is_not_this_ones_is_one_line_not_the_outputs_failures(converted, family_checkpoints):
+    """Issue 42 item 2: another checkpoint as --source (its fingerprint is not the one recorded)
+    is said in one line, first; the comparisons that follow from it are not the output's failures."""
+    from mla_convert.source.checkpoint import open_source
+
+    other = family_checkpoints.source("kimi-k2")
+    recorded = json.loads((converted[FP8] / MANIFEST_NAME).read_text())["source_fingerprint"]
+    given = open_source(other).fingerprint()
+    res = runner.invoke(app, ["verify", str(converted[FP8]), "--source", str(other)])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, (res.exit_code, res.stdout, res.stderr)
+    assert f"this is not the source this directory was converted from: recorded {recorded}, given {given}" in lines[0]
+    assert lines[0].startswith(f"error: --source {other}: ")
+    assert "[structure/" not in res.stdout and "worst tensors" not in res.stdout
+    with pytest.raises(VerificationError, match="not the source this directory was converted from"):
+        verify(converted[FP8], other)
 
 
 # --- cannot run: exit 2 ---------------------------------------------------------------------------

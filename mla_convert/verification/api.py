@@ -7,7 +7,9 @@ With `data_checks=False` (what `upload` runs first) only the structure and integ
 every file is hashed, no tensor's values are read.
 
 Raises VerificationError (exit code 2) when verification cannot run: the directory is not an
-mla-convert output, its manifest is unreadable, or --source cannot be opened.
+mla-convert output, its manifest is unreadable, or --source cannot be opened or is not the source
+the directory was converted from (its fingerprint is not the one recorded: one line, rather than
+every comparison that follows from it reported as the output's failure).
 
 Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first in this
 process. Then each file gets a task (tasks) and is read once, front to back (stream): hashed, and
@@ -23,6 +25,7 @@ import dataclasses
 import gc
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME
@@ -41,7 +44,7 @@ from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_report
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
-from mla_convert.verification.tasks import file_tasks
+from mla_convert.verification.tasks import FileResult, FileTask, file_tasks
 
 
 def verify(
@@ -60,8 +63,34 @@ def verify(
         return _verify(Path(out_dir), source, workers, progress_factory, data_checks)
 
 
+RunTasks = Callable[[list[FileTask], Path, int, "ProgressFactory | None"], dict[str, FileResult]]
+
+
+def verify_with(
+    root: Path,
+    source: str | Path | None,
+    run_tasks: RunTasks,
+    *,
+    label: str,
+    workers: int = 1,
+    progress_factory: ProgressFactory | None = None,
+) -> VerifyReport:
+    """Every check of `verify` on `root`, the data pass run by `run_tasks(tasks, root, workers,
+    progress_factory)` (each file's result, by path) instead of runners.run_files: for a directory
+    whose files are brought in and taken away as the pass goes (verification.remote streams a Hub
+    repo's through one). `label`: what the report says was checked."""
+    with resources.run_scope():
+        return _verify(root, source, workers, progress_factory, True, run_tasks, label)
+
+
 def _verify(
-    root: Path, source: str | Path | None, workers: int, progress_factory: ProgressFactory | None, data_checks: bool
+    root: Path,
+    source: str | Path | None,
+    workers: int,
+    progress_factory: ProgressFactory | None,
+    data_checks: bool,
+    run_tasks: RunTasks = run_files,
+    label: str | None = None,
 ) -> VerifyReport:
     t0 = time.perf_counter()
     if workers < 1:
@@ -69,10 +98,12 @@ def _verify(
     manifest = _read_conversion_manifest(root)
     options = _recorded_options(root, manifest)
     src = _open_source(source) if source is not None else None
+    fingerprint = str(manifest.get("source_fingerprint"))
+    if src is not None:
+        check_is_its_source(root, src, source, options, fingerprint)
     plan = make_plan(src, options) if src is not None else None
 
     tally = Tally()
-    fingerprint = str(manifest.get("source_fingerprint"))
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
     layout = check_structure(root, options.format, fingerprint, plan, tally)
@@ -86,7 +117,7 @@ def _verify(
     collecting = gc.isenabled()
     gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
     try:
-        results = run_files(tasks, root, workers, progress_factory)
+        results = run_tasks(tasks, root, workers, progress_factory)
     finally:
         if collecting:
             gc.enable()
@@ -98,7 +129,7 @@ def _verify(
     if not data_checks:
         skipped |= dict.fromkeys((VALUES, SOURCE, MLA), "structure and integrity only")
     info = {
-        "dir": str(root),
+        "dir": label or str(root),
         "source": None if src is None else str(src.root),
         "format": options.format,
         "target": options.target,
@@ -147,6 +178,33 @@ def _recorded_options(root: Path, manifest: dict) -> Options:
         )
     except (ConvertError, KeyError, TypeError) as e:
         raise VerificationError(f"{root / MANIFEST_NAME}: unusable options {manifest.get('options')!r} ({e})") from e
+
+
+def check_is_its_source(root: Path, src: SourceCheckpoint, given: str | Path, options: Options, recorded: str) -> None:
+    """VerificationError unless `src` is the source `root` was converted from (its fingerprint,
+    over config, index and shard headers, is the one the manifest records): another source's
+    comparisons would all fail, and say nothing of the output."""
+    fingerprint = src.fingerprint()
+    if fingerprint == recorded:
+        return
+    raise VerificationError(
+        f"--source {given}: this is not the source this directory was converted from: recorded {recorded}, given "
+        f"{fingerprint}{_config_difference(root, src, options)}; without --source, verify checks the directory alone"
+    )
+
+
+def _config_difference(root: Path, src: SourceCheckpoint, options: Options) -> str:
+    """Where the config `src` implies differs from the directory's (config keys), as a clause;
+    empty when it does not (the index or a shard header differs) or it cannot be told."""
+    try:
+        plan = make_plan(src, options)
+        config = json.loads((root / plan.config_name).read_text())
+    except (ConvertError, OSError, ValueError):
+        return ""
+    if not isinstance(config, dict):
+        return ""
+    keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
+    return f"; its config differs in {keys}" if keys else ""
 
 
 def _open_source(source: str | Path) -> SourceCheckpoint:

@@ -11,7 +11,16 @@ threads). It implements only what `huggingface_hub` 2.4 uses to resolve, list an
 
 and, for uploads (fake_hub_upload.py, which lists them with what it checks): create_repo, create_branch,
 validate-yaml (ModelCard.validate), preupload, the LFS batch API with basic and multipart transfers and
-verify, and NDJSON commits, which become commits of the repo that the endpoints above then serve.
+verify, and NDJSON commits, which become commits of the repo that the endpoints above then serve;
+the sink (`sink=True`: uploaded LFS bytes hashed, checked and dropped), the bytes received per path,
+and the upload-side faults (an error status, a connection cut mid-body, a stall) by request kind.
+
+A file's bytes go out by sendfile (plain GETs and ranges alike): a large sparse source (its weights
+file holes) is served without passing through Python, and `add_repo(..., known_sha256=)` takes
+digests its writer computed instead of hashing it again. `cpu_seconds` is the CPU time its threads
+spent answering; `GET /_fake/state` (`state()`) reports it with the commits, the bytes received
+and each repo's tree, for a server in another process (fake_hub_serve.py: `python -m
+support.fake_hub_serve`, wait4 measuring its CPU apart from the client's).
 
 Files matching `lfs_patterns` (default `*.safetensors`) are LFS files: the listings carry
 `lfs: {oid: <sha256>, size, pointerSize}` (model_info's siblings: `lfs: {sha256, size, pointerSize}`) and
@@ -52,6 +61,7 @@ import json
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,12 +69,22 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import pytest
 
-from support.fake_hub_upload import UPLOAD_ACTIONS, CommitRecord, Dropped, UploadEndpoints
+from support.fake_hub_upload import (
+    UPLOAD_ACTIONS,
+    UPLOAD_KINDS,
+    CommitRecord,
+    Dropped,
+    PreuploadRecord,
+    UploadEndpoints,
+    upload_kind,
+)
 
-__all__ = ["ENV_UNSET", "CommitRecord", "FakeHub", "RequestRecord"]
+__all__ = ["ENV_UNSET", "UPLOAD_KINDS", "CommitRecord", "FakeHub", "PreuploadRecord", "RequestRecord"]
 
 _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
+_SENDFILE_CHUNK = 16 << 20  # bytes per sendfile call: bytes_sent moves at least this often
+STATE_PATH = "/_fake/state"  # GET: the server's own state as JSON (FakeHub.state), for a server in another process
 _SHA_RE_CHARS = set("0123456789abcdef")
 
 # Env vars removed by `install` so that nothing from the developer's machine leaks into a test (tokens, other
@@ -94,7 +114,7 @@ ENV_UNSET = (
 @dataclass
 class _File:
     path: str  # repo path, "/"-separated
-    disk: Path
+    disk: Path | None  # None: the sink kept no bytes
     size: int
     sha256: str
     git_oid: str  # git blob sha1 of the file (plain) or of its LFS pointer (LFS)
@@ -187,9 +207,12 @@ def _truthy(values: list[str] | None) -> bool:
 
 
 class _HubError(Exception):
-    def __init__(self, status: int, code: str | None, message: str, commit: str | None = None):
+    def __init__(
+        self, status: int, code: str | None, message: str, commit: str | None = None, headers: dict | None = None
+    ):
         super().__init__(message)
         self.status, self.code, self.message, self.commit = status, code, message, commit
+        self.headers = headers or {}
 
 
 # --------------------------------------------------------------------------------------------- server
@@ -246,7 +269,9 @@ class FakeHub(UploadEndpoints):
     """A fake Hugging Face Hub serving model repos from local directories. See the module docstring.
 
     `repos`: {repo_id: (directory, commit_sha or None)}, each served as branch "main" (see `add_repo`).
-    Uploads: an LFS object above `multipart_threshold` bytes goes in parts of `chunk_size`.
+    Uploads: an LFS object above `multipart_threshold` bytes goes in parts of `chunk_size`; `sink`:
+    uploaded LFS bytes are hashed, checked and dropped (fake_hub_upload.py).
+    `cpu_seconds`: the CPU time (user + system) the server's threads spent answering requests.
     """
 
     def __init__(
@@ -259,12 +284,15 @@ class FakeHub(UploadEndpoints):
         host: str = "127.0.0.1",
         multipart_threshold: int = 2 * 1024 * 1024,
         chunk_size: int = 1024 * 1024,
+        sink: bool = False,
     ):
         self.lfs_patterns = tuple(lfs_patterns)
         self.tree_page_size = tree_page_size  # the Hub's caps: 1000 entries a page, 50 with expand=True
         self.tree_expand_page_size = tree_expand_page_size
         self.host = host
         self.requests: list[RequestRecord] = []
+        self.cpu_seconds = 0.0
+        self.cpu_by_role: dict[str, float] = {}  # "download" (resolve, listings) and "upload" (the rest)
         self.hf_home: Path | None = None  # set by install()
         self.cache_dir: Path | None = None  # HF_HUB_CACHE, set by install()
         self._repos: dict[str, _Repo] = {}
@@ -279,7 +307,7 @@ class FakeHub(UploadEndpoints):
         self._thread: threading.Thread | None = None
         self._monkeypatch: pytest.MonkeyPatch | None = None
         classes = {"HubError": _HubError, "Repo": _Repo, "Commit": _Commit, "File": _File}
-        self._init_upload(classes, multipart_threshold, chunk_size)
+        self._init_upload(classes, multipart_threshold, chunk_size, sink)
         for repo_id, (directory, sha) in (repos or {}).items():
             self.add_repo(repo_id, directory, sha)
 
@@ -342,13 +370,16 @@ class FakeHub(UploadEndpoints):
         revision: str = "main",
         private: bool = False,
         token: str | None = None,
+        known_sha256: dict[str, str] | None = None,
     ) -> str:
         """Serve `directory` (all files under it, recursively) as commit `sha` of model repo `repo_id`, with
         branch/tag `revision` pointing at it. Call again with another directory and revision to add a second
         commit to the same repo. The files are hashed now: change them afterwards and what is served no longer
         matches what is listed. `private=True` (or a `token`) makes the repo answer 401 RepoNotFound unless the
         request carries `Authorization: Bearer <token>`. Returns the commit sha (derived from the content when
-        `sha` is None). Thread-safe; works while the server runs."""
+        `sha` is None). `known_sha256` ({repo path: sha256}): taken as the sha256 of those files
+        instead of hashing them (a large source whose digests its writer computed). Thread-safe;
+        works while the server runs."""
         if repo_id.count("/") > 1 or not all(repo_id.split("/")):
             raise ValueError(f"repo_id must be 'name' or 'namespace/name': {repo_id!r}")
         directory = Path(directory)
@@ -363,7 +394,7 @@ class FakeHub(UploadEndpoints):
             if p.is_dir():
                 dirs.add(rel)
             elif p.is_file():
-                files[rel] = self._describe(rel, p)
+                files[rel] = self._describe(rel, p, (known_sha256 or {}).get(rel))
         if sha is None:
             h = hashlib.sha1(repo_id.encode())
             for rel, f in files.items():
@@ -381,9 +412,9 @@ class FakeHub(UploadEndpoints):
             repo.refs[revision] = sha
         return sha
 
-    def _describe(self, rel: str, p: Path) -> _File:
+    def _describe(self, rel: str, p: Path, sha256: str | None = None) -> _File:
         size = p.stat().st_size
-        sha256 = _sha256_file(p)
+        sha256 = sha256 or _sha256_file(p)
         name = rel.rsplit("/", 1)[-1]
         lfs = any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in self.lfs_patterns)
         if lfs:
@@ -455,6 +486,25 @@ class FakeHub(UploadEndpoints):
         with self._lock:
             self._stall[(repo_id, path)] = _Countdown(times)
 
+    def state(self) -> dict:
+        """What a test in another process asks of the server (GET /_fake/state): its CPU seconds
+        (all, and by role: "download" for resolve and listings, "upload" for the rest), requests, commits and preuploads, the bytes received, and each repo's main branch
+        (path -> [size, sha256, bytes received for it])."""
+        with self._lock:
+            repos = [r for r in self._repos.values() if "main" in r.refs]
+            commits = [c.__dict__ for c in self.commits]
+            preuploads = [r.__dict__ for r in self.preuploads]
+            n_requests = len(self.requests)
+            cpu, by_role = self.cpu_seconds, dict(self.cpu_by_role)
+        branches = {}
+        for repo in repos:
+            received, sizes = self.received_by_path(repo.repo_id), self.tree_sizes(repo.repo_id)
+            branches[repo.repo_id] = {p: [size, sha, received[p]] for p, (size, sha) in sizes.items()}
+        return {
+            "cpu_seconds": cpu, "cpu_by_role": by_role, "requests": n_requests, "commits": commits, "preuploads": preuploads,
+            "received_bytes": self.received_bytes, "repos": branches,
+        }  # fmt: skip
+
     def clear_faults(self) -> None:
         with self._lock:
             self._corrupt.clear()
@@ -462,6 +512,8 @@ class FakeHub(UploadEndpoints):
             self._fail.clear()
             self._truncate.clear()
             self._stall.clear()
+            self._faults.clear()
+        self._release.set()
 
     # ---- request log
 
@@ -500,22 +552,7 @@ class FakeHub(UploadEndpoints):
     def env(self, hf_home: str | Path) -> dict[str, str]:
         """Env vars pointing a `huggingface_hub` process at this server with its cache under `hf_home`.
         (Also remove `ENV_UNSET` from a child's environment; `install` does both for os.environ.)"""
-        hf_home = Path(hf_home)
-        no_proxy = ",".join(
-            x for x in dict.fromkeys([self.host, "localhost", *os.environ.get("NO_PROXY", "").split(",")]) if x
-        )
-        return {
-            "HF_ENDPOINT": self.endpoint,
-            "HF_HOME": str(hf_home),
-            "HF_HUB_CACHE": str(hf_home / "hub"),
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-            "HF_HUB_DISABLE_SYMLINKS_WARNING": "1",
-            "NO_PROXY": no_proxy,
-            "no_proxy": no_proxy,
-        }
+        return client_env(self.endpoint, hf_home)
 
     def install(self, monkeypatch: pytest.MonkeyPatch, hf_home: str | Path) -> None:
         """Point `huggingface_hub` at this server, in this process and in subprocesses started from it, with an
@@ -592,25 +629,42 @@ class FakeHub(UploadEndpoints):
     # ---- request handling
 
     def _handle(self, h: _Handler, method: str) -> None:
+        started = time.thread_time()
         split = urlsplit(h.path)
-        raw_segs = split.path.split("/")
-        query = parse_qs(split.query, keep_blank_values=True)
         rec = RequestRecord(
             method=method,
             path=unquote(split.path),
-            query=query,
+            query=parse_qs(split.query, keep_blank_values=True),
             status=0,
             kind="other",
             authorization=h.headers.get("Authorization"),
             range=h.headers.get("Range"),
         )
-        body = b""
-        if method == "POST":
-            n = int(h.headers.get("Content-Length") or 0)
-            body = h.rfile.read(n) if n else b""
         try:
+            self._handle_request(h, method, rec)
+        finally:
+            spent = time.thread_time() - started
+            role = "download" if rec.kind in ("resolve", "info", "tree", "paths-info") else "upload"
+            with self._lock:
+                self.cpu_seconds += spent
+                self.cpu_by_role[role] = self.cpu_by_role.get(role, 0.0) + spent
+
+    def _handle_request(self, h: _Handler, method: str, rec: RequestRecord) -> None:
+        split = urlsplit(h.path)
+        raw_segs = split.path.split("/")
+        query = rec.query
+        try:
+            kind = upload_kind(method, raw_segs)
+            if kind is not None and self._upload_fault(h, rec, kind):
+                return
+            body = b""
+            if method == "POST":
+                n = int(h.headers.get("Content-Length") or 0)
+                body = h.rfile.read(n) if n else b""
             if split.path == "/api/agent-harnesses":
                 return self._send_json(h, rec, 200, {"standardEnvVars": [], "harnesses": {}})
+            if split.path == STATE_PATH and method == "GET":
+                return self._send_json(h, rec, 200, self.state())
             if self._upload_route(h, rec, method, raw_segs, body):
                 return
             if len(raw_segs) > 3 and raw_segs[1] == "api" and raw_segs[2] == "models":
@@ -624,7 +678,7 @@ class FakeHub(UploadEndpoints):
                 headers["X-Error-Code"] = e.code
             if e.commit:
                 headers["X-Repo-Commit"] = e.commit
-            self._send_json(h, rec, e.status, {"error": e.message}, headers)
+            self._send_json(h, rec, e.status, {"error": e.message}, headers | e.headers)
         except Dropped:
             self._record(rec, -1)  # a lost connection: no answer at all
             self._close(h)
@@ -815,6 +869,8 @@ class FakeHub(UploadEndpoints):
         if f is None:
             raise _HubError(404, "EntryNotFound", f"{rec.filename} does not exist on {rec.revision}", commit.sha)
         self._check_fail(rec, method, f.path)
+        if f.disk is None and method == "GET":
+            raise _HubError(410, None, f"{f.path}: FakeHub's sink kept no bytes of it (only its size and sha256)")
 
         key = (repo.repo_id, f.path)
         with self._lock:
@@ -878,14 +934,15 @@ class FakeHub(UploadEndpoints):
             rec.bytes_sent = limit
             h.wfile.write(data[start : start + limit])
         else:
-            with open(f.disk, "rb") as fh:
-                fh.seek(start)
+            with open(f.disk, "rb") as fh:  # by sendfile: a sparse file's holes never pass through Python
                 while rec.bytes_sent < limit:
-                    chunk = fh.read(min(_CHUNK, limit - rec.bytes_sent))
-                    if not chunk:
+                    want = min(_SENDFILE_CHUNK, limit - rec.bytes_sent)
+                    at = start + rec.bytes_sent
+                    rec.bytes_sent += want
+                    sent = h.connection.sendfile(fh, at, want)
+                    if sent < want:
+                        rec.bytes_sent -= want - sent
                         break
-                    rec.bytes_sent += len(chunk)
-                    h.wfile.write(chunk)
         h.wfile.flush()
         if rec.bytes_sent < length:  # injected truncation: drop the connection mid-body
             h.close_connection = True
@@ -915,6 +972,26 @@ class FakeHub(UploadEndpoints):
         if method != "HEAD":
             rec.bytes_sent = len(body)
             h.wfile.write(body)
+
+
+def client_env(endpoint: str, hf_home: str | Path) -> dict[str, str]:
+    """Env vars pointing a `huggingface_hub` process at the fake Hub at `endpoint` (another
+    process's too: fake_hub_serve.py), its cache under `hf_home` (FakeHub.env)."""
+    hf_home = Path(hf_home)
+    host = urlsplit(endpoint).hostname or "127.0.0.1"
+    no_proxy = ",".join(x for x in dict.fromkeys([host, "localhost", *os.environ.get("NO_PROXY", "").split(",")]) if x)
+    return {
+        "HF_ENDPOINT": endpoint,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_CACHE": str(hf_home / "hub"),
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+        "HF_HUB_DISABLE_SYMLINKS_WARNING": "1",
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
 
 
 def _parse_range(value: str, total: int) -> tuple[int, int] | None:

@@ -22,11 +22,29 @@ starts, as on the Hub, with a commit holding `.gitattributes`.
 Writes need `Authorization: Bearer TOKEN` with a token registered by `add_token` (401 without
 one or for an unknown one; 403 for a read token, or a write token outside its namespaces, with
 the Hub's kind of message). What a test looks at: `commits` (CommitRecord, in order),
-`lfs_uploads` (the oid of every object stored, once per completed transfer), `tree(repo)`,
-`is_private(repo)`. Faults: `hold_uploads` (PUTs of other objects than the ones allowed wait,
-before reading their body, until `release_uploads` or the server stops), `drop(kind)` (close the connection without an answer),
-`quota(bytes)` (a 403 storage-limit answer from the LFS batch once the objects would pass it),
-and `fail(..., message=)` of the download side, which upload requests about a repo honour too.
+`preuploads` (PreuploadRecord, in order), `lfs_uploads` (the oid of every object stored, once per
+completed transfer), `tree(repo)` / `tree_sizes(repo)`, `is_private(repo)`, and the bytes
+received: `received_lfs` (oid -> body bytes of every LFS PUT of it, cut ones included),
+`received_inline` ((repo, path) -> bytes of that path in every commit body that carried it) and
+`received_by_path(repo)` (each file of the branch: what was received for it; equal to its size
+when nothing was sent twice).
+
+The sink (`FakeHub(sink=True)`): the bytes of an LFS object are hashed as they arrive (by part,
+in order, for a multipart transfer), checked against its oid and size, and dropped; the repo
+keeps the path, size and sha256, so listings, paths-info, model_info and the batch's "already
+stored" answer are as before, and a GET of such a file answers 410. Regular (inline) files keep
+their bytes.
+
+Faults: `hold_uploads` (PUTs of other objects than the ones allowed wait, before reading their
+body, until `release_uploads` or the server stops), `drop(kind)` (close the connection without
+an answer), `quota(bytes)` (a 403 storage-limit answer from the LFS batch once the objects would
+pass it), `fail(..., message=)` of the download side, which upload requests about a repo honour
+too; and, by request kind (UPLOAD_KINDS: preupload, lfs-batch, lfs-upload, lfs-part,
+lfs-complete, lfs-verify, commit, ...), before the request is handled: `fail_upload(kind,
+status, times, retry_after=)` (an error answer, 429 with Retry-After), `cut_upload(kind, at=,
+times)` (read `at` bytes of the body, default half, then close the connection: cut mid-body) and
+`stall_upload(kind, times, seconds=)` (read nothing and answer nothing for `seconds`, or until
+`release_stalls()` or the server stops).
 """
 
 from __future__ import annotations
@@ -36,10 +54,13 @@ import binascii
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import socket
 import tempfile
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -87,6 +108,12 @@ GITATTRIBUTES = (
 )
 _YAML_BLOCK = re.compile(r"^\s*---\r?\n([\S\s]*?)\r?\n---[ \t]*(\r?\n|$)")
 UPLOAD_ACTIONS = ("preupload", "commit", "branch")
+# What `fail_upload`, `cut_upload` and `stall_upload` take: the kinds of upload requests.
+UPLOAD_KINDS = (
+    "create", "branch", "validate-yaml", "preupload", "lfs-batch", "lfs-upload", "lfs-part", "lfs-complete",
+    "lfs-verify", "commit",
+)  # fmt: skip
+_CHUNK = 1 << 20
 
 
 @dataclass
@@ -100,8 +127,47 @@ class CommitRecord:
     deleted: list[str] = field(default_factory=list)
 
 
+@dataclass
+class PreuploadRecord:
+    repo_id: str
+    revision: str
+    files: list[tuple[str, int, str]]  # (path, size, "lfs" | "regular") as answered
+
+
 class Dropped(Exception):
     """Raised to close the connection without an answer (a lost connection)."""
+
+
+@dataclass
+class _Object:
+    """A stored LFS object: its bytes at `path`, or (the sink) only its size."""
+
+    size: int
+    path: Path | None
+
+
+@dataclass
+class _Parts:
+    """A multipart transfer under way. The sink hashes the parts in order as they come (a part
+    that comes early waits in `early`); otherwise the parts' bytes are kept until completion."""
+
+    hasher: object  # sha256 of parts 1 .. next - 1
+    next: int = 1
+    md5: dict[int, str] = field(default_factory=dict)  # part -> md5 hex (its ETag)
+    sizes: dict[int, int] = field(default_factory=dict)
+    data: dict[int, bytes] = field(default_factory=dict)  # kept parts (not the sink), early parts (the sink)
+    mismatch: bool = False  # a part sent again with other bytes after it was hashed
+
+
+@dataclass
+class _Fault:
+    kind: str  # "fail" | "cut" | "stall"
+    times: int
+    status: int = 500
+    retry_after: float | None = None
+    message: str | None = None
+    at: int | None = None  # cut: body bytes read first (None: half)
+    seconds: float | None = None  # stall: None until released or stopped
 
 
 @dataclass
@@ -115,15 +181,20 @@ class UploadEndpoints:
     `_repo`, `_commit`, `_check_fail`, `_describe`, `_unstall` and the `_HubError`, `_Repo`, `_Commit`,
     `_File` classes handed to `_init_upload`."""
 
-    def _init_upload(self, classes: dict, multipart_threshold: int, chunk_size: int) -> None:
+    def _init_upload(self, classes: dict, multipart_threshold: int, chunk_size: int, sink: bool) -> None:
         self._cls = classes
-        self.multipart_threshold, self.chunk_size = multipart_threshold, chunk_size
+        self.multipart_threshold, self.chunk_size, self.sink = multipart_threshold, chunk_size, sink
         self._storage = tempfile.TemporaryDirectory(prefix="fake-hub-", ignore_cleanup_errors=True)
         self._tokens: dict[str, _Token] = {}
-        self._objects: dict[str, Path] = {}  # LFS oid -> stored bytes
-        self._parts: dict[tuple[str, int], bytes] = {}
+        self._objects: dict[str, _Object] = {}  # LFS oid -> the object stored
+        self._parts: dict[str, _Parts] = {}  # oid -> its multipart transfer under way
         self.commits: list[CommitRecord] = []
+        self.preuploads: list[PreuploadRecord] = []
         self.lfs_uploads: list[str] = []
+        self.received_lfs: dict[str, int] = {}
+        self.received_inline: dict[tuple[str, str], int] = {}
+        self._faults: dict[str, list[_Fault]] = {}
+        self._release = threading.Event()
         self._held = threading.Event()
         self._held.set()  # set: PUTs go through
         self._allowed: frozenset[str] = frozenset()  # ... and so do those of these objects (oids) while held
@@ -160,11 +231,70 @@ class UploadEndpoints:
         stored bytes past `limit`; None lifts it."""
         self._quota = limit
 
+    def fail_upload(
+        self,
+        kind: str,
+        *,
+        status: int = 500,
+        times: int = 1,
+        retry_after: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Answer the next `times` requests of `kind` (UPLOAD_KINDS) with `status` (and a
+        `Retry-After: retry_after` header), their body read and ignored."""
+        self._add_fault(kind, _Fault("fail", times, status, retry_after, message))
+
+    def cut_upload(self, kind: str, *, at: int | None = None, times: int = 1) -> None:
+        """Read `at` bytes of the body (default half) of the next `times` requests of `kind`, then
+        close the connection without an answer: the connection lost in the middle of a send."""
+        self._add_fault(kind, _Fault("cut", times, at=at))
+
+    def stall_upload(self, kind: str, *, times: int = 1, seconds: float | None = None) -> None:
+        """The next `times` requests of `kind` get nothing (their body not read, no answer) for
+        `seconds`, then are handled as usual; None: until `release_stalls()` (then handled) or the
+        server stops (then the connection closes)."""
+        self._add_fault(kind, _Fault("stall", times, seconds=seconds))
+
+    def release_stalls(self) -> None:
+        self._release.set()
+
+    def _add_fault(self, kind: str, fault: _Fault) -> None:
+        if kind not in UPLOAD_KINDS:
+            raise ValueError(f"unknown upload request kind {kind!r}; one of {', '.join(UPLOAD_KINDS)}")
+        with self._lock:
+            self._faults.setdefault(kind, []).append(fault)
+        if fault.kind == "stall":
+            self._release.clear()
+
     def tree(self, repo_id: str, revision: str = "main") -> dict[str, str]:
         """{path: sha256 of its bytes} of every file at `revision`."""
         with self._lock:
             repo = self._repos[repo_id]
             return {p: f.sha256 for p, f in repo.commits[repo.refs[revision]].files.items()}
+
+    def tree_sizes(self, repo_id: str, revision: str = "main") -> dict[str, tuple[int, str]]:
+        """{path: (size, sha256)} of every file at `revision`."""
+        with self._lock:
+            repo = self._repos[repo_id]
+            return {p: (f.size, f.sha256) for p, f in repo.commits[repo.refs[revision]].files.items()}
+
+    def received_by_path(self, repo_id: str, revision: str = "main") -> dict[str, int]:
+        """Each file of the branch: the bytes received for it (an LFS file: every PUT of its
+        object, whichever path or repo it came for; a regular one: every commit body that
+        carried it). A file of the repo no upload brought (add_repo, .gitattributes): 0."""
+        with self._lock:
+            repo = self._repos[repo_id]
+            files = repo.commits[repo.refs[revision]].files
+            return {
+                p: self.received_lfs.get(f.sha256, 0) if f.lfs else self.received_inline.get((repo_id, p), 0)
+                for p, f in files.items()
+            }
+
+    @property
+    def received_bytes(self) -> int:
+        """Every byte of upload content received: LFS PUT bodies and inline commit files."""
+        with self._lock:
+            return sum(self.received_lfs.values()) + sum(self.received_inline.values())
 
     def is_private(self, repo_id: str) -> bool:
         with self._lock:
@@ -270,7 +400,7 @@ class UploadEndpoints:
             repo = self._cls["Repo"](repo_id, private=private, token=token)
             self._repos[repo_id] = repo
             attributes = self._store_blob(GITATTRIBUTES.encode())
-            files = {".gitattributes": self._file(".gitattributes", attributes, lfs=False)}
+            files = {".gitattributes": self._file(".gitattributes", attributes)}
             sha = self._new_commit(repo, "main", None, files, "initial commit", ([".gitattributes"], [], []))
         self._send_json(h, rec, 200, {"url": url, "name": repo_id, "id": sha[:24]})
 
@@ -333,6 +463,9 @@ class UploadEndpoints:
             there = commit.files.get(path)
             oid = None if there is None else there.sha256 if there.lfs else there.git_oid
             out.append({"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid})
+        with self._lock:
+            modes = [(f["path"], f["size"], o["uploadMode"]) for f, o in zip(files, out, strict=True)]
+            self.preuploads.append(PreuploadRecord(repo.repo_id, rec.revision, modes))
         self._send_json(h, rec, 200, {"files": out, "commitOid": commit.sha})
 
     def _lfs_batch(self, h, rec, repo, body: bytes) -> None:
@@ -357,13 +490,13 @@ class UploadEndpoints:
                 raise error(400, None, f"bad LFS object {o!r}")
             with self._lock:
                 stored = self._objects.get(oid)
-            if stored is not None and stored.stat().st_size == size:
+            if stored is not None and stored.size == size:
                 answers.append({"oid": oid, "size": size})  # already there: no actions
                 continue
             new += size
             answers.append({"oid": oid, "size": size, "authenticated": True, "actions": self._actions(repo, oid, size)})
         with self._lock:
-            used = sum(p.stat().st_size for p in self._objects.values())
+            used = sum(o.size for o in self._objects.values())
         if self._quota is not None and used + new > self._quota:
             raise error(
                 403, None, "Private repository storage limit reached, please upgrade your plan to increase your "
@@ -388,38 +521,25 @@ class UploadEndpoints:
         error = self._cls["HubError"]
         oid = segs[0] if segs else ""
         size = int((parse_qs(urlsplit(h.path).query).get("size") or ["-1"])[-1])
-        if method == "PUT" and len(segs) in (1, 3):
-            rec.kind = "lfs-upload" if len(segs) == 1 else "lfs-part"
-            body = self._read_put_body(h, oid)
-            if len(segs) == 3:
-                etag = hashlib.md5(body).hexdigest()
-                with self._lock:
-                    self._parts[(oid, int(segs[2]))] = body
-                return self._send(h, rec, 200, b"", {"ETag": f'"{etag}"'}, method)
-            self._store_object(oid, size, body)
+        if method == "PUT" and len(segs) == 1:
+            rec.kind = "lfs-upload"
+            self._receive_object(h, oid, size)
             return self._send(h, rec, 200, b"", {}, method)
+        if method == "PUT" and len(segs) == 3 and segs[1] == "part" and segs[2].isdigit():
+            rec.kind = "lfs-part"
+            etag = self._receive_part(h, oid, int(segs[2]))
+            return self._send(h, rec, 200, b"", {"ETag": f'"{etag}"'}, method)
         if method == "POST" and segs[1:] == ["complete"]:
             rec.kind = "lfs-complete"
             if LFS_JSON not in (h.headers.get("Content-Type") or ""):
                 raise error(406, None, f"the completion is {LFS_JSON}")
-            data = _json_object(body, error)
-            parts = data.get("parts") or []
-            chunks = []
-            with self._lock:
-                for n, part in enumerate(parts, start=1):
-                    got = self._parts.get((oid, part.get("partNumber")))
-                    if (
-                        part.get("partNumber") != n
-                        or got is None
-                        or part.get("etag") != f'"{hashlib.md5(got).hexdigest()}"'
-                    ):
-                        raise error(400, None, f"part {n} of {oid}: missing, or not its ETag")
-                    chunks.append(got)
-            self._store_object(oid, size, b"".join(chunks))
+            self._complete_parts(oid, size, _json_object(body, error).get("parts") or [])
             return self._send_json(h, rec, 200, {})
         raise error(404, None, "Not Found")
 
-    def _read_put_body(self, h, oid: str) -> bytes:
+    def _put_body(self, h, oid: str):
+        """The body of an LFS PUT, in chunks, each counted in `received_lfs` as it comes; Dropped
+        when the client goes away before its end (nothing is stored then)."""
         with self._lock:
             self.puts_waiting += 1
         try:
@@ -429,22 +549,109 @@ class UploadEndpoints:
         finally:
             with self._lock:
                 self.puts_waiting -= 1
-        n = int(h.headers.get("Content-Length") or -1)
-        if n < 0:
+        left = int(h.headers.get("Content-Length") or -1)
+        if left < 0:
             raise self._cls["HubError"](411, None, "Content-Length required")
-        data = h.rfile.read(n)
-        if len(data) < n:
-            raise Dropped("put")  # the client went away mid-body: nothing is stored
-        return data
+        while left:
+            chunk = h.rfile.read(min(_CHUNK, left))
+            if not chunk:
+                raise Dropped("put")
+            with self._lock:
+                self.received_lfs[oid] = self.received_lfs.get(oid, 0) + len(chunk)
+            left -= len(chunk)
+            yield chunk
 
-    def _store_object(self, oid: str, size: int, data: bytes) -> None:
-        if hashlib.sha256(data).hexdigest() != oid or (size >= 0 and len(data) != size):
-            raise self._cls["HubError"](400, None, f"the uploaded bytes do not hash to {oid} / are not {size} bytes")
-        path = Path(self._storage.name) / "lfs" / oid
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    def _receive_object(self, h, oid: str, size: int) -> None:
+        """A basic transfer: hashed as it comes; kept in a file (dropped by the sink)."""
+        hasher, got = hashlib.sha256(), 0
+        tmp = None if self.sink else self._lfs_dir() / f"{oid}.{uuid.uuid4().hex}.partial"
+        try:
+            with open(tmp, "wb") if tmp is not None else _Discard() as out:
+                for chunk in self._put_body(h, oid):
+                    hasher.update(chunk)
+                    got += len(chunk)
+                    out.write(chunk)
+            self._store_object(oid, size, hasher.hexdigest(), got, tmp)
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    def _receive_part(self, h, oid: str, n: int) -> str:
+        """One part of a multipart transfer; returns its ETag (the md5 of its bytes)."""
         with self._lock:
-            self._objects[oid] = path
+            state = self._parts.setdefault(oid, _Parts(hashlib.sha256()))
+            hasher = state.hasher.copy() if self.sink and n == state.next else None
+        md5, kept, size = hashlib.md5(), [], 0
+        for chunk in self._put_body(h, oid):
+            md5.update(chunk)
+            size += len(chunk)
+            if hasher is not None:
+                hasher.update(chunk)
+            else:
+                kept.append(chunk)
+        etag = md5.hexdigest()
+        with self._lock:
+            if hasher is not None and state.next == n:
+                state.hasher, state.next = hasher, n + 1
+            elif self.sink and n < state.next:  # sent again after it was hashed: it must be the same
+                state.mismatch |= state.md5.get(n) != etag
+            else:
+                state.data[n] = b"".join(kept)
+            while self.sink and state.next in state.data:  # early parts, now in order
+                state.hasher.update(state.data.pop(state.next))
+                state.next += 1
+            state.md5[n], state.sizes[n] = etag, size
+        return etag
+
+    def _complete_parts(self, oid: str, size: int, parts: list) -> None:
+        error = self._cls["HubError"]
+        with self._lock:
+            state = self._parts.get(oid)
+            for n, part in enumerate(parts, start=1):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("partNumber") != n
+                    or state is None
+                    or n not in state.md5
+                    or part.get("etag") != f'"{state.md5[n]}"'
+                ):
+                    raise error(400, None, f"part {n} of {oid}: missing, or not its ETag")
+            if state is None or not parts:
+                raise error(400, None, f"{oid}: no parts uploaded")
+            count = len(parts)
+            got = sum(state.sizes[n] for n in range(1, count + 1))
+            if self.sink and (state.mismatch or state.next != count + 1):
+                raise error(400, None, f"{oid}: a part was sent again with other bytes, or parts are missing")
+            data = None if self.sink else b"".join(state.data[n] for n in range(1, count + 1))
+        if data is None:
+            digest, tmp = state.hasher.hexdigest(), None
+        else:
+            digest, tmp = hashlib.sha256(data).hexdigest(), self._lfs_dir() / f"{oid}.{uuid.uuid4().hex}.partial"
+            tmp.write_bytes(data)
+        try:
+            self._store_object(oid, size, digest, got, tmp)
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+        with self._lock:
+            self._parts.pop(oid, None)
+
+    def _lfs_dir(self) -> Path:
+        path = Path(self._storage.name) / "lfs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _store_object(self, oid: str, size: int, digest: str, got: int, tmp: Path | None) -> None:
+        """An object whose bytes hashed to `digest` (`got` of them, in `tmp` unless the sink
+        dropped them): stored under its oid when that is its sha256 and `size` its size."""
+        if digest != oid or (size >= 0 and got != size):
+            raise self._cls["HubError"](400, None, f"the uploaded bytes do not hash to {oid} / are not {size} bytes")
+        path = None
+        if tmp is not None:
+            path = self._lfs_dir() / oid
+            os.replace(tmp, path)
+        with self._lock:
+            self._objects[oid] = _Object(got, path)
             self.lfs_uploads.append(oid)
 
     def _lfs_verify(self, h, rec, body: bytes) -> None:
@@ -452,9 +659,48 @@ class UploadEndpoints:
         data = _json_object(body, self._cls["HubError"])
         with self._lock:
             stored = self._objects.get(data.get("oid"))
-        if stored is None or stored.stat().st_size != data.get("size"):
+        if stored is None or stored.size != data.get("size"):
             raise self._cls["HubError"](404, None, f"object {data.get('oid')} not uploaded")
         self._send_json(h, rec, 200, {})
+
+    # ---- upload faults (FakeHub._handle asks before reading a request's body)
+
+    def _upload_fault(self, h, rec, kind: str) -> bool:
+        """Apply the next fault set for `kind`, if any: True when the request was answered here
+        (an injected error); Dropped for a cut (or a stall the server's stop ends)."""
+        with self._lock:
+            fault = next((f for f in self._faults.get(kind, []) if f.times > 0), None)
+            if fault is None:
+                return False
+            fault.times -= 1
+        rec.kind = kind
+        n = int(h.headers.get("Content-Length") or 0)
+        oid = rec.path.split("/")[2] if kind in ("lfs-upload", "lfs-part") else None
+        if fault.kind == "stall":
+            deadline = None if fault.seconds is None else time.monotonic() + fault.seconds
+            while not self._release.wait(0.05):
+                if self._unstall.is_set():
+                    raise Dropped(kind)
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+            return False
+        self._discard_body(h, n if fault.kind == "fail" else (n // 2 if fault.at is None else min(fault.at, n)), oid)
+        if fault.kind == "cut":
+            raise Dropped(kind)
+        headers = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
+        raise self._cls["HubError"](
+            fault.status, None, fault.message or f"Injected failure {fault.status}", headers=headers
+        )
+
+    def _discard_body(self, h, n: int, oid: str | None) -> None:
+        while n > 0:
+            chunk = h.rfile.read(min(_CHUNK, n))
+            if not chunk:
+                raise Dropped("body")
+            n -= len(chunk)
+            if oid is not None:
+                with self._lock:
+                    self.received_lfs[oid] = self.received_lfs.get(oid, 0) + len(chunk)
 
     # ---- commits
 
@@ -481,15 +727,19 @@ class UploadEndpoints:
             if key == "file":
                 if value.get("encoding") != "base64":
                     raise error(400, None, f"{path}: expected base64 content")
-                files[path] = self._file(path, self._store_blob(base64.b64decode(value["content"])), lfs=False)
+                content = base64.b64decode(value["content"])
+                with self._lock:
+                    key = (repo.repo_id, path)
+                    self.received_inline[key] = self.received_inline.get(key, 0) + len(content)
+                files[path] = self._file(path, self._store_blob(content))
                 added.append(path)
             elif key == "lfsFile":
                 oid, size = value.get("oid"), value.get("size")
                 with self._lock:
                     stored = self._objects.get(oid)
-                if value.get("algo") != "sha256" or stored is None or stored.stat().st_size != size:
+                if value.get("algo") != "sha256" or stored is None or stored.size != size:
                     raise error(400, None, f"{path}: LFS object {oid} ({size} bytes) was not uploaded")
-                files[path] = self._file(path, stored, lfs=True)
+                files[path] = self._lfs_file(path, oid, stored)
                 added.append(path)
                 lfs.append(path)
             elif key in ("deletedFile", "deletedFolder"):
@@ -527,16 +777,50 @@ class UploadEndpoints:
         path.write_bytes(data)
         return path
 
-    def _file(self, rel: str, disk: Path, lfs: bool):
-        """A repo file over stored bytes, LFS or plain as the commit says (not by pattern)."""
-        f = self._describe(rel, disk)
-        if f.lfs == lfs:
-            return f
-        data = disk.read_bytes()
-        if lfs:
-            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{f.sha256}\nsize {f.size}\n".encode()
-            return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(pointer), True, len(pointer))
-        return self._cls["File"](rel, disk, f.size, f.sha256, _git_sha1(data), False, None)
+    def _file(self, rel: str, disk: Path):
+        """A regular (git) file over stored bytes, whatever its name."""
+        size = disk.stat().st_size
+        sha256 = hashlib.sha256(disk.read_bytes()).hexdigest()
+        return self._cls["File"](rel, disk, size, sha256, _git_sha1(disk.read_bytes()), False, None)
+
+    def _lfs_file(self, rel: str, oid: str, obj: _Object):
+        """An LFS file: its pointer in git, its bytes those of the object (none in the sink)."""
+        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {obj.size}\n".encode()
+        return self._cls["File"](rel, obj.path, obj.size, oid, _git_sha1(pointer), True, len(pointer))
+
+
+class _Discard:
+    """A file opened for writing that keeps nothing (the sink)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def write(self, data) -> None:
+        pass
+
+
+def upload_kind(method: str, raw_segs: list[str]) -> str | None:
+    """The kind (UPLOAD_KINDS) of an upload request, from its method and raw URL path segments
+    (raw_segs[0] is the empty segment before the first slash); None for any other request."""
+    segs = raw_segs[1:]
+    if method == "POST" and segs == ["api", "repos", "create"]:
+        return "create"
+    if method == "POST" and segs == ["api", "validate-yaml"]:
+        return "validate-yaml"
+    if segs[:1] == ["fake-lfs"] and len(segs) >= 2:
+        if method == "PUT":
+            return "lfs-upload" if len(segs) == 2 else "lfs-part"
+        return "lfs-complete" if method == "POST" and segs[2:] == ["complete"] else None
+    if method != "POST":
+        return None
+    if len(segs) >= 5 and segs[-4:-1] == ["info", "lfs", "objects"] and segs[-1] in ("batch", "verify"):
+        return f"lfs-{segs[-1]}"
+    if segs[:2] == ["api", "models"] and len(segs) in (5, 6) and segs[-2] in UPLOAD_ACTIONS:
+        return segs[-2]
+    return None
 
 
 def front_matter_errors(meta: dict) -> list[str]:
