@@ -7,6 +7,16 @@ class ConvertError(Exception):
     exit_code = 2
 
 
+class OptionError(ConvertError):
+    """An option refused. The message names the options as the library's keywords do
+    (`target='gaudi2'`); `flags` is the same line as the command line names them (`--target
+    gaudi2`), which the CLI prints instead."""
+
+    def __init__(self, message: str, flags: str):
+        super().__init__(message)
+        self.flags = flags
+
+
 class SourceError(ConvertError):
     """The source checkpoint is missing, unsupported or malformed."""
 

@@ -20,7 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, CHANNEL_FP8, COMPLETE, MANIFEST_NAME, TOOL_NAME
+from mla_convert import formats
+from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, COMPLETE, MANIFEST_NAME, TOOL_NAME
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io.files import WrittenFile, write_bytes_atomic
 from mla_convert.output import card_text
@@ -31,7 +32,6 @@ from mla_convert.settings import is_repo_id
 
 # What the card takes from the source card's metadata, as it is there.
 SOURCE_METADATA = ("license", "license_name", "license_link", "library_name", "pipeline_tag")
-QUANTIZED = "quantized"  # the Hub's base_model_relation for a quantized derivative
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,11 @@ def read_source_card(path: Path) -> SourceCard:
 
 
 def _relation(fmt: str, base_model: str | None) -> str | None:
-    """quantized for channel FP8; none for bf16, a dtype conversion that is none of the Hub's four
-    relations (adapter, merge, quantized, finetune); none without a base model to relate to."""
-    return QUANTIZED if fmt == CHANNEL_FP8 and base_model else None
+    """The format's relation (formats.Format.base_model_relation: quantized for channel FP8; none
+    for bf16, a dtype conversion that is none of the Hub's four relations: adapter, merge,
+    quantized, finetune); none without a base model to relate to, or for a format no longer known."""
+    output = formats.find(fmt)
+    return output.base_model_relation if output is not None and base_model else None
 
 
 def base_model_of(metadata: dict) -> str | None:
@@ -89,7 +91,8 @@ BASE_MODEL_HINT = (
 
 
 def format_tags(fmt: str) -> list[str]:
-    return ["fp8", "compressed-tensors"] if fmt == CHANNEL_FP8 else ["bf16"]
+    """The Hub tags of the output's format (formats.Format.tags)."""
+    return list(formats.get(fmt).tags)
 
 
 def card_metadata(facts: CardFacts, source: SourceCard | None):
