@@ -169,6 +169,16 @@ def test_a_third_format_converts_loads_and_verifies(tensor_format, tiny_src, tmp
     failed = {(f.group, f.check, f.tensor) for f in report.failures()}
     assert not report.ok and ("source", "fp8-bound", name) in failed, failed
 
+    # Its own value check: a weight whose largest code is not FP8_MAX's (every code 1.0).
+    other = next(n for n, t in got.items() if t.dtype == torch.float8_e4m3fn and "self_attn" in n)
+
+    def flatten(tensors):
+        tensors[other] = torch.full_like(tensors[other].view(torch.uint8), 0x38).view(torch.float8_e4m3fn)
+
+    rewrite_output_tensor(out, other, flatten)
+    failed = {(f.group, f.check, f.tensor) for f in verify(out).failures()}
+    assert ("values", tensor_fp8.VALUE_CHECK, other) in failed, failed
+
 
 def test_a_third_format_quantizes_a_16_bit_source(tensor_format, family_checkpoints, tmp_path):
     src = family_checkpoints.source("deepseek-v2-lite")
