@@ -52,6 +52,19 @@ def test_the_command_line_names_its_flags(tiny_src, tmp_path, flags, message):
     assert line.startswith(f"error: {message}"), line
 
 
+def test_card_speaks_the_librarys_terms_and_the_command_its_flags(tiny_src, tmp_path):
+    plain = tmp_path / "plain"
+    mla_convert.convert(tiny_src, plain, card=False)
+    with pytest.raises(mla_convert.OutputError, match=r"converted with card=False: its README.md is the source's"):
+        mla_convert.card(plain)
+    with pytest.raises(mla_convert.OutputError, match=r"^base_model='\./x': expected a Hub model id"):
+        mla_convert.card(plain, base_model="./x")
+    line = cli_error(["card", str(plain)], tmp_path / "nothing")
+    assert "converted with --no-card: its README.md" in line
+    line = cli_error(["card", str(plain), "--repo-id", "./x"], tmp_path / "nothing")
+    assert line.startswith("error: --repo-id './x': expected a Hub model id"), line
+
+
 def test_options_and_run_settings_refusals_are_option_errors():
     with pytest.raises(mla_convert.ConvertError) as e:
         Options(target="gaudi9")
