@@ -1,4 +1,5 @@
-"""Every choice list, dtype name and file name of mla-convert, in one module without torch.
+"""Every choice list, dtype name and file name of mla-convert, in one module without torch (the
+output formats and targets, `--format` and `--target`, are mla_convert.formats').
 
 The command line reads its choices from here for `--help` (torch is not imported yet), and every
 module that checks or writes one of these values takes it from here. What the runtime reads as
@@ -13,17 +14,6 @@ from mla_runtime.format import MANIFEST_NAME as MLA_MANIFEST_NAME
 from mla_runtime.model_configs import PARAMS_CONFIG_NAME as _PARAMS_JSON_NAME
 
 TOOL_NAME = "mla-convert"  # the producer named in both manifests
-
-# --- what the output is (Options) ---------------------------------------------------------------
-
-CHANNEL_FP8, BF16 = "channel-fp8", "bf16"
-FORMATS = (CHANNEL_FP8, BF16)
-GAUDI3, GAUDI2 = "gaudi3", "gaudi2"
-FP8_MAX = {GAUDI3: 448.0, GAUDI2: 240.0}  # the largest e4m3 magnitude each target's FP8 range holds
-TARGETS = tuple(FP8_MAX)
-# Whether a target's FP8 weights may hold e4m3fn's -0 (code 0x80). Gaudi2's nominal format is
-# float8_e4m3fnuz, in which 0x80 is NaN: its outputs write every zero as +0.
-SIGNED_ZERO = {GAUDI3: True, GAUDI2: False}
 
 # --- how a conversion runs (RunSettings) --------------------------------------------------------
 
@@ -86,12 +76,10 @@ GITATTRIBUTES_NAME = ".gitattributes"  # the Hub's own file in a new repo: never
 LEFT_RUNNING_THREAD_PREFIX = "mla-convert left running: "
 
 __all__ = [
-    "BF16",
     "BLOCK_SCALE_DTYPES",
     "BLOCK_SCALE_SUFFIX",
     "CARD_METADATA_KEY",
     "CARD_NAME",
-    "CHANNEL_FP8",
     "CHANNEL_SCALE_SUFFIX",
     "COMPLETE",
     "CONFIG_NAME",
@@ -102,11 +90,7 @@ __all__ = [
     "DEMO_MARKER_NAME",
     "FLOAT_DTYPES",
     "FLOAT_WEIGHT_DTYPES",
-    "FORMATS",
     "FP8_E4M3",
-    "FP8_MAX",
-    "GAUDI2",
-    "GAUDI3",
     "GITATTRIBUTES_NAME",
     "INCOMPLETE",
     "INDEX_NAME",
@@ -127,10 +111,8 @@ __all__ = [
     "PARAMS_JSON_NAME",
     "PARTIAL_SUFFIX",
     "PROBE_NAME",
-    "SIGNED_ZERO",
     "SINGLE_FILE_NAME",
     "STAGING_DIR_NAME",
-    "TARGETS",
     "TOOL_NAME",
     "WRITE_AUTO",
     "WRITE_BUFFERED",

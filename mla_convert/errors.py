@@ -5,6 +5,23 @@ class ConvertError(Exception):
     """Base class: a problem the user can act on. The message names the file/tensor and the fix."""
 
     exit_code = 2
+    # The message as the command line names its options (`--target gaudi2`), where it names some: the
+    # message itself names them as the library's keywords do (`target='gaudi2'`). The CLI prints this.
+    flags: str | None = None
+
+
+def with_flags(error: ConvertError, flags: str) -> ConvertError:
+    """`error` with its command-line wording (ConvertError.flags)."""
+    error.flags = flags
+    return error
+
+
+class OptionError(ConvertError):
+    """An option refused, worded both ways (ConvertError.flags)."""
+
+    def __init__(self, message: str, flags: str):
+        super().__init__(message)
+        self.flags = flags
 
 
 class SourceError(ConvertError):

@@ -37,7 +37,7 @@ class ConversionResult:
     bytes_out_model: int
     bytes_out_mla: int
     disk_needed: int  # output shards, artifacts and side files
-    ignored_modules: int  # entries of the output config's ignore list
+    ignored_modules: int  # the linears the output config's ignore list leaves in 16 bits (by pattern or name)
     # Each --ignore pattern -> the linears it left unquantized (plan.ignore); None without --ignore.
     # Keyword-only, so that it sits with the plan's fields in to_json and still has a default.
     ignored_by_pattern: dict[str, int] | None = dataclasses.field(default=None, kw_only=True)

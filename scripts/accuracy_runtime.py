@@ -11,7 +11,7 @@ the plugin disabled (MLA_RUNTIME_DISABLE=1) or enabled. Not run on Gaudi hardwar
 The weights are synthetic, at R1's kv_b_proj shape (128 heads, [32768, 512]) unless --heads says
 otherwise: rows of Gaussian values whose spread varies from row to row, quantized to block FP8 as
 DeepSeek's checkpoints are (per 128x128 block, scale = max|block| / 448). The converter's own
-functions make its outputs from them (mla_convert.kernels.numerics, mla_convert.plan.output_config).
+functions make its outputs from them (mla_convert.kernels.numerics, mla_convert.formats).
 
     python scripts/accuracy_runtime.py [--layers 2] [--heads 128] [--seed 0] [--json]
 
@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "tests"))
 STANDINS = ROOT / "tests" / "support" / "standins"
 
-from mla_convert.constants import FP8_MAX  # noqa: E402
+from mla_convert.formats import TARGETS  # noqa: E402
+from mla_convert.formats.channel_fp8 import FORMAT as CHANNEL_FP8  # noqa: E402
 from mla_convert.kernels.numerics import quantize_channel_fp8  # noqa: E402
-from mla_convert.plan.output_config import channel_fp8_quantization_config  # noqa: E402
 from mla_runtime import plugin  # noqa: E402
 from mla_runtime.format import MlaDims  # noqa: E402
 from mla_runtime.layout import split_kv_b_proj  # noqa: E402
@@ -77,10 +77,10 @@ def checkpoints(
     out = {"source": (FP8_BLOCK_CONFIG, {i: {"weight": q, "weight_scale_inv": s} for i, (q, s) in source.items()})}
     out["bf16"] = (None, {i: {"weight": e.to(torch.bfloat16)} for i, e in exact.items()})
     for target in ("gaudi3", "gaudi2"):
-        qc = channel_fp8_quantization_config(["lm_head"])  # the same config for both targets
+        qc = CHANNEL_FP8.quantization_config(["lm_head"])  # the same config for both targets
         tensors = {}
         for i, e in exact.items():
-            q, s = quantize_channel_fp8(e, FP8_MAX[target])
+            q, s = quantize_channel_fp8(e, TARGETS[target].fp8_max)
             tensors[i] = {"weight": q, "weight_scale": s}
         out[f"channel-{target}"] = (qc, tensors)
     return out

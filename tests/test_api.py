@@ -76,7 +76,7 @@ def test_settings_and_options_objects_or_fields(tiny_src, tmp_path):
     ("call", "error", "message"),
     [
         (lambda src, out: mla_convert.convert(src / "nope", out), mla_convert.SourceError, "no such directory"),
-        (lambda src, out: mla_convert.convert(src, out, format="fp4"), mla_convert.ConvertError, "--format 'fp4'"),
+        (lambda src, out: mla_convert.convert(src, out, format="fp4"), mla_convert.ConvertError, "format='fp4'"),
         (lambda src, out: mla_convert.convert(src, out, ignore="x"), mla_convert.ConvertError, "sequence"),
         (lambda src, out: mla_convert.verify(out), mla_convert.VerificationError, "no such directory"),
     ],

@@ -174,7 +174,7 @@ def test_run_settings_object_and_keywords_are_the_same_call(tiny_src, tmp_path):
     assert dataclasses.replace(a, out="", disk_free=0) == dataclasses.replace(b, out="", disk_free=0)
     with pytest.raises(TypeError, match="worker"):
         convert(tiny_src, tmp_path / "c", Options(), worker=2)
-    with pytest.raises(ConvertError, match="--write-io: unknown mode 'fast'"):
+    with pytest.raises(ConvertError, match="write_io='fast': unknown mode"):
         RunSettings(write_io="fast")
     assert not any((tmp_path / d).exists() for d in "abc")
 

@@ -76,4 +76,4 @@ def test_patterns_are_matched_in_vllms_module_names_for_a_mistral_native_source(
     assert linears and all(m.startswith("language_model.model.layers.") for m in linears)
     experts = [m for m in linears if ".mlp.experts." in m]
     assert check_patterns(plan) == {pattern: len(experts)} and experts
-    assert not any(".mlp.experts." in m for m in plan.ignored_modules if not m.startswith("re:"))
+    assert not any(".mlp.experts." in m for m in plan.ignore if not m.startswith("re:"))

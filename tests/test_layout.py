@@ -23,6 +23,7 @@ LAYERS = [
     {"mla_convert/plan/"},
     {"mla_convert/kernels/", "mla_convert/output/", "mla_convert/source/"},
     {"mla_convert/envs.py", "mla_convert/io/", "mla_convert/settings.py"},
+    {"mla_convert/formats/"},
     {"mla_convert/constants.py"},
     {
         "mla_convert/errors.py",

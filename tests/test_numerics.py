@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mla_convert.constants import FP8_MAX, SIGNED_ZERO
 from mla_convert.demo.synthetic import quantize_block_fp8
+from mla_convert.formats import TARGETS
 from mla_convert.kernels.numerics import (
     block_to_channel_fp8,
     dequantize_block_fp8,
@@ -50,11 +50,11 @@ def test_bf16_is_rounded_fp32_product_bit_exact(shape, reference):
 @pytest.mark.parametrize("target", ["gaudi3", "gaudi2"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_channel_fp8_matches_reference_and_bound(shape, target, reference):
-    fp8_max = FP8_MAX[target]
+    fp8_max = TARGETS[target].fp8_max
     w, s = block_fp8(shape, seed=2)
     x = reference.dequant_block(w, s)
-    q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max, SIGNED_ZERO[target])
-    ref_q, ref_scale = reference.channel_fp8(x, fp8_max, SIGNED_ZERO[target])
+    q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max, TARGETS[target].signed_zero)
+    ref_q, ref_scale = reference.channel_fp8(x, fp8_max, TARGETS[target].signed_zero)
     assert reference.same_bits(scale, ref_scale) and reference.same_bits(q, ref_q)
     assert q.dtype == torch.float8_e4m3fn and scale.shape == (shape[0], 1) and scale.dtype == torch.float32
     assert q.float().abs().max() <= fp8_max
@@ -70,7 +70,7 @@ def test_channel_fp8_never_worse_than_vllm_gaudi_load_time(seed, target, referen
     """The offline fp32 path is at least as accurate as vllm-gaudi's bf16 load-time conversion on
     the same tensor: lower mean squared and mean absolute error against the exact fp32 dequant.
     (The single worst element can fall either way: the two round on different grids.)"""
-    fp8_max = FP8_MAX[target]
+    fp8_max = TARGETS[target].fp8_max
     w, s = block_fp8((576, 512), seed=seed, scale=3.0)
     x = reference.dequant_block(w, s)
     q, scale = quantize_channel_fp8(dequantize_block_fp8(w, s, (128, 128)), fp8_max)
@@ -131,8 +131,8 @@ def test_16_bit_weight_to_channel_fp8_matches_reference(target, dtype, reference
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(300, 200, generator=g) * torch.logspace(-8, 2, 300).unsqueeze(1)).to(dtype)
     w[7] = 0
-    q, s = float_to_channel_fp8(w, FP8_MAX[target], SIGNED_ZERO[target])
-    rq, rs = reference.channel_fp8(w.float(), FP8_MAX[target], SIGNED_ZERO[target])
+    q, s = float_to_channel_fp8(w, TARGETS[target].fp8_max, TARGETS[target].signed_zero)
+    rq, rs = reference.channel_fp8(w.float(), TARGETS[target].fp8_max, TARGETS[target].signed_zero)
     assert reference.same_bits(q, rq) and reference.same_bits(s, rs)
     assert s[7, 0] == 1.0 and not q[7].float().any()
 
@@ -157,7 +157,7 @@ def test_gaudi2_writes_every_zero_as_plus_zero(target, reference):
     source or from a negative value that rounds to zero; gaudi3 keeps e4m3fn's -0. Either way the
     rest of the bytes are the same, and equal the reference."""
     w, s, x = _negative_zero_sources()
-    fp8_max, signed = FP8_MAX[target], SIGNED_ZERO[target]
+    fp8_max, signed = TARGETS[target].fp8_max, TARGETS[target].signed_zero
     for q, scale in (
         block_to_channel_fp8(w, s, (128, 128), fp8_max, signed),
         float_to_channel_fp8(x, fp8_max, signed),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from mla_convert.constants import BF16, CHANNEL_FP8, MANIFEST_NAME
+from mla_convert.constants import MANIFEST_NAME
 from mla_convert.demo.synthetic import CheckpointSpec
 from mla_convert.plan.ops import COPY, FP8_SCALE, QUANT_FP8, TO_BF16, TO_FP8
 from mla_convert.plan.planner import make_plan
@@ -21,6 +21,7 @@ from mla_convert.settings import Options
 from mla_convert.source.checkpoint import open_source
 
 SPEC = CheckpointSpec()  # the tiny checkpoint's
+CHANNEL_FP8, BF16 = "channel-fp8", "bf16"  # the formats' names (mla_convert.formats)
 BYTES_PER_ELEMENT = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
 
 
@@ -74,7 +75,7 @@ def test_bf16_dequantizes_every_block_fp8_weight_and_copies_the_rest(tiny):
     for name, (_, t) in out.items():
         want = (TO_BF16, "BF16") if written[name] == "fp8" else (COPY, tiny.info(name).dtype)
         assert (t.op, t.dtype) == want and t.shape == tiny.info(name).shape
-    assert plan.ignored_modules == [] and "quantization_config" not in plan.config
+    assert plan.ignore == [] and "quantization_config" not in plan.config
     assert plan.ops() == (TO_BF16,)
 
 
@@ -107,7 +108,7 @@ def test_modules_an_fp8_source_keeps_in_bf16_are_copied_and_ignored(family_check
     for module in kept:
         assert (out[module + ".weight"][1].op, out[module + ".weight"][1].dtype) == (COPY, "BF16")
         assert module + ".weight_scale" not in out
-        assert module in plan.ignored_modules
+        assert module in plan.ignore
 
 
 # ---- --ignore --------------------------------------------------------------------------------------
@@ -127,10 +128,10 @@ def test_ignore_leaves_the_matching_fp8_linears_in_bf16(tiny):
     assert plan.ops() == (TO_FP8, TO_BF16)
     # the patterns go into the config as they are, first; the modules they match are not listed again
     # (lm_head, BF16 in the source, would be listed by name otherwise)
-    assert plan.ignored_modules[:2] == [f"re:{pattern}", "re:lm_head"]
-    assert not [m for m in plan.ignored_modules[2:] if re.match(pattern, m) or re.match("lm_head", m)]
-    assert "lm_head" not in plan.ignored_modules and out["lm_head.weight"][1].op == COPY
-    assert plan.config["quantization_config"]["ignore"] == plan.ignored_modules
+    assert plan.ignore[:2] == [f"re:{pattern}", "re:lm_head"]
+    assert not [m for m in plan.ignore[2:] if re.match(pattern, m) or re.match("lm_head", m)]
+    assert "lm_head" not in plan.ignore and out["lm_head.weight"][1].op == COPY
+    assert plan.config["quantization_config"]["ignore"] == plan.ignore
 
 
 def test_ignore_on_a_bf16_source_copies_the_matching_linears(family_checkpoints):
@@ -142,7 +143,7 @@ def test_ignore_on_a_bf16_source_copies_the_matching_linears(family_checkpoints)
 
 
 def test_ignore_means_nothing_to_a_bf16_conversion(tiny):
-    assert make_plan(tiny, Options(format=BF16, ignore=("lm_head",))).ignored_modules == []
+    assert make_plan(tiny, Options(format=BF16, ignore=("lm_head",))).ignore == []
 
 
 def test_the_ignore_list_covers_exactly_the_linears_left_in_16_bits(tiny, family_checkpoints):
@@ -161,7 +162,7 @@ def test_the_ignore_list_covers_exactly_the_linears_left_in_16_bits(tiny, family
             module = t.name.removesuffix(".weight")
             if module.endswith("embed_tokens"):
                 continue  # an embedding, not a linear
-            assert is_ignored(module, plan.ignored_modules) == (t.dtype != "F8_E4M3"), (what, module)
+            assert is_ignored(module, plan.ignore) == (t.dtype != "F8_E4M3"), (what, module)
 
 
 # ---- what each job reads -------------------------------------------------------------------------

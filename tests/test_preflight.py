@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_convert.constants import BF16, MANIFEST_NAME, STAGING_DIR_NAME
+from mla_convert.constants import MANIFEST_NAME, STAGING_DIR_NAME
 from mla_convert.errors import OutputError
 from mla_convert.output import out_dir as out_dir_mod
 from mla_convert.output import preflight
@@ -121,7 +121,7 @@ def test_resume_keeps_the_intact_jobs_removes_partials_and_deletes_nothing_else(
 
 def test_resume_of_a_conversion_with_other_options_is_refused(tiny_src, earlier):
     with pytest.raises(OutputError, match="format recorded 'channel-fp8', requested 'bf16'"):
-        inspect_output(conversion_of(tiny_src, Options(format=BF16)), earlier, RunSettings(resume=True))
+        inspect_output(conversion_of(tiny_src, Options(format="bf16")), earlier, RunSettings(resume=True))
 
 
 def test_out_overlapping_the_source_is_refused_while_the_source_is_on_disk(conversion, tiny_src):

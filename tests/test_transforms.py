@@ -16,8 +16,8 @@ from mla_convert.kernels.transforms import KERNEL_TRANSFORMS, PLAN_TRANSFORMS, S
 from mla_convert.kernels.transforms.transform import BF16_DTYPE, F32_DTYPE, FP8_DTYPE, SOURCE_DTYPE
 from mla_convert.plan import ops
 from mla_convert.process import resources
-from mla_convert.verification.against_source import SourceComparisons
 from mla_convert.verification.bounds import TOLERANCES
+from mla_convert.verification.comparisons import comparison
 from mla_runtime.format import MlaDims
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def test_every_op_of_a_plan_but_the_scale_is_a_transform_of_its_own_module():
 def test_what_a_transform_declares_holds_together(op):
     t = TRANSFORMS[op]
     assert t.reads and t.writes in (FP8_DTYPE, BF16_DTYPE, F32_DTYPE, SOURCE_DTYPE)
-    assert callable(getattr(SourceComparisons, t.verify, None)) or t.verify == "mla", t.verify
+    assert comparison(t.verify) is not None or t.verify == "mla", t.verify
     assert t.bound in TOLERANCES
     if t.rows is not None:
         assert t.native is not None and t.native_dtypes

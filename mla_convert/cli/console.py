@@ -13,7 +13,7 @@ import time
 
 import typer
 
-from mla_convert import envs
+from mla_convert import envs, formats
 from mla_convert.results import CardResult, ConversionResult, DemoResult, UploadResult, VerifyReport
 from mla_convert.units import duration, gb
 
@@ -139,9 +139,9 @@ def print_summary(result: ConversionResult | DemoResult, title: str, source_arg:
     table = Table(title=title, show_header=False)
     table.add_column(no_wrap=True)
     table.add_column()
-    target = f"{r.format} / {r.target} (FP8 max {r.fp8_max:g})" if r.format != "bf16" else "bf16"
+    fmt = formats.get(r.format)
     rows = [
-        ("format / target" if r.format != "bf16" else "format", target),
+        ("format / target" if fmt.fp8_range else "format", fmt.label(r.target, r.fp8_max)),
         ("shards", str(r.shards)),
         ("tensors in -> out", f"{r.tensors_in} -> {r.tensors_out}"),
         ("block-FP8 weights converted", str(r.fp8_weights_converted)),
@@ -219,7 +219,8 @@ def print_verify_report(report: VerifyReport, quiet: bool, listed: int = 10) -> 
     groups = report.groups
     if not quiet:
         console = rich_console()
-        table = Table(title=f"verify ({report.format} / {report.target})")
+        known = formats.find(report.format)
+        table = Table(title=f"verify ({known.label(report.target) if known else report.format})")
         for col in ("group", "checks", "failed", "result"):
             table.add_column(col)
         for name, g in groups.items():

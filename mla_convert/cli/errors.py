@@ -47,8 +47,8 @@ def errors_to_exit(interrupted: str | Callable[[], str] = INTERRUPTED, next_step
     try:
         yield
         return
-    except ConvertError as e:
-        message, code = _with_next_step(str(e), e, next_step), e.exit_code
+    except ConvertError as e:  # an option refused: named as the command line names it (OptionError.flags)
+        message, code = _with_next_step(getattr(e, "flags", None) or str(e), e, next_step), e.exit_code
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP (process.interrupts.Interrupted)
         said = interrupted if isinstance(interrupted, str) else interrupted()
         message, code = said.replace("interrupted", interrupts.stopped_by(e), 1), interrupts.exit_code(e)

@@ -19,6 +19,7 @@ import re
 
 from typer.core import TyperCommand
 
+from mla_convert import formats
 from mla_convert.source import members
 
 _TYPE = re.compile(r" <[^<>]*>")  # Typer's type label after a name: ' <str>', ' <list[str]>'
@@ -85,10 +86,12 @@ class Command(TyperCommand):
 
 
 def app_summary() -> str:
-    """The app's one-paragraph help: the members' short names (source/members/), the inputs, the output."""
+    """The app's one-paragraph help: the members' short names (source/members/), the inputs, the
+    output formats (formats/)."""
     names = ", ".join(m.short for m in members.all_members() if m.short)
+    words = " or ".join(f.words for f in formats.all_formats())
     return (
         f"Convert MLA checkpoints of the DeepSeek-V3 family ({names}; block-FP8, BF16, or pack-quantized INT4 "
-        "experts) for vLLM on Intel Gaudi (channel FP8 or bf16), with each MLA layer's W_UK_T / W_UV precomputed "
+        f"experts) for vLLM on Intel Gaudi ({words}), with each MLA layer's W_UK_T / W_UV precomputed "
         "next to the model."
     )

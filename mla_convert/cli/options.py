@@ -1,6 +1,6 @@
 """The options the commands share, declared once (Typer reads each command's options from its
-signature). Their choices and defaults come from mla_convert.constants and mla_convert.settings,
-which import no torch: --help stays instant."""
+signature). Their choices and defaults come from mla_convert.constants, mla_convert.formats and
+mla_convert.settings, which import no torch: --help stays instant."""
 
 from __future__ import annotations
 
@@ -9,12 +9,36 @@ from typing import Annotated
 
 import typer
 
-from mla_convert.constants import FORMATS, KERNEL_MODES, TARGETS, WRITE_MODES
+from mla_convert import formats
+from mla_convert.constants import KERNEL_MODES, WRITE_MODES
 from mla_convert.source import members
 
 
 def choices(values: tuple[str, ...]) -> str:
     return f"[{'|'.join(values)}]"
+
+
+def _either(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def format_help() -> str:
+    """--format's help: each format's own words (formats.Format.help)."""
+    return _either([f.help for f in formats.all_formats()]) + "."
+
+
+def target_help() -> str:
+    """--target's help: each target's range, and the formats whose bytes do not depend on it."""
+    ranges = _either([f"{t.name} (max {t.fp8_max:g})" for t in formats.TARGETS.values()])
+    ranged = [f.name for f in formats.all_formats() if f.fp8_range]
+    others = [f.name for f in formats.all_formats() if not f.fp8_range]
+    others_words = (
+        f" a {_either(others)} output is the same for both, and --target "
+        f"{_either([t for t in formats.TARGETS if t != formats.DEFAULT_TARGET])} with it is refused."
+        if others
+        else ""
+    )
+    return f"FP8 range of the target: {ranges}. For --format {_either(ranged)} only:{others_words}"
 
 
 OutOpt = Annotated[
@@ -31,8 +55,8 @@ FormatOpt = Annotated[
     typer.Option(
         "--format",
         "-f",
-        metavar=choices(FORMATS),
-        help="channel-fp8 (compressed-tensors, loads as is in vLLM/vllm-gaudi) or bf16.",
+        metavar=choices(formats.names()),
+        help=format_help(),
     ),
 ]
 TargetOpt = Annotated[
@@ -40,9 +64,8 @@ TargetOpt = Annotated[
     typer.Option(
         "--target",
         "-t",
-        metavar=choices(TARGETS),
-        help="FP8 range of the target: gaudi3 (max 448) or gaudi2 (max 240). For --format channel-fp8 only: a "
-        "bf16 output is the same for both, and --target gaudi2 with it is refused.",
+        metavar=choices(tuple(formats.TARGETS)),
+        help=target_help(),
     ),
 ]
 NoCardOpt = Annotated[

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mla_convert.constants import SIGNED_ZERO
-from mla_convert.errors import ConvertError
+from mla_convert.errors import OptionError
 from mla_convert.kernels.modes import (
     BLOCK_DEFAULT,
     CPU_ONLY,
@@ -39,7 +38,7 @@ class Compute:
     ops: tuple[str, ...]  # converting ops the plan uses (plan.ops): what gets probed and compiled
     device: str  # where the arithmetic should run, if it passes the check (kernels.fastest.select_kernels)
     chain: tuple[str, ...]  # CPU kernels to try in order (kernels.modes.resolve_mode)
-    signed_zero: bool = True  # the target's FP8 weights may hold -0 (constants.SIGNED_ZERO)
+    signed_zero: bool = True  # the target's FP8 weights may hold -0 (formats.Target.signed_zero)
     factory: DeviceKernelFactory | None = None  # the device's kernel set (kernels.fastest.device_factory)
 
     def kernels(self):
@@ -84,15 +83,15 @@ def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
         converted = {t.source for job in plan.shards for t in job.tensors if t.op in CONVERTING_OPS}
         chain, why = resolve_mode(settings.kernels, sum(src.info(n).nbytes for n in converted))
     except ValueError as e:
-        raise ConvertError(f"--kernels: {e}") from e
-    signed_zero = SIGNED_ZERO[plan.options.target]
+        raise OptionError(f"kernels: {e}", f"--kernels: {e}") from e
     factory = None
     if not is_cpu(settings.device):
         import_torch()
         from mla_convert.kernels.fastest import device_factory
 
         factory = device_factory(settings.device)
-    compute = Compute(src.block, plan.options.fp8_max, plan.ops(), settings.device, chain, signed_zero, factory)
+    compute = Compute(src.block, plan.options.fp8_max, plan.ops(), settings.device, chain, plan.options.signed_zero,
+                      factory)  # fmt: skip
     rows = compute.native_rows()
     if rows is not None:
         return compute, {
@@ -122,4 +121,5 @@ def check_device(device: str) -> None:
     try:
         torch.empty(1, device=device)
     except Exception as e:  # unknown device string, or no such device on this host
-        raise ConvertError(f"--device {device!r} is not usable here ({type(e).__name__}: {e})") from e
+        why = f"is not usable here ({type(e).__name__}: {e})"
+        raise OptionError(f"device={device!r} {why}", f"--device {device!r} {why}") from e

@@ -295,7 +295,9 @@ class _ShardJob:
         self.inputs = _Inputs(spec)
         self.writer: ShardWriter | None = None
         self.pending: PendingFiles = []
-        self.channel_scale = None  # computed with a weight, written right after it: a tensor, or float32 bytes
+        # The scale computed with a quantized weight, written right after it (its layout is the
+        # format's: formats.ScaleLayout): a tensor, or the native kernels' float32 channel scales.
+        self.scale = None
         bufs = buffers()
         self._scales = bufs.channel_scale  # the native kernels' channel scales
         self._artifacts = (bufs.w_uk_t, bufs.w_uv)  # the native split's W_UK_T, W_UV
@@ -326,11 +328,11 @@ class _ShardJob:
             self._torch_transform(t, tr, layer)
 
     def _scale(self, t: OutTensor) -> None:
-        if isinstance(self.channel_scale, memoryview):
-            self.writer.write_bytes(t.name, self.channel_scale, F32_DTYPE, t.shape)
+        if isinstance(self.scale, memoryview):
+            self.writer.write_bytes(t.name, self.scale, F32_DTYPE, t.shape)
         else:
-            self.writer.write(t.name, self.channel_scale)
-        self.channel_scale = None
+            self.writer.write(t.name, self.scale)
+        self.scale = None
 
     def _torch_transform(self, t: OutTensor, tr: Transform, layer: int | None) -> None:
         """On torch tensors: the chosen kernel set's implementation of the transform (its definition
@@ -346,7 +348,7 @@ class _ShardJob:
             run = self.kernels[tr.op] if tr.probes is not None else tr.eager(self.params)
             out = run(*args)
         if tr.writes == FP8_DTYPE:
-            out, self.channel_scale = out
+            out, self.scale = out
         self.writer.write(t.name, out)
 
     def _torch_inputs(self, t: OutTensor, tr: Transform) -> list:
@@ -409,7 +411,7 @@ class _ShardJob:
             kernel(rows.at(r0, r1), q, base + 4 * r0, r0, r1)
 
         self.writer.fill_rows(t.name, FP8_DTYPE, (rows.rows, rows.cols), fill)
-        self.channel_scale = scales
+        self.scale = scales
 
     def _native_artifacts(self, layer: int, split: Callable[[int, int], None]) -> None:
         """The layer's W_UK_T / W_UV (bf16) split by the native kernels into the job's buffers."""

@@ -85,7 +85,7 @@ def quantize_channel_fp8(
 
     Division (not multiplication by a reciprocal) keeps the quotient correctly rounded; the
     clamp makes saturation explicit whatever torch's cast does out of range. Without
-    `signed_zero` (constants.SIGNED_ZERO of the target) a zero is written +0 whatever its sign: -0.0 in the
+    `signed_zero` (the target's, formats.Target.signed_zero) a zero is written +0 whatever its sign: -0.0 in the
     source, or a negative quotient that rounds to zero.
     """
     scale = channel_scales(dequant, fp8_max).unsqueeze(1)

@@ -20,8 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, CHANNEL_FP8, COMPLETE, MANIFEST_NAME, TOOL_NAME
-from mla_convert.errors import OutputError, SourceError
+from mla_convert import formats
+from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, COMPLETE, MANIFEST_NAME, TOOL_NAME
+from mla_convert.errors import OutputError, SourceError, with_flags
 from mla_convert.io.files import WrittenFile, write_bytes_atomic
 from mla_convert.output import card_text
 from mla_convert.output.card_facts import CardFacts, SourceRef
@@ -31,7 +32,6 @@ from mla_convert.settings import is_repo_id
 
 # What the card takes from the source card's metadata, as it is there.
 SOURCE_METADATA = ("license", "license_name", "license_link", "library_name", "pipeline_tag")
-QUANTIZED = "quantized"  # the Hub's base_model_relation for a quantized derivative
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,11 @@ def read_source_card(path: Path) -> SourceCard:
 
 
 def _relation(fmt: str, base_model: str | None) -> str | None:
-    """quantized for channel FP8; none for bf16, a dtype conversion that is none of the Hub's four
-    relations (adapter, merge, quantized, finetune); none without a base model to relate to."""
-    return QUANTIZED if fmt == CHANNEL_FP8 and base_model else None
+    """The format's relation (formats.Format.base_model_relation: quantized for channel FP8; none
+    for bf16, a dtype conversion that is none of the Hub's four relations: adapter, merge,
+    quantized, finetune); none without a base model to relate to, or for a format no longer known."""
+    output = formats.find(fmt)
+    return output.base_model_relation if output is not None and base_model else None
 
 
 def base_model_of(metadata: dict) -> str | None:
@@ -89,7 +91,8 @@ BASE_MODEL_HINT = (
 
 
 def format_tags(fmt: str) -> list[str]:
-    return ["fp8", "compressed-tensors"] if fmt == CHANNEL_FP8 else ["bf16"]
+    """The Hub tags of the output's format (formats.Format.tags)."""
+    return list(formats.get(fmt).tags)
 
 
 def card_metadata(facts: CardFacts, source: SourceCard | None):
@@ -220,9 +223,11 @@ def render_card(
     between the two, the same call writes both again. Nothing is written when the card is already
     the one it would write. OutputError when `out_dir` is not a finished conversion with a card."""
     out_dir = Path(out_dir)
-    for name, value in (("--base-model", base_model), ("--repo-id", repo_id)):
+    for name, value in (("base_model", base_model), ("repo_id", repo_id)):
         if value is not None and not is_repo_id(value):
-            raise OutputError(f"{name} {value!r}: expected a Hub model id, OWNER/NAME, not a path or a URL")
+            why = "expected a Hub model id, OWNER/NAME, not a path or a URL"
+            flag = "--" + name.replace("_", "-")
+            raise with_flags(OutputError(f"{name}={value!r}: {why}"), f"{flag} {value!r}: {why}")
     manifest, facts = _recorded_card(out_dir)
     if base_model is not None:
         facts = dataclasses.replace(facts, source=dataclasses.replace(facts.source, base_model=base_model))
@@ -255,7 +260,10 @@ def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:
             f"{out_dir}: the conversion did not finish; finish it with `mla-convert convert ... --resume`"
         )
     if not (manifest.get("options") or {}).get("card"):
-        raise OutputError(f"{out_dir}: converted with --no-card: its README.md is the source's, not a card to write")
+        why = "its README.md is the source's, not a card to write"
+        raise with_flags(
+            OutputError(f"{out_dir}: converted with card=False: {why}"), f"{out_dir}: converted with --no-card: {why}"
+        )
     record = manifest.get("card")
     try:
         facts = CardFacts.from_record(record, SourceRef.from_dict(manifest.get("source")))

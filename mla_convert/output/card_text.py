@@ -2,12 +2,14 @@
 
 The same conversion gives the same text (no dates, no host names): the card is part of the output,
 and the tests compare whole output trees. The accuracy table is the README's ("Serving with
-vLLM"), from scripts/accuracy_runtime.py.
+vLLM"), from scripts/accuracy_runtime.py. What the card says of the output's format (its words, its
+weights section, its serving note, its target's note) is the format's (formats.Format.card_*).
 """
 
 from __future__ import annotations
 
-from mla_convert.constants import BF16, CHANNEL_FP8, GAUDI2, MANIFEST_NAME, MLA_DIR_NAME, PARAMS_JSON_NAME
+from mla_convert import formats
+from mla_convert.constants import MANIFEST_NAME, MLA_DIR_NAME, PARAMS_JSON_NAME
 from mla_convert.output.card_facts import CardFacts
 from mla_convert.results import VerifyReport
 from mla_convert.units import gb
@@ -48,10 +50,12 @@ def body(facts: CardFacts, source_text: str | None) -> str:
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
 
 
+def _format(facts: CardFacts) -> formats.Format:
+    return formats.get(facts.format)
+
+
 def _format_words(facts: CardFacts) -> str:
-    if facts.format == CHANNEL_FP8:
-        return f"channel FP8 (compressed-tensors) for {facts.target} (FP8 max {facts.fp8_max:g})"
-    return "bf16"
+    return _format(facts).card_words(facts.target, facts.fp8_max)
 
 
 def model_name(facts: CardFacts) -> str:
@@ -60,7 +64,7 @@ def model_name(facts: CardFacts) -> str:
     if facts.repo_id:
         return facts.repo_id.rsplit("/", 1)[-1]
     base = facts.source.base_model
-    words = "channel FP8" if facts.format == CHANNEL_FP8 else "bf16"
+    words = _format(facts).words
     return f"{base.rsplit('/', 1)[-1]}, {words}" if base else f"{facts.architecture}, {words}"
 
 
@@ -84,7 +88,7 @@ def _conversion(facts: CardFacts) -> str:
     revision = f" at commit `{facts.source.revision}`" if facts.source.revision else ""
     mtp = f" + {facts.mtp_layers} MTP" if facts.mtp_layers else ""
     ignore = ", ".join(f"`{p}`" for p in facts.ignore) or "none"
-    flags = f" --format {facts.format}" + (f" --target {facts.target}" if facts.format == CHANNEL_FP8 else "")
+    flags = _format(facts).card_flags(facts.target)
     flags += "".join(f" --ignore '{p}'" for p in facts.ignore)
     rows = [
         ("source", _source_row(facts, revision)),
@@ -117,44 +121,7 @@ def _source_row(facts: CardFacts, revision: str) -> str:
 
 
 def _weights(facts: CardFacts) -> str:
-    if facts.format == BF16:
-        return (
-            "## The weights\n\n"
-            "Every block-FP8 weight of the source is stored in bf16, `bf16(fp32(w) * scale)` (bit-exact to "
-            "DeepSeek's own converter)"
-            + _int4_bf16(facts)
-            + f", and `{facts.config_name}` has no `quantization_config`. Every other tensor "
-            "(16-bit linears, embeddings, norms in their own dtype, the router, `lm_head`) is the source's, "
-            "bit for bit; the MTP layer is kept where the source has one."
-        )
-    return (
-        "## The weights\n\n"
-        "Each linear the source holds in block FP8 (and, from a BF16 source, each linear DeepSeek's FP8 "
-        "releases quantize) is `X.weight` float8_e4m3fn [N, K] with `X.weight_scale` float32 [N, 1]: one "
-        f"scale per output row, `max|row| / {facts.fp8_max:g}`, from the exact fp32 value of the source weight, "
-        "rounded to nearest once."
-        + _int4_kept(facts)
-        + f" `{facts.config_name}` carries a compressed-tensors `quantization_config` (static "
-        "per-channel FP8 weights, dynamic per-token FP8 activations) whose `ignore` list names the "
-        f"{facts.ignored_modules} modules left in 16 bits. Every other tensor (embeddings, norms in their own "
-        "dtype, the router, `lm_head`) is the source's, bit for bit; the MTP layer is kept where the source "
-        "has one."
-    )
-
-
-def _int4_bf16(facts: CardFacts) -> str:
-    if not facts.int4_experts:
-        return ""
-    return "; the source's INT4 experts are `(nibble - 8) * scale`, computed in fp32 and rounded once to bf16"
-
-
-def _int4_kept(facts: CardFacts) -> str:
-    if not facts.int4_experts:
-        return ""
-    return (
-        " The source's pack-quantized INT4 routed experts are copied bit for bit, never requantized; their "
-        "group keeps the source's scheme next to the channel-FP8 group."
-    )
+    return _format(facts).card_weights(facts)
 
 
 def _artifacts(facts: CardFacts) -> str:
@@ -188,12 +155,7 @@ def _revision_flag(branch: str | None) -> str:
 
 def _serving(facts: CardFacts) -> str:
     tp = next(t for t in (8, 4, 2, 1) if facts.heads % t == 0)
-    cpu = (
-        " Its CPU build has no FP8 MoE: serve a conversion whose routed experts were left in bf16 "
-        "(`--ignore 'model\\.layers\\.\\d+\\.mlp\\.experts\\.'`)."
-        if facts.format == CHANNEL_FP8
-        else ""
-    )
+    cpu = _format(facts).card_serving_note()
     consolidated = facts.config_name == PARAMS_JSON_NAME
     repo, rev = facts.repo_id, _revision_flag(facts.repo_revision)
     served = f"{repo}{rev}" if repo else '"$PWD"'
@@ -280,19 +242,15 @@ def verify_result(report: VerifyReport) -> str:
 
 
 def _not_verified(facts: CardFacts) -> str:
-    gaudi2 = (
-        "\n- For Gaudi2 (`--target gaudi2`): how vllm-gaudi's scale adjustment treats these weights is read "
-        "from its source, not measured."
-        if facts.target == GAUDI2 and facts.format == CHANNEL_FP8
-        else ""
-    )
+    note = _format(facts).card_target_note(facts.target)
+    target_note = f"\n- {note}" if note else ""
     return (
         "## What was not verified\n\n"
         "- No Gaudi hardware was used. Serving on Gaudi, and the accuracy figures above, come from "
         "vllm-gaudi's source read at a pinned commit and run on a CPU with only the Gaudi operations "
         "replaced by plain torch.\n"
         "- Model quality (benchmarks, generations) of this conversion was not measured; the evaluation "
-        f"results in the source's card below are the source's.{gaudi2}"
+        f"results in the source's card below are the source's.{target_note}"
     )
 
 

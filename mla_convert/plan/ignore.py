@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from mla_convert.errors import ConvertError
-from mla_convert.plan.planner import Plan, quantizable
+from mla_convert.errors import OptionError
+from mla_convert.plan.planner import Plan, natural, quantizable
 from mla_convert.source.checkpoint import module_of
 
 EXAMPLES = 4  # module names a refusal lists to show what patterns are matched against
@@ -25,7 +25,7 @@ def convertible_linears(plan: Plan) -> list[str]:
     modules = {module_of(name) for name in src.fp8}
     modules |= {module_of(name) for name in src.weight_map if quantizable(src, name)}
     # in the names the planner matches: vLLM's, after its own mapping (a member's own names, a wrapper's prefix)
-    return sorted({src.names.config_module(m) for m in modules}, key=_natural)
+    return sorted({src.names.config_module(m) for m in modules}, key=natural)
 
 
 def kept_by_pattern(plan: Plan) -> dict[str, int]:
@@ -40,11 +40,11 @@ def check_patterns(plan: Plan) -> dict[str, int]:
     unmatched = [p for p, n in counts.items() if n == 0]
     if unmatched:
         linears = convertible_linears(plan)
-        raise ConvertError(
-            f"--ignore '{unmatched[0]}' matches none of the {len(linears)} linears this conversion quantizes; "
-            f"patterns are regular expressions matched at the start of module names such as "
-            f"{', '.join(examples(linears))}"
+        why = (
+            f"matches none of the {len(linears)} linears this conversion quantizes; patterns are regular "
+            f"expressions matched at the start of module names such as {', '.join(examples(linears))}"
         )
+        raise OptionError(f"ignore pattern '{unmatched[0]}' {why}", f"--ignore '{unmatched[0]}' {why}")
     return counts
 
 
@@ -57,7 +57,3 @@ def examples(modules: list[str]) -> list[str]:
         if len(seen) == EXAMPLES:
             break
     return list(seen.values())
-
-
-def _natural(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from mla_convert.kernels.transforms import BLOCK_OPS as BLOCK_OPS
 from mla_convert.kernels.transforms import CONVERTING_OPS as CONVERTING_OPS
 from mla_convert.kernels.transforms import (
+    PLAN_TRANSFORMS,
     block_fp8_to_bf16,
     block_fp8_to_channel_fp8,
     copy,
@@ -22,9 +23,14 @@ COPY = copy.OP  # bit-exact copy of a source tensor that is not converted
 TO_BF16 = block_fp8_to_bf16.OP  # block-FP8 weight -> bf16
 TO_FP8 = block_fp8_to_channel_fp8.OP  # block-FP8 weight -> channel-FP8 weight (its scale is the next tensor)
 QUANT_FP8 = float_to_channel_fp8.OP  # a 16- or 32-bit source linear -> channel-FP8 weight (its scale is next)
-FP8_SCALE = "fp8_scale"  # the channel scale computed with the previous weight
+FP8_SCALE = "fp8_scale"  # the scale computed with the previous weight (its layout: the format's)
 INT4_TO_BF16 = int4_to_bf16.OP  # a pack-quantized INT4 weight (packed, scale) -> bf16 `weight`
 INT4_SHAPE = int4_shape.OP  # an INT4 weight's weight_shape: its values checked against the packed weight, copied
 
-CHANNEL_FP8_OPS = (TO_FP8, QUANT_FP8)  # what writes a channel-FP8 weight and its scale
 COPY_OPS = (COPY, INT4_SHAPE)  # what writes the source tensor's bytes as they are
+
+
+def reads(op: str) -> tuple[str, ...]:
+    """The roles of the source tensors `op` reads (Transform.reads; none for FP8_SCALE)."""
+    t = PLAN_TRANSFORMS.get(op)
+    return t.reads if t is not None else ()

@@ -1,5 +1,6 @@
 """Plan a conversion from headers alone: what each output shard holds and which source tensors
-(weight and its possibly distant scale) it needs. Nothing is read or written here."""
+(weight and its possibly distant scale) it needs. What each kind of source tensor becomes is the
+output format's (formats.Format: its transform, dtype and scale); nothing is read or written here."""
 
 from __future__ import annotations
 
@@ -7,17 +8,11 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
-from mla_convert.constants import (
-    CARD_NAME,
-    CHANNEL_FP8,
-    CHANNEL_SCALE_SUFFIX,
-    FLOAT_WEIGHT_DTYPES,
-    FP8_E4M3,
-    MLA_DIR_NAME,
-    MLA_MANIFEST_NAME,
-)
-from mla_convert.errors import ConvertError, SourceError
-from mla_convert.plan.ops import CONVERTING_OPS, COPY, FP8_SCALE, INT4_SHAPE, INT4_TO_BF16, QUANT_FP8, TO_BF16, TO_FP8
+from mla_convert import formats
+from mla_convert.constants import CARD_NAME, FLOAT_WEIGHT_DTYPES, MLA_DIR_NAME, MLA_MANIFEST_NAME
+from mla_convert.errors import OptionError, SourceError
+from mla_convert.formats import Becomes
+from mla_convert.plan.ops import CONVERTING_OPS, COPY, FP8_SCALE, INT4_SHAPE, TO_BF16, reads
 from mla_convert.plan.output_config import output_config
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint, module_of
@@ -53,7 +48,10 @@ class Plan:
     options: Options
     shards: list[ShardJob]
     config: dict
-    ignored_modules: list[str]  # the config's ignore list: 're:' patterns, then module names
+    ignore: list[str]  # the config's ignore list: 're:' patterns, then module names
+    # The linears it leaves in 16 bits, which that list names (by pattern or name), in vLLM's names
+    # (none where the format quantizes nothing: there is no list)
+    ignored_modules: list[str]
 
     @property
     def mla_layers(self) -> list[int]:
@@ -85,7 +83,7 @@ class Plan:
             if t.source in src.fp8:
                 pair = src.fp8[t.source]
                 need[pair.scale.name] = pair.scale_file
-            if t.op == INT4_TO_BF16:
+            if "group_scale" in reads(t.op):  # an INT4 weight converted
                 w = src.int4[module_of(t.source)]
                 need |= {p.name: src.weight_map[p.name] for p in (w.scale, w.shape)}
         return need
@@ -114,6 +112,8 @@ class Plan:
         return sum(self.source.info(n).nbytes for n in self.inputs_of(job))
 
     def summary(self) -> dict:
+        linear = self.options.output_format.float_linear
+        quantize = linear.op if linear is not None else None
         out_shards = sum(j.out_bytes for j in self.shards)
         mla = sum(
             2 * (math.prod(d.w_uk_t_shape()) + math.prod(d.w_uv_shape())) for d in map(self.dims_of, self.mla_layers)
@@ -128,7 +128,7 @@ class Plan:
             "tensors_in": len(self.source.weight_map),
             "tensors_out": sum(len(j.tensors) for j in self.shards),
             "fp8_weights_converted": len(self.source.fp8),
-            "bf16_linears_quantized": sum(t.op == QUANT_FP8 for job in self.shards for t in job.tensors),
+            "bf16_linears_quantized": sum(t.op == quantize for job in self.shards for t in job.tensors),
             "mla_layers": len(self.mla_layers),
             "bytes_in": self.source.total_bytes(),
             "bytes_out_model": out_shards,
@@ -164,14 +164,15 @@ class _Planner:
 
     def __init__(self, src: SourceCheckpoint, options: Options):
         self.src, self.options = src, options
-        self.fp8 = options.format == CHANNEL_FP8
+        self.fmt = options.output_format
         self.by_file: dict[str, list[OutTensor]] = {f: [] for f in sorted(src.headers)}
         self.unquantized: set[str] = set()  # text linears written in 16 bits (config-module names)
         self.extras: set[str] = set()  # prefixes of the other parts (vision) whose linears are copied
+        self.left_16bit: set[str] = set()  # every linear written in 16 bits (config-module names)
         self.int4_packed = {w.packed.name: w for w in src.int4.values()}
         self.int4_shape = {w.shape.name: w for w in src.int4.values()}
         self.skip = {p.scale.name for p in src.fp8.values()}  # consumed with their weight
-        if not self.fp8:  # bf16: each INT4 weight's partners are read with its weight_packed
+        if self.fmt.int4 is not None:  # converted: each INT4 weight's partners are read with its weight_packed
             self.skip |= {p.name for w in src.int4.values() for p in w.tensors() if p is not w.packed}
 
     def add(self, name: str) -> None:
@@ -182,9 +183,8 @@ class _Planner:
         ignored = is_ignored(src.names.config_module(module), self.options.ignore)
         if name in self.int4_packed or name in self.int4_shape:
             self._int4(name, out, ignored)
-        elif self.fp8 and quantizable(src, name) and not ignored:
-            out.append(OutTensor(name, FP8_E4M3, info.shape, QUANT_FP8, name, layer))
-            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
+        elif self.fmt.float_linear is not None and quantizable(src, name) and not ignored:
+            self._converted(out, name, info.shape, self.fmt.float_linear, layer)
         elif name not in src.fp8:
             out.append(OutTensor(name, info.dtype, info.shape, COPY, name, layer))
             if (
@@ -193,51 +193,69 @@ class _Planner:
                 and not (deepseek or name).endswith("embed_tokens.weight")
             ):
                 self._left_16bit(module)  # lm_head, gate, eh_proj, modules_to_not_convert, vision
-        elif not self.fp8 or ignored:
+        elif ignored:
             out.append(OutTensor(name, "BF16", info.shape, TO_BF16, name, layer))
-            if not ignored:
-                self._left_16bit(module)
+            self.left_16bit.add(src.names.config_module(module))  # the user's pattern names it
         else:
-            out.append(OutTensor(name, FP8_E4M3, info.shape, TO_FP8, name, layer))
-            out.append(OutTensor(module + CHANNEL_SCALE_SUFFIX, "F32", (info.shape[0], 1), FP8_SCALE, name))
+            self._converted(out, name, info.shape, self.fmt.block_fp8, layer)
+            if self.fmt.block_fp8.scale is None:
+                self._left_16bit(module)
+
+    def _converted(self, out: list[OutTensor], name: str, shape: tuple[int, ...], b: Becomes, layer) -> None:
+        """A weight as the format converts it, and its scale right after it."""
+        out.append(OutTensor(name, b.dtype, shape, b.op, name, layer))
+        if b.scale is not None:
+            out.append(OutTensor(b.scale.name(name), b.scale.dtype, b.scale.shape(shape), FP8_SCALE, name))
 
     def _left_16bit(self, module: str) -> None:
+        """A linear written in 16 bits that the ignore list names: by its part's prefix, or by name
+        (unless a pattern of the user's matches it: ignore_list)."""
         names = self.src.names
+        self.left_16bit.add(names.config_module(module))
         if names.is_extra(module):
             self.extras.add(next(p for p in names.extra_prefixes if module.startswith(p)))
         else:
             self.unquantized.add(names.config_module(module))
 
     def _int4(self, name: str, out: list[OutTensor], ignored: bool) -> None:
-        """channel-fp8: every tensor of an INT4 weight copied (its weight_shape checked first);
-        bf16: its weight_packed and scale become a bf16 weight."""
+        """A format that keeps INT4: every tensor of an INT4 weight copied (its weight_shape checked
+        first); one that converts it (bf16): its weight_packed and scale become its weight."""
         info, w = self.src.info(name), self.int4_packed.get(name) or self.int4_shape[name]
-        if self.fp8 and ignored:
-            raise ConvertError(
-                f"--ignore matches {w.module!r}, an INT4 weight, which channel-fp8 copies as INT4 (it is never "
-                "requantized); leave it out of --ignore, or convert with --format bf16"
+        b = self.fmt.int4
+        if b is None and ignored:
+            converting = " or ".join(f.name for f in formats.all_formats() if f.int4 is not None)
+            what = f"an INT4 weight, which {self.fmt.name} copies as INT4 (it is never requantized)"
+            raise OptionError(
+                f"ignore matches {w.module!r}, {what}; leave it out of ignore, or convert to format={converting!r}",
+                f"--ignore matches {w.module!r}, {what}; leave it out of --ignore, or convert with --format "
+                f"{converting}",
             )
-        if self.fp8:
+        if b is None:
             out.append(OutTensor(name, info.dtype, info.shape, INT4_SHAPE if name in self.int4_shape else COPY, name))
             return
         if not self.src.quant.int4.symmetric:
+            keeping = " or ".join(f.name for f in formats.all_formats() if f.int4 is None)
             raise SourceError(
                 f"{self.src.root / self.src.weight_map[name]}: {w.module!r} is asymmetric INT4 (it has a "
-                f"weight_zero_point; its group {self.src.quant.int4.group_name!r} says symmetric: false): --format bf16 "
-                "dequantizes symmetric INT4 only, as (nibble - 8) x scale; convert to channel-fp8, which copies the "
-                "INT4 weights as they are"
+                f"weight_zero_point; its group {self.src.quant.int4.group_name!r} says symmetric: false): the "
+                f"{self.fmt.name} format dequantizes symmetric INT4 only, as (nibble - 8) x scale; convert to "
+                f"{keeping}, which copies the INT4 weights as they are"
             )
-        out.append(OutTensor(w.module + ".weight", "BF16", (w.rows, w.cols), INT4_TO_BF16, name))
+        out.append(OutTensor(w.module + ".weight", b.dtype, (w.rows, w.cols), b.op, name))
 
     def ignore_list(self) -> list[str]:
         """The output's ignore list: the user's patterns as compressed-tensors 're:' entries
         (re.match, as vLLM applies them; listing every matched expert by name would make R1's
         config megabytes long), each other part's prefix, then the text linears left 16-bit by name."""
-        if not self.fp8:
+        if not self.fmt.quantizes:
             return []
         extras = [f"re:{re.escape(p)}.*" for p in sorted(self.extras)]
         named = sorted(m for m in self.unquantized if not is_ignored(m, self.options.ignore))
         return [f"re:{p}" for p in self.options.ignore] + extras + named
+
+    def ignored_modules(self) -> list[str]:
+        """The linears the ignore list names: every one left in 16 bits (none without a list)."""
+        return sorted(self.left_16bit, key=natural) if self.fmt.quantizes else []
 
 
 def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
@@ -250,10 +268,11 @@ def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
     for file, tensors in planner.by_file.items():
         layers = sorted(t.layer for t in tensors if t.layer is not None and t.op != FP8_SCALE)
         jobs.append(ShardJob(file, tensors, layers))
-    ignored = planner.ignore_list()
-    int4_targets = int4_target_list(src, options) if options.format == CHANNEL_FP8 and src.int4 else []
-    config = output_config(src.model, options.format, ignored, src.quant.int4, int4_targets)
-    return Plan(src, options, jobs, config, ignored)
+    ignore = planner.ignore_list()
+    fmt = planner.fmt
+    int4_targets = int4_target_list(src, options) if fmt.quantizes and fmt.int4 is None and src.int4 else []
+    config = output_config(src.model, fmt, ignore, src.quant.int4, int4_targets)
+    return Plan(src, options, jobs, config, ignore, planner.ignored_modules())
 
 
 # The routed experts, as a compressed-tensors target that vLLM matches on expert 0's names.
@@ -272,6 +291,11 @@ def int4_target_list(src: SourceCheckpoint, options: Options) -> list[str]:
     if experts and not any(re.match(pattern, m) for m in linears - int4):
         return [ROUTED_EXPERTS_TARGET, *sorted(int4 - experts)]
     return sorted(int4)
+
+
+def natural(name: str) -> list:
+    """A sort key that puts layer 2 before layer 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def mla_file_rel(layer: int) -> str:

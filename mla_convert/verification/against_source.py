@@ -5,7 +5,10 @@ than its row allows, a bf16 weight must match bf16(exact) bit for bit (for an IN
 rounding of the exact product), and a copied tensor must match the source bit for bit.
 
 The source is read by offset, in row chunks (on a block boundary of a block-FP8 source), and
-compared chunk by chunk, so the working memory stays small."""
+compared chunk by chunk, so the working memory stays small. These are the torch forms of the
+built-in comparisons (verification.comparisons declares each, with its native form); a comparison
+registered from outside reads the source through `source_values` and `reader` and records through
+`out`, as these do."""
 
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ class _Fp8Findings:
 
 
 class SourceComparisons:
-    """The source comparisons of one file's tensors; `reader` reads the source tensors."""
+    """The source comparisons of one file's tensors; `reader` reads the source tensors, `out`
+    records the verdicts."""
 
     def __init__(self, reader: RowReader, out: FileTally, *, block: tuple[int, int] | None, fp8_max: float):
         self.reader, self.out = reader, out
@@ -59,7 +63,7 @@ class SourceComparisons:
         findings = _Fp8Findings()
         native_pass = fp8_readers().name == "native" and job.source_scale is not None
         chunk = self._fp8_chunk_native if native_pass else self._fp8_chunk_torch
-        for r0, r1 in row_chunks(q.shape[0], q.shape[1], self._row_align(job)):
+        for r0, r1 in row_chunks(q.shape[0], q.shape[1], self.row_align(job)):
             chunk(job, q, s, r0, r1, findings)
         self.out.verdict(
             findings.bad,
@@ -84,8 +88,8 @@ class SourceComparisons:
     def bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
         """A bf16 weight: bit-exact bf16 of the source's exact value."""
         stats, bad = ErrorStats(), Mismatches()
-        for r0, r1 in row_chunks(t.shape[0], t.shape[1], self._row_align(job)):
-            x = self._source_values(job, r0, r1)
+        for r0, r1 in row_chunks(t.shape[0], t.shape[1], self.row_align(job)):
+            x = self.source_values(job, r0, r1)
             want, got = to_bf16(x), t[r0:r1]
             if not identical(got, want):
                 bad.add(got, want, ~same_bits(got, want), r0)
@@ -136,7 +140,7 @@ class SourceComparisons:
 
     def _fp8_chunk_torch(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
         """Rows [r0, r1) of channel_fp8, in torch."""
-        x = self._source_values(job, r0, r1)
+        x = self.source_values(job, r0, r1)
         sc = s[r0:r1]
         found = fp8_readers().decode(q[r0:r1]) * sc
         abs_x = x.abs()
@@ -149,7 +153,7 @@ class SourceComparisons:
         """Rows [r0, r1) of channel_fp8 in one C pass (the same fp32 formulas); the torch
         formulation runs only to describe the first bad element."""
         bn = self.block[0]
-        w, src_scale = self._source_rows(job, r0, r1)
+        w, src_scale = self.source_rows(job, r0, r1)
         sc = s[r0:r1]
         o = native.fp8_bound_rows(q[r0:r1], sc, w, src_scale, self.block, FP8_REL + FP32_SLACK,
                                   FP8_SUBNORMAL_HALF_STEP)  # fmt: skip
@@ -169,20 +173,20 @@ class SourceComparisons:
         limit = scale_limit(amax, self.fp8_max)
         big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
 
-    def _row_align(self, job: TensorJob) -> int:
+    def row_align(self, job: TensorJob) -> int:
         """Row chunks start on a block boundary of a block-FP8 source."""
         return self.block[0] if job.source_scale is not None else 1
 
-    def _source_rows(self, job: TensorJob, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def source_rows(self, job: TensorJob, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows, float32."""
         bn = self.block[0]
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
         scale = block_scale_f32(self.reader.rows(job.source_scale, g0, g1 - g0))
         return self.reader.rows(job.source, r0, r1 - r0), scale
 
-    def _source_values(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+    def source_values(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
         """The exact fp32 value of source rows [r0, r1): the dequant of a block-FP8 weight, the
         widening of a 16-bit one."""
         if job.source_scale is None:
             return self.reader.rows(job.source, r0, r1 - r0).float()
-        return dequantize_block_fp8(*self._source_rows(job, r0, r1), self.block, fp8_readers().decode)
+        return dequantize_block_fp8(*self.source_rows(job, r0, r1), self.block, fp8_readers().decode)

@@ -2,8 +2,9 @@
 shape and role in the conversion.
 
 They come from the plan of `--source` when one is given (exact: names, dtypes, shapes, files), else
-from what the family member's config implies for the recorded format (family.implied_tensors),
-plus the known extra buffers of real checkpoints that are present.
+from what the family member's config implies for the recorded format (family.implied_tensors; a
+linear as the format makes it, formats.Format.block_fp8, where its quantization_config quantizes
+it), plus the known extra buffers of real checkpoints that are present.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import math
 from dataclasses import dataclass
 
 from mla_convert.constants import (
-    BF16,
-    CHANNEL_SCALE_SUFFIX,
     FLOAT_WEIGHT_DTYPES,
-    FP8_E4M3,
     INT4_PACKED,
     INT4_PACKED_DTYPE,
     INT4_SCALE,
@@ -23,12 +21,13 @@ from mla_convert.constants import (
     INT4_ZERO_POINT,
 )
 from mla_convert.constants import INT4_SHAPE as INT4_SHAPE_SUFFIX
-from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, TO_BF16, TO_FP8
+from mla_convert.formats import INT4, QUANTIZED, Format
+from mla_convert.formats.compressed_tensors import int4_group_size
+from mla_convert.plan.ops import COPY, FP8_SCALE, INT4_SHAPE, TO_BF16
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import module_of
 from mla_convert.source.family import FP8_LINEAR, OTHER, ModelLayout, extra_buffer_layer, implied_tensors
 from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
-from mla_convert.verification.quant_config import FP8, INT4, claimed, int4_group_size
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
 
@@ -37,7 +36,7 @@ class Expect:
     """One tensor the converted model must hold."""
 
     name: str
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8 / QUANT_FP8 (channel-FP8 weight), FP8_SCALE, the INT4 ops
+    op: str  # the plan's op: COPY, TO_BF16, a format's quantizing op (TO_FP8, QUANT_FP8, ...), FP8_SCALE, the INT4 ops
     dtype: str | tuple[str, ...] | None  # safetensors dtype (or one of several); None: any of FLOAT_WEIGHT_DTYPES
     shape: tuple[int, ...]
     kind: str = OTHER  # FP8_LINEAR | LINEAR | OTHER
@@ -57,23 +56,28 @@ class Expect:
         return f"{'/'.join(self.dtypes())}{list(self.shape)}"
 
 
-def expects_from_config(cfg: dict, fmt: str, qc: dict | None, names: TensorNames = DEEPSEEK_NAMES) -> dict[str, Expect]:
-    """What the family member's text config `cfg` implies for the output format, by the
-    checkpoint's own names; a channel-FP8 output's linears as its quantization_config `qc` claims
-    them (verification.quant_config): channel FP8, kept INT4, or 16-bit."""
+def expects_from_config(
+    cfg: dict, fmt: Format, qc: dict | None, names: TensorNames = DEEPSEEK_NAMES
+) -> dict[str, Expect]:
+    """What the family member's text config `cfg` implies for the output format `fmt`, by the
+    checkpoint's own names; a linear as the output's quantization_config `qc` claims it (the
+    format's reading, Format.claimed): quantized as the format quantizes a block-FP8 weight (with
+    its scale), kept INT4, or 16-bit."""
     out: dict[str, Expect] = {}
     for deepseek, (shape, kind) in implied_tensors(cfg).items():
         name = names.from_deepseek(deepseek)
         module = module_of(name)
-        scheme = claimed(names.config_module(module), qc) if kind == FP8_LINEAR and fmt != BF16 and qc else None
+        scheme = fmt.claimed(names.config_module(module), qc) if kind == FP8_LINEAR and qc else None
         if kind != FP8_LINEAR:
             out[name] = Expect(name, COPY, None, shape, kind)
         elif scheme == INT4:
             out |= _int4_expects(module, shape, *(int4_group_size(qc) or (None, True)))
-        elif scheme == FP8:
-            out[name] = Expect(name, TO_FP8, FP8_E4M3, shape, kind)
-            scale = module + CHANNEL_SCALE_SUFFIX
-            out[scale] = Expect(scale, FP8_SCALE, "F32", (shape[0], 1), kind)
+        elif scheme == QUANTIZED:
+            b = fmt.block_fp8
+            out[name] = Expect(name, b.op, b.dtype, shape, kind)
+            if b.scale is not None:
+                scale = b.scale.name(name)
+                out[scale] = Expect(scale, FP8_SCALE, b.scale.dtype, b.scale.shape(shape), kind)
         else:
             out[name] = Expect(name, TO_BF16, "BF16", shape, kind)
     return out

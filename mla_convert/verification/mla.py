@@ -1,8 +1,9 @@
 """verify, mla group: one layer's artifacts (W_UK_T, W_UV) against its kv_b_proj.
 
 The reference is the exact value of the source's kv_b_proj (with --source), else the stored bf16
-kv_b_proj, else the stored channel-FP8 one. The artifacts must be its split bit for bit (within the
-artifact bound of a channel-FP8 reference), and random decode inputs through the absorbed path and
+kv_b_proj, else the stored FP8 one with its scale (one per row, or one for the tensor: each row's
+is taken). The artifacts must be its split bit for bit (within the artifact bound of an FP8
+reference), and random decode inputs through the absorbed path and
 the naive path must agree (bounds.functional_error). The split is compared a few heads at a time."""
 
 from __future__ import annotations
@@ -93,9 +94,13 @@ class MlaChecks:
         if job.kv_b is not None and job.kv_b.dtype == "BF16":
             return self.reader.rows(job.kv_b), None, "split_kv_b_proj(the stored bf16 kv_b_proj)"
         if job.kv_b is not None and job.kv_b.dtype == FP8_E4M3 and job.kv_b_scale is not None:
-            s = self.reader.rows(job.kv_b_scale)
-            x = fp8_readers().decode(self.reader.rows(job.kv_b)).mul_(s)
-            return x, s, "within the artifact bound of the stored channel-FP8 kv_b_proj"
+            q = self.reader.rows(job.kv_b)
+            s = self.reader.rows(job.kv_b_scale).reshape(-1, 1)
+            if s.shape[0] not in (1, q.shape[0]):
+                return None  # not a scale per row or per tensor (the structure checks said so)
+            s = s.expand(q.shape[0], 1).contiguous()
+            x = fp8_readers().decode(q).mul_(s)
+            return x, s, "within the artifact bound of the stored FP8 kv_b_proj"
         return None
 
     def _compare_split(self, layer: int, artifacts, x: torch.Tensor, scale: torch.Tensor | None, what: str) -> None:

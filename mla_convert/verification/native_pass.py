@@ -1,9 +1,11 @@
 """verify, the checks of a tensor on the bytes read, in the native kernels (no torch).
 
-Each method decides one tensor's checks (its values, its comparison with the source, a layer's MLA
-checks) from the buffer it was read into and, where it needs them, the source tensors and partner
-scales read by offset into this thread's reused buffers. Where every check passes, it counts them
-as the torch path would and returns True. Anything else (a check that fails, a case it does not
+Each method decides one tensor's checks (the native forms of its comparison with the source, a
+layer's MLA checks; the value checks' own are in verification.values, beside their torch forms,
+reading the rows' maxima from here) from the buffer it was read into and, where it needs them, the
+source tensors and partner scales read by offset into this thread's reused buffers. Where every
+check passes it returns True, and the caller counts the checks the declaration names
+(verification.comparisons.Comparison.checks; the MLA check counts its own). Anything else (a check that fails, a case it does not
 cover: a bf16 output's comparison with its source, INT4, E8M0 block scales, a 16-bit kv_b_proj)
 returns False having recorded nothing: the caller then runs the torch path (stream), which
 describes the failure. So a failing tensor's report is the torch path's, word for word, and torch is
@@ -38,13 +40,12 @@ from mla_convert.verification.bounds import (
     SCALE_REL,
     ErrorStats,
 )
-from mla_convert.verification.report import MLA, SOURCE, VALUES, FileTally
+from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import CHUNK_ELEMS, ReadError, Ref
 from mla_convert.verification.tasks import MlaJob, TensorJob
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.safetensors_file import DTYPE_SIZES, TensorInfo, pread_exact
 
-NEGATIVE_ZERO_CODE = 0x80
 _NONFINITE = {"BF16": (2, 0x7F80), "F16": (2, 0x7C00), "F32": (4, 0x7F800000)}
 _OUTS = ("dd", "xx", "yy", "max_abs", "max_ratio", "n_bad", "first_bad", "amax_x")  # mla_fp8_bound_rows
 
@@ -79,11 +80,11 @@ def _addr(view: memoryview) -> int:
 class NativePass:
     """The native checks of one file's tensors (see the module docstring)."""
 
-    def __init__(self, out: FileTally, *, fp8_max: float, signed_zero: bool, block, dims, rope_dim: int):
-        self.out, self.fp8_max, self.signed_zero, self.block = out, fp8_max, signed_zero, block
+    def __init__(self, out: FileTally, *, fp8_max: float, block, dims, rope_dim: int):
+        self.out, self.fp8_max, self.block = out, fp8_max, block
         self.dims: MlaDims | None = dims
         self.rope_dim = rope_dim
-        self.top = top_code(fp8_max)
+        self.top = top_code(fp8_max)  # the code every non-zero row of a channel-FP8 weight reaches
         self.files: dict[str, int] = {}
         self.scratch = resources.current().slot(_SCRATCH, _Scratch)
 
@@ -92,46 +93,15 @@ class NativePass:
             os.close(fd)
         self.files.clear()
 
-    # ---- values ----------------------------------------------------------------------------------
+    # ---- values (verification.values: each check's native form) ----------------------------------
 
-    def values(self, info: TensorInfo, view: memoryview) -> bool:
-        """check_values of one tensor: True (and counted) where every check passes."""
+    def fp8_row_maxima(self, info: TensorInfo, view: memoryview) -> bytes:
+        """Each row's largest |code| of the e4m3fn tensor in `view` (rows: its first dimension)."""
         n = math.prod(info.shape)
-        if info.dtype not in (FP8_E4M3, *_NONFINITE) or not n:
-            return False  # integers and empty tensors (no checks), F64, E5M2: the torch path
-        addr = _addr(view)
-        if info.dtype in _NONFINITE:
-            size, mask = _NONFINITE[info.dtype]
-            if native.count_matching(addr, n, size, mask, mask):
-                return False
-            self.out.tally.ok(VALUES)
-            return True
-        if self.top is None:
-            return False
         rows = info.shape[0] if info.shape else 1
-        k = n // rows
         maxima = self.scratch.rows.view(rows)
-        native.row_max_codes_at(addr, rows, k, _addr(maxima))
-        if max(maxima) > self.top:
-            return False
-        if len(info.shape) == 2 and maxima.tobytes().count(self.top) + maxima.tobytes().count(0) != rows:
-            return False
-        if not self.signed_zero and native.count_matching(addr, n, 1, 0xFF, NEGATIVE_ZERO_CODE):
-            return False
-        self.out.tally.ok(VALUES, 2 + (not self.signed_zero) + (len(info.shape) == 2))
-        return True
-
-    def channel_scale(self, info: TensorInfo, view: memoryview) -> bool:
-        """check_channel_scale: every element finite and > 0 (sign bit clear, not zero, not Inf/NaN)."""
-        n = math.prod(info.shape)
-        if info.dtype != "F32" or not n:
-            return False
-        addr = _addr(view)
-        for mask, value in ((0x7F800000, 0x7F800000), (0x80000000, 0x80000000), (0xFFFFFFFF, 0)):
-            if native.count_matching(addr, n, 4, mask, value):
-                return False
-        self.out.tally.ok(VALUES)
-        return True
+        native.row_max_codes_at(_addr(view), rows, n // rows, _addr(maxima))
+        return maxima.tobytes()
 
     # ---- against the source ----------------------------------------------------------------------
 
@@ -176,7 +146,6 @@ class NativePass:
             if over or near:
                 return False
             stats.add_sums(dd, xx, yy, max_abs, max_ratio)
-        self.out.tally.ok(SOURCE, 2)
         self.out.stats(info.name, "fp8", stats)
         return True
 
@@ -187,7 +156,6 @@ class NativePass:
             return False
         nbytes = len(view)
         if not nbytes:
-            self.out.tally.ok(SOURCE)
             return True
         chunk = 64 * 1024 * 1024
         addr = _addr(view)
@@ -196,7 +164,6 @@ class NativePass:
             got = self._read_bytes(src, start, m, self.scratch.source, ahead=start == 0 and m < nbytes)
             if native.first_difference(addr + start, _addr(got), m) >= 0:
                 return False
-        self.out.tally.ok(SOURCE)
         return True
 
     # ---- MLA -------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ STRUCTURE, INTEGRITY, VALUES, SOURCE, MLA = GROUPS = ("structure", "integrity", 
 GROUP_TITLES = {
     STRUCTURE: "config, index, shard headers, tensor set, quantization_config, MLA manifest",
     INTEGRITY: "file sizes and sha256 against the conversion manifest, side files",
-    VALUES: "no NaN/Inf, channel scales finite and > 0, FP8 values in range",
+    VALUES: "no NaN/Inf, scales finite and > 0, FP8 values in range (the format's and the target's checks)",
     SOURCE: "every tensor against the exact fp32 dequant of --source",
     MLA: "W_UK_T / W_UV against kv_b_proj, absorbed vs naive attention",
 }
 MAX_LISTED = 50  # failures listed per group (all are counted)
+NOTHING_CHECKED = "nothing was checked"  # a group that ran no check: it did not pass (an unfinished output)
 MAX_WORST = 5  # worst converted tensors kept for the report
 
 
@@ -85,7 +86,8 @@ class FileTally:
 
 def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> VerifyReport:
     """The full report (`info`: its header fields): exit_code 0 when every check that ran passed,
-    1 otherwise."""
+    1 otherwise. A group that ran no check and was not skipped on purpose says so (NOTHING_CHECKED),
+    never that it passed."""
     groups = {}
     for g in GROUPS:
         fails = [f for f in tally.failures if f.group == g]
@@ -93,7 +95,7 @@ def as_report(tally: Tally, skipped: dict[str, str], info: dict) -> VerifyReport
             title=GROUP_TITLES[g],
             checked=tally.checked[g],
             failed=len(fails),
-            skipped=skipped.get(g),
+            skipped=skipped.get(g) or (NOTHING_CHECKED if not tally.checked[g] else None),
             failures=tuple(fails[:MAX_LISTED]),
             failures_not_listed=max(0, len(fails) - MAX_LISTED),
         )

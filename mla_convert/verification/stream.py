@@ -2,14 +2,15 @@
 
 Every byte goes to sha256 (integrity, on a helper thread) and each tensor is read into a reused
 buffer (buffers) and checked from it, so memory holds about one tensor of the file at a time. Each
-tensor goes to the values checks and to the check of its role in the conversion: the comparison
-with its source, and the MLA check once an artifact file's tensors are all read. Source tensors,
-and a weight's channel scale stored elsewhere, are read on demand by offset, in row chunks.
+tensor goes to the values checks (values: the format's and the target's) and to the check of its
+role in the conversion: the comparison its transform names (comparisons), and the MLA check once an
+artifact file's tensors are all read. Source tensors, and a weight's scale stored elsewhere, are
+read on demand by offset, in row chunks.
 
-Each check runs first on the bytes read, in the native kernels (native_pass), where the native
-readers passed their probes; a check that fails there, or one they do not cover, runs on torch
-tensors over the same bytes (values, against_source, mla), which describe what failed. torch is
-imported only then, so a verify whose checks all pass natively imports no torch.
+Each check runs first on the bytes read, in its native form (values, native_pass), where the
+native readers passed their probes; a check that fails there, or one they do not cover, runs on
+torch tensors over the same bytes (values, against_source, mla), which describe what failed. torch
+is imported only then, so a verify whose checks all pass natively imports no torch.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from mla_convert.kernels.transforms import PLAN_TRANSFORMS
 from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.process.torch_import import import_torch
 from mla_convert.verification.buffers import Lease, ReadBuffers, thread_buffers
+from mla_convert.verification.comparisons import Comparison, comparison
 from mla_convert.verification.native_pass import NativePass
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, FileTally, Tally
 from mla_convert.verification.rows import ReadError, RowReader
 from mla_convert.verification.tasks import FileResult, FileTask, TensorJob
+from mla_convert.verification.values import ValueChecks
 from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, TensorInfo
 
 if TYPE_CHECKING:
@@ -119,21 +122,19 @@ class _FileChecks:
         self.buffers = buffers  # what the file's tensors are read into
         self.native = None
         if task.header is not None and fp8_readers().name == "native":
-            self.native = NativePass(self.out, fp8_max=task.fp8_max, signed_zero=task.signed_zero,
-                                     block=task.block, dims=task.dims, rope_dim=task.rope_dim)  # fmt: skip
+            self.native = NativePass(self.out, fp8_max=task.fp8_max, block=task.block, dims=task.dims,
+                                     rope_dim=task.rope_dim)  # fmt: skip
+        self.values = ValueChecks(task.value_checks, self.out, task.fp8_max, self.native)
         self._torch_parts = None  # (RowReader, SourceComparisons), made when the torch path is first needed
-        self.pending: dict[str, tuple[TensorInfo, memoryview]] = {}  # scale name -> its FP8 weight
+        self.pending: dict[str, tuple[TensorInfo, memoryview]] = {}  # scale name -> its weight
         self.artifacts: dict[str, tuple[TensorInfo, memoryview]] = {}
         self.leases: dict[str, Lease] = {}  # a kept tensor's name -> the lease on its buffer
 
     def tensor(self, info: TensorInfo, buf: memoryview) -> None:
         """Check one tensor, read into `buf` by self.buffers."""
-        if not (self.native and self.native.values(info, buf)):
-            from mla_convert.verification.values import check_values
-
-            check_values(info, _tensor(info, buf), self.out, self.task.fp8_max, self.task.signed_zero)
-        kept = False
         job = self.task.tensors.get(info.name)
+        self.values.run(info, buf, job is not None and job.op == FP8_SCALE, lambda: _tensor(info, buf))
+        kept = False
         if job is not None:
             try:
                 kept = self._role(info, buf, job)
@@ -185,38 +186,42 @@ class _FileChecks:
 
     def _role(self, info: TensorInfo, buf: memoryview, job: TensorJob) -> bool:
         """The checks of the tensor's role in the conversion: the comparison its transform names
-        (Transform.verify). Returns whether `buf` is kept for later."""
-        native = self.native
-        check = PLAN_TRANSFORMS[job.op].verify if job.op in PLAN_TRANSFORMS else None
-        if check == "channel_fp8" and job.source is not None and job.scale is not None:
-            if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
-                self.pending[job.scale_name] = (info, buf)  # checked when its scale streams by
-                return True
-            self._channel_fp8(info, buf, None, job)
-        elif job.op == FP8_SCALE:
-            if not (native and native.channel_scale(info, buf)):
-                from mla_convert.verification.values import check_channel_scale
-
-                check_channel_scale(info, _tensor(info, buf), self.out)
+        (Transform.verify, comparisons), a weight with its scale once both are read. Returns
+        whether `buf` is kept for later."""
+        if job.op == FP8_SCALE:
             if info.name in self.pending:
                 w_info, q = self.pending.pop(info.name)
                 try:
-                    self._channel_fp8(w_info, q, (info, buf), self.task.tensors[w_info.name])
+                    w_job = self.task.tensors[w_info.name]
+                    self._compare(comparison(PLAN_TRANSFORMS[w_job.op].verify), w_info, q, (info, buf), w_job)
                 finally:
                     self._drop(w_info.name)
-        elif check in ("bf16", "int4_bf16") and job.source is not None:
-            getattr(self._torch()[1], check)(info, _tensor(info, buf), job)
-        elif check == "copy" and job.source is not None and not (native and native.copy(info, buf, job)):
-            self._torch()[1].copy(info, _tensor(info, buf), job)
+            return False
+        t = PLAN_TRANSFORMS.get(job.op)
+        check = comparison(t.verify) if t is not None else None
+        if check is None or job.source is None:
+            return False
+        if check.partners_scale:
+            if job.scale is None:
+                return False  # its scale does not match its expectation: the structure checks said so
+            if job.scale_name in self.task.tensors and self.task.header.tensors[job.scale_name].begin > info.begin:
+                self.pending[job.scale_name] = (info, buf)  # checked when its scale streams by
+                return True
+        self._compare(check, info, buf, None, job)
         return False
 
-    def _channel_fp8(self, info: TensorInfo, q: memoryview, scale, job: TensorJob) -> None:
-        """A channel-FP8 weight against its source; `scale`: its scale's (info, bytes) if read."""
-        if self.native and self.native.channel_fp8(info, q, None if scale is None else scale[1], job):
+    def _compare(self, check: Comparison, info: TensorInfo, buf: memoryview, scale, job: TensorJob) -> None:
+        """A tensor against its source: natively where the comparison has a native form and it
+        passes, else in torch; `scale`: its scale's (info, bytes) where read (else by job.scale)."""
+        native = self.native
+        if native and check.native is not None and check.native(native, info, buf, scale and scale[1], job):
+            self.out.tally.ok(SOURCE, len(check.checks))
             return
         reader, source = self._torch()
-        s = reader.rows(job.scale) if scale is None else _tensor(*scale)
-        source.channel_fp8(info, _tensor(info, q), s, job)
+        s = None
+        if check.partners_scale:
+            s = reader.rows(job.scale) if scale is None else _tensor(*scale)
+        check.torch(source, info, _tensor(info, buf), s, job)
 
     def _drop(self, name: str) -> None:
         """A kept tensor is no longer needed: its buffer may be read into again."""

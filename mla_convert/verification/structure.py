@@ -12,16 +12,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import (
-    BF16,
-    CHANNEL_FP8,
-    CHANNEL_SCALE_SUFFIX,
-    CONFIG_NAME,
-    FP8_E4M3,
-    INDEX_NAME,
-    INT4_PACKED,
-)
+from mla_convert import formats
+from mla_convert.constants import CONFIG_NAME, INDEX_NAME, INT4_PACKED
 from mla_convert.errors import SourceError
+from mla_convert.formats import IGNORED, INT4, QUANTIZED, Format
 from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan
 from mla_convert.source import members
@@ -44,7 +38,6 @@ from mla_convert.verification.expects import (
     other_part_expects,
 )
 from mla_convert.verification.mla_manifest import check_mla_manifest
-from mla_convert.verification.quant_config import FP8, IGNORED, INT4, claimed, config_problems
 from mla_convert.verification.report import STRUCTURE, Tally
 from mla_runtime.format import MlaDims, MlaManifest, kv_b_layer_index
 from mla_runtime.safetensors_file import ShardHeader
@@ -68,9 +61,11 @@ class Structure:
 
 
 def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Structure:
-    """Run every header-only check, recording results in `tally`; return what the data pass needs."""
+    """Run every header-only check of an output in format `fmt` (formats.names()), recording
+    results in `tally`; return what the data pass needs."""
     lay = Structure()
-    lay.model = _check_config(root, fmt, tally)
+    output = formats.get(fmt)
+    lay.model = _check_config(root, output, tally)
     if lay.model is not None:
         lay.config, lay.names, lay.index_name = lay.model.text, lay.model.names, lay.model.index_name
     elif (own := members.own_layout_of(root)) is not None:
@@ -84,7 +79,7 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
         if plan is not None:
             lay.expects = expects_from_plan(plan)
         else:
-            lay.expects = expects_from_config(lay.config, fmt, lay.model.quantization, lay.names)
+            lay.expects = expects_from_config(lay.config, output, lay.model.quantization, lay.names)
             lay.expects |= extra_buffer_expects(lay.config, lay.headers, lay.expects, lay.names)
             lay.expects |= other_part_expects(lay.names, lay.headers, lay.model.vision)
     except (KeyError, TypeError, FamilyError) as e:
@@ -93,8 +88,8 @@ def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, t
         )
         return lay
     _check_tensor_set(lay, tally)
-    if fmt == CHANNEL_FP8:
-        _check_quantized_modules(lay, tally)
+    if output.quantizes:
+        _check_quantized_modules(lay, output, tally)
     lay.mla_layers = sorted(
         i for n in lay.expects if (d := lay.names.to_deepseek(n)) and (i := kv_b_layer_index(d)) is not None
     )
@@ -119,7 +114,7 @@ def _load_json(root: Path, rel: str, check: str, what: str, tally: Tally) -> obj
     return _UNREADABLE
 
 
-def _check_config(root: Path, fmt: str, tally: Tally) -> ModelConfig | None:
+def _check_config(root: Path, fmt: Format, tally: Tally) -> ModelConfig | None:
     """The directory's model description (config.json, nested, or params.json): a supported
     architecture with its dims, and the quantization_config the format implies."""
     try:
@@ -149,26 +144,14 @@ def _check_config(root: Path, fmt: str, tally: Tally) -> ModelConfig | None:
         problem is None, STRUCTURE, "config", model.file, expected="integer MLA and model dims", found=problem
     ):
         return None
-    qc = model.quantization
-    if fmt == BF16:
-        tally.expect(
-            not model.quant_at,
-            STRUCTURE,
-            "quantization_config",
-            model.file,
-            expected="none (bf16 output)",
-            found=repr(qc)[:200],
-        )
-        return model
-    problems = config_problems(qc)
+    problem = fmt.config_problem(model.quantization, bool(model.quant_at))
     tally.expect(
-        not problems,
+        problem is None,
         STRUCTURE,
         "quantization_config",
         model.file,
-        expected="compressed-tensors static per-channel FP8 weights, dynamic per-token activations"
-        " (and an INT4 source's pack-quantized group)",
-        found="; ".join(problems),
+        expected=fmt.config_expected(),
+        found=problem or "",
     )
     return model
 
@@ -287,10 +270,10 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
             )
 
 
-def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
-    """quantization_config agrees with the tensors: a linear it gives channel FP8 holds an FP8
-    weight and a channel scale, one it gives the INT4 group holds packed INT4 tensors, one it
-    ignores holds a 16-bit weight; an ignore entry by name names a linear."""
+def _check_quantized_modules(lay: Structure, fmt: Format, tally: Tally) -> None:
+    """quantization_config agrees with the tensors: a linear it quantizes holds a weight as the
+    format quantizes one, with its scale, one it gives the INT4 group holds packed INT4 tensors, one
+    it ignores holds a 16-bit weight; an ignore entry by name names a linear."""
     qc = lay.model.quantization or {}
     ignore = [str(x) for x in (qc.get("ignore") or [])]
     modules = {
@@ -300,18 +283,18 @@ def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
     }
     served = {lay.names.config_module(m) for m in modules}
     for module in sorted(modules):
-        actual = _stored_scheme(lay, module)
+        actual = _stored_scheme(lay, module, fmt)
         if actual is None:
             continue  # missing: reported by the tensor set check
-        said = claimed(lay.names.config_module(module), qc)
+        said = fmt.claimed(lay.names.config_module(module), qc)
         tally.expect(
             said == actual,
             STRUCTURE,
             "quantization_config",
             lay.model.file,
             module,
-            expected=f"{actual} as stored",
-            found=f"{said} per quantization_config",
+            expected=f"{fmt.scheme_label(actual)} as stored",
+            found=f"{fmt.scheme_label(said)} per quantization_config",
         )
     for entry in ignore:
         if not entry.startswith("re:"):
@@ -326,14 +309,18 @@ def _check_quantized_modules(lay: Structure, tally: Tally) -> None:
             )
 
 
-def _stored_scheme(lay: Structure, module: str) -> str | None:
-    """FP8, INT4 or IGNORED (16-bit) as the headers hold `module`; None when it is missing."""
+def _stored_scheme(lay: Structure, module: str, fmt: Format) -> str | None:
+    """QUANTIZED (a weight as the format quantizes one, and its scale), INT4 or IGNORED (16-bit) as
+    the headers hold `module`; None when it is missing."""
     if _info(lay, f"{module}.{INT4_PACKED}") is not None:
         return INT4
-    w = _info(lay, f"{module}.weight")
+    weight = f"{module}.weight"
+    w = _info(lay, weight)
     if w is None:
         return None
-    return FP8 if w.dtype == FP8_E4M3 and _info(lay, module + CHANNEL_SCALE_SUFFIX) is not None else IGNORED
+    scale = fmt.scale_name(weight)
+    quantized = w.dtype == fmt.block_fp8.dtype and scale is not None and _info(lay, scale) is not None
+    return QUANTIZED if quantized else IGNORED
 
 
 def _info(lay: Structure, name: str):

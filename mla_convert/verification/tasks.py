@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mla_convert.constants import CHANNEL_SCALE_SUFFIX, MLA_DIR_NAME, SIGNED_ZERO
-from mla_convert.plan.ops import CHANNEL_FP8_OPS, FP8_SCALE, INT4_TO_BF16, TO_BF16, TO_FP8
+from mla_convert import formats
+from mla_convert.constants import MLA_DIR_NAME
+from mla_convert.plan.ops import FP8_SCALE, reads
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_convert.verification.report import Tally
 from mla_convert.verification.rows import Ref
 from mla_convert.verification.structure import Structure
+from mla_convert.verification.values import selected
 from mla_runtime.format import MlaDims, kv_b_name, layer_file_name
 from mla_runtime.safetensors_file import ShardHeader
 
@@ -27,9 +29,9 @@ from mla_runtime.safetensors_file import ShardHeader
 class TensorJob:
     """What to check for one tensor beyond its values (absent: values only)."""
 
-    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE
-    scale: Ref | None = None  # channel FP8: its channel scale, when it does not follow it in this file
-    scale_name: str | None = None  # channel FP8: the name of its channel scale
+    op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE, ...
+    scale: Ref | None = None  # a quantized weight: where its scale is (read by offset when it is not next in this file)
+    scale_name: str | None = None  # a quantized weight: the name of its scale (the format's ScaleLayout)
     source: Ref | None = None  # with --source: the source tensor (an INT4 weight's weight_packed)
     source_scale: Ref | None = None  # with --source, block-FP8 sources: the block scale (INT4: its scales)
     group_size: int | None = None  # with --source, INT4_TO_BF16: columns per scale
@@ -39,7 +41,7 @@ class TensorJob:
 class MlaJob:
     layer: int
     kv_b: Ref | None  # the converted model's kv_b_proj weight
-    kv_b_scale: Ref | None  # ... and its channel scale (channel-FP8 output)
+    kv_b_scale: Ref | None  # ... and its scale (a format that quantizes it)
     source: Ref | None = None  # with --source: the source kv_b_proj and its block scale (none: 16-bit)
     source_scale: Ref | None = None
 
@@ -50,7 +52,7 @@ class FileTask:
     rel: str
     header: ShardHeader | None  # None: hash only (side files, JSON, unparseable shards)
     fp8_max: float
-    signed_zero: bool = True  # the target's FP8 weights may hold -0 (constants.SIGNED_ZERO)
+    value_checks: tuple[str, ...] = ()  # the format's and target's (verification.values.selected)
     block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
     dims: MlaDims | None = None
     rope_dim: int = 0
@@ -71,10 +73,11 @@ def file_tasks(
 ) -> list[FileTask]:
     """One task for every file the conversion manifest or the index lists, and every artifact file
     whose header was read, sorted by path."""
+    fmt = options.output_format
     common = {
         "root": str(root),
         "fp8_max": options.fp8_max,
-        "signed_zero": SIGNED_ZERO[options.target],
+        "value_checks": selected(fmt.value_checks, formats.target(options.target)),
         "block": src.block if src else None,
         "dims": lay.dims,
         "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
@@ -84,12 +87,13 @@ def file_tasks(
     tasks = []
     for rel in sorted(rels):
         if rel in lay.headers:
-            jobs = {n: j for n, info in lay.headers[rel].tensors.items() if (j := _tensor_job(n, info, lay, src))}
-            tasks.append(FileTask(rel=rel, header=lay.headers[rel], tensors=jobs, **common))
+            header = lay.headers[rel]
+            jobs = {n: j for n, info in header.tensors.items() if (j := _tensor_job(n, info, lay, src, fmt))}
+            tasks.append(FileTask(rel=rel, header=header, tensors=jobs, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
             at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src), **at))
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src, fmt), **at))
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks
@@ -101,33 +105,35 @@ def _matches(lay: Structure, name: str, info) -> bool:
     return exp is not None and info is not None and exp.admits(info)
 
 
-def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None) -> TensorJob | None:
+def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> TensorJob | None:
     """What to check for a tensor beyond its values; None for one that does not match its
     expectation (only its values are checked)."""
     if not _matches(lay, name, info):
         return None
     exp = lay.expects[name]
-    scale_name = name.rsplit(".", 1)[0] + CHANNEL_SCALE_SUFFIX if exp.op in CHANNEL_FP8_OPS else None
+    scale = fmt.scale_of(exp.op)
+    scale_name = scale.name(name) if scale is not None else None
     source = source_scale = group = None
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
         source = _src_ref(src, exp.source)
-        if exp.op in (TO_FP8, TO_BF16):
+        if "block_scale" in reads(exp.op):
             source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
-        if exp.op == INT4_TO_BF16:
+        if "group_scale" in reads(exp.op):
             w = src.int4[exp.source.rsplit(".", 1)[0]]
             source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
-    scale = _out_ref(lay, scale_name) if scale_name else None
-    return TensorJob(exp.op, scale, scale_name, source, source_scale, group)
+    scale_ref = _out_ref(lay, scale_name) if scale_name else None
+    return TensorJob(exp.op, scale_ref, scale_name, source, source_scale, group)
 
 
-def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None) -> MlaJob:
+def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaJob:
     kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
         source = _src_ref(src, kv_b)
-    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, f"{kv_b}_scale"), source, source_scale)
+    scale = fmt.scale_name(kv_b)
+    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, scale) if scale else None, source, source_scale)
 
 
 def _out_ref(lay: Structure, name: str) -> Ref | None:

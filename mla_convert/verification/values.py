@@ -1,88 +1,282 @@
-"""verify, values group: what a tensor's own values must satisfy, without a source. No NaN/Inf in
-a float tensor; FP8 codes within the target's range, every non-zero row reaching it, and no -0 where
-the target reads it as NaN; channel scales finite and > 0."""
+"""verify, values group: what a tensor's own values must satisfy, without a source. Each check is
+declared once (`ValueCheck`, in CHECKS): the tensors it applies to, the targets it applies for, its
+torch form and its native form side by side. Which checks a conversion's tensors get is its
+format's (formats.Format.value_checks) and its target's: `selected`. The built-in ones: no NaN/Inf
+in a float tensor; FP8 codes within the target's range, no -0 where the target reads it as NaN,
+every non-zero row reaching FP8_MAX (channel FP8's max|row| / FP8_MAX scaling); scales finite and
+> 0. `register` adds one (a format added from outside, docs/adding-a-verify-check.md).
+
+A tensor's checks run first in their native forms on the bytes read (no torch: a form returns True
+where its check passes, False where it fails or is not covered); where all pass they are counted,
+one each. Otherwise every torch form runs and records its own verdict, so that a failing tensor's
+report is the torch path's, word for word. No torch at import: the native path never imports it.
+"""
 
 from __future__ import annotations
 
-import torch
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mla_convert.constants import FLOAT_DTYPES, FP8_E4M3
+from mla_convert.formats import Target
+from mla_convert.io.buffers import address_of
 from mla_convert.kernels import native
-from mla_convert.kernels.numerics import NEGATIVE_ZERO_CODE
 from mla_convert.verification.bounds import Mismatches
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import VALUES, FileTally
 from mla_convert.verification.rows import row_chunks
-from mla_runtime.safetensors_file import TensorInfo
+from mla_runtime.safetensors_file import DTYPE_SIZES, TensorInfo
+
+if TYPE_CHECKING:
+    import torch
+
+NEGATIVE_ZERO_CODE, NAN_CODE = 0x80, 0x7F  # e4m3fn: -0, and |code| 0x7F is NaN
+# safetensors dtype -> kernels.native's name of it, for the non-finite bit masks
+_NATIVE_FLOAT = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
-def check_values(info: TensorInfo, t: torch.Tensor, out: FileTally, fp8_max: float, signed_zero: bool) -> None:
-    """The values checks of any tensor `t` (decoded from the file, described by `info`); integer
-    tensors and empty ones have none."""
-    if info.dtype not in FLOAT_DTYPES or not t.numel():
+class TorchValues:
+    """One tensor on the torch path: the tensor, where its verdicts go, and what several checks
+    read, computed once."""
+
+    def __init__(self, info: TensorInfo, t: torch.Tensor, out: FileTally, fp8_max: float):
+        self.info, self.t, self.out, self.fp8_max = info, t, out, fp8_max
+        self.n = t.numel()
+        self.flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
+
+    @functools.cached_property
+    def top(self) -> int:
+        import torch
+
+        return int(torch.tensor(self.fp8_max).to(torch.float8_e4m3fn).view(torch.uint8))
+
+    @functools.cached_property
+    def row_max(self) -> torch.Tensor:
+        """Each row's largest |code| (e4m3: codes order like magnitudes, 0x7F is NaN)."""
+        return fp8_readers().row_max_codes(self.flat)
+
+    def located(self, bad: Callable, rows=None) -> Mismatches:
+        """The elements `bad(codes & 0x7F, values)` flags, counted over row chunks (a failing tensor
+        only: `rows`, when given, says whether any row holds one)."""
+        import torch
+
+        found = Mismatches()
+        if rows is not None and not bool(rows.any()):
+            return found
+        for r0, r1 in row_chunks(self.flat.shape[0], self.flat.shape[1]):
+            x = self.flat[r0:r1].float()
+            found.add(x, x, bad(self.flat[r0:r1].view(torch.uint8) & 0x7F, x), r0)
+        return found
+
+
+class NativeValues:
+    """One tensor on the native path: its bytes, and what several checks read, computed once
+    (`checks`: the file's verification.native_pass.NativePass, whose scratch memory they use)."""
+
+    def __init__(self, info: TensorInfo, view: memoryview, checks):
+        self.info, self.view, self.checks = info, view, checks
+        self.n = math.prod(info.shape)
+        self.addr = address_of(view)
+
+    @functools.cached_property
+    def row_max(self) -> bytes:
+        """Each row's largest |code| of an FP8 tensor."""
+        return self.checks.fp8_row_maxima(self.info, self.view)
+
+
+@dataclass(frozen=True)
+class ValueCheck:
+    name: str  # as the report names it
+    applies: Callable[[TensorInfo, bool], bool]  # (the tensor, whether it is a weight's scale)
+    torch: Callable[[TorchValues], None]  # records its verdict, describing a failure
+    native: Callable[[NativeValues], bool] | None = None  # True: it passes; False: ask torch
+    for_target: Callable[[Target], bool] = lambda target: True
+
+
+# ---- the checks: each one's torch form, then its native form ----------------------------------
+
+
+def _float(info: TensorInfo, is_scale: bool) -> bool:
+    return info.dtype in FLOAT_DTYPES and math.prod(info.shape) > 0
+
+
+def _fp8(info: TensorInfo, is_scale: bool) -> bool:
+    return info.dtype == FP8_E4M3 and math.prod(info.shape) > 0
+
+
+def _nan_inf_torch(v: TorchValues) -> None:
+    import torch
+
+    if v.info.dtype == FP8_E4M3:
+        nan = v.located(lambda codes, x: codes == NAN_CODE, v.row_max == NAN_CODE)
+        v.out.verdict(nan, VALUES, "nan-inf", v.info.name, "finite values", v.n, "NaN in ")
         return
-    if info.dtype == FP8_E4M3:
-        _check_fp8_codes(info, t, out, fp8_max, signed_zero)
-        return
-    flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
     nonfinite = Mismatches()
-    if t.dtype in native.NONFINITE_MASKS and fp8_readers().count_nonfinite(flat) == 0:
-        out.verdict(nonfinite, VALUES, "nan-inf", info.name, "finite values", t.numel(), "NaN/Inf in ")
+    if v.t.dtype in native.NONFINITE_MASKS and fp8_readers().count_nonfinite(v.flat) == 0:
+        v.out.verdict(nonfinite, VALUES, "nan-inf", v.info.name, "finite values", v.n, "NaN/Inf in ")
         return
-    for r0, r1 in row_chunks(flat.shape[0], flat.shape[1]):  # locate them (a failing tensor only)
-        x = flat[r0:r1]
+    for r0, r1 in row_chunks(v.flat.shape[0], v.flat.shape[1]):  # locate them (a failing tensor only)
+        x = v.flat[r0:r1]
         if not bool(torch.isfinite(x).all()):
             nonfinite.add(x.float(), x.float(), ~torch.isfinite(x), r0)
-    out.verdict(nonfinite, VALUES, "nan-inf", info.name, "finite values", t.numel(), "NaN/Inf in ")
+    v.out.verdict(nonfinite, VALUES, "nan-inf", v.info.name, "finite values", v.n, "NaN/Inf in ")
 
 
-def check_channel_scale(info: TensorInfo, t: torch.Tensor, out: FileTally) -> None:
-    """A channel-FP8 weight's scale: every element finite and > 0."""
-    bad = ~(torch.isfinite(t) & (t > 0))
-    m = Mismatches()
-    m.add(t, t, bad)
-    out.verdict(m, VALUES, "fp8-scale", info.name, "finite scales > 0", t.numel())
+def _nan_inf_native(v: NativeValues) -> bool:
+    if v.info.dtype == FP8_E4M3:
+        return NAN_CODE not in v.row_max
+    if v.info.dtype not in _NATIVE_FLOAT:
+        return False  # F64, E5M2: the torch path
+    mask = native.NONFINITE_MASKS_BY_NAME[_NATIVE_FLOAT[v.info.dtype]]
+    return not native.count_matching(v.addr, v.n, DTYPE_SIZES[v.info.dtype], mask, mask)
 
 
-def _check_fp8_codes(info: TensorInfo, t: torch.Tensor, out: FileTally, fp8_max: float, signed_zero: bool) -> None:
-    """On the e4m3 codes, without decoding: |code| 0x7F is NaN, codes order like magnitudes,
-    max|row| / FP8_MAX scaling makes every non-zero row reach exactly FP8_MAX, and a target
-    without -0 (gaudi2) has no code 0x80."""
-    top = int(torch.tensor(fp8_max).to(torch.float8_e4m3fn).view(torch.uint8))
-    flat = t.reshape(t.shape[0] if t.dim() else 1, -1)
-    nan, out_of_range, rows = Mismatches(), Mismatches(), Mismatches()
-    row_max = fp8_readers().row_max_codes(flat)  # every check below reads off it
-    if bool((row_max > top).any()):  # locate the bad elements (a failing tensor only)
-        for r0, r1 in row_chunks(flat.shape[0], flat.shape[1]):
-            codes = flat[r0:r1].view(torch.uint8) & 0x7F
-            x = flat[r0:r1].float()
-            nan.add(x, x, codes == 0x7F, r0)
-            out_of_range.add(x, x, (codes > top) & (codes != 0x7F), r0)
-    off = (row_max != top) & (row_max != 0)
+def _range_torch(v: TorchValues) -> None:
+    out_of_range = v.located(lambda codes, x: (codes > v.top) & (codes != NAN_CODE), v.row_max > v.top)
+    v.out.verdict(out_of_range, VALUES, "fp8-range", v.info.name, f"|w| <= {v.fp8_max:g}", v.n)
+
+
+def _range_native(v: NativeValues) -> bool:
+    top = v.checks.top
+    return top is not None and max(v.row_max) <= top
+
+
+def _negative_zero_torch(v: TorchValues) -> None:
+    minus_zero = fp8_readers().count_code(v.t, NEGATIVE_ZERO_CODE)
+    v.out.expect(
+        not minus_zero,
+        VALUES,
+        "fp8-negative-zero",
+        v.info.name,
+        expected="no -0 code (0x80): this target's readers may take 0x80 for NaN (float8_e4m3fnuz)",
+        found=f"{minus_zero} of {v.n} codes are 0x80",
+    )
+
+
+def _negative_zero_native(v: NativeValues) -> bool:
+    return not native.count_matching(v.addr, v.n, 1, 0xFF, NEGATIVE_ZERO_CODE)
+
+
+def _row_max_torch(v: TorchValues) -> None:
+    """max|row| / FP8_MAX scaling makes every non-zero row reach exactly FP8_MAX."""
+    import torch
+
+    rows = Mismatches()
+    off = (v.row_max != v.top) & (v.row_max != 0)
     if bool(off.any()):
-        for r0, r1 in row_chunks(flat.shape[0], flat.shape[1]):
-            found = flat[r0:r1].float().abs().amax(dim=1)
-            rows.add(found, torch.full(found.shape, fp8_max), off[r0:r1], r0)
-    n = t.numel()
-    out.verdict(nan, VALUES, "nan-inf", info.name, "finite values", n, "NaN in ")
-    out.verdict(out_of_range, VALUES, "fp8-range", info.name, f"|w| <= {fp8_max:g}", n)
-    if not signed_zero:
-        minus_zero = fp8_readers().count_code(t, NEGATIVE_ZERO_CODE)
-        out.expect(
-            not minus_zero,
-            VALUES,
-            "fp8-negative-zero",
-            info.name,
-            expected="no -0 code (0x80): this target's readers may take 0x80 for NaN (float8_e4m3fnuz)",
-            found=f"{minus_zero} of {n} codes are 0x80",
-        )
-    if t.dim() == 2:
-        out.verdict(
-            rows,
-            VALUES,
-            "fp8-row-max",
-            info.name,
-            f"max|row| = {fp8_max:g} (or an all-zero row)",
-            t.shape[0],
-            "rows off: ",
-        )
+        for r0, r1 in row_chunks(v.flat.shape[0], v.flat.shape[1]):
+            found = v.flat[r0:r1].float().abs().amax(dim=1)
+            rows.add(found, torch.full(found.shape, v.fp8_max), off[r0:r1], r0)
+    v.out.verdict(
+        rows, VALUES, "fp8-row-max", v.info.name, f"max|row| = {v.fp8_max:g} (or an all-zero row)", v.t.shape[0],
+        "rows off: ",
+    )  # fmt: skip
+
+
+def _row_max_native(v: NativeValues) -> bool:
+    top = v.checks.top
+    return top is not None and v.row_max.count(top) + v.row_max.count(0) == len(v.row_max)
+
+
+def _scale_torch(v: TorchValues) -> None:
+    import torch
+
+    t = v.t
+    m = Mismatches()
+    m.add(t, t, ~(torch.isfinite(t) & (t > 0)))
+    v.out.verdict(m, VALUES, "fp8-scale", v.info.name, "finite scales > 0", t.numel())
+
+
+def _scale_native(v: NativeValues) -> bool:
+    """Every element finite and > 0: no Inf/NaN exponent, no sign bit, no zero."""
+    if v.info.dtype != "F32" or not v.n:
+        return False
+    masks = ((0x7F800000, 0x7F800000), (0x80000000, 0x80000000), (0xFFFFFFFF, 0))
+    return not any(native.count_matching(v.addr, v.n, 4, mask, value) for mask, value in masks)
+
+
+class _Checks:
+    """The value checks by name, in the order they run and report (an attribute of one object: no
+    module variable is rebound)."""
+
+    def __init__(self, checks: list[ValueCheck]) -> None:
+        self.checks = {c.name: c for c in checks}
+
+
+CHECKS = _Checks([
+    ValueCheck("nan-inf", _float, _nan_inf_torch, _nan_inf_native),
+    ValueCheck("fp8-range", _fp8, _range_torch, _range_native),
+    ValueCheck("fp8-negative-zero", _fp8, _negative_zero_torch, _negative_zero_native,
+               for_target=lambda target: not target.signed_zero),
+    ValueCheck("fp8-row-max", lambda info, s: _fp8(info, s) and len(info.shape) == 2, _row_max_torch, _row_max_native),
+    ValueCheck("fp8-scale", lambda info, is_scale: is_scale, _scale_torch, _scale_native),
+])  # fmt: skip
+_BUILT_IN = frozenset(CHECKS.checks)
+
+
+def register(check: ValueCheck) -> ValueCheck:
+    """Add a value check (after the built-in ones); a format names it in its value_checks."""
+    if check.name in CHECKS.checks:
+        raise ValueError(f"a value check named {check.name!r} is registered already")
+    CHECKS.checks[check.name] = check
+    return check
+
+
+def unregister(name: str) -> None:
+    if name not in _BUILT_IN:
+        CHECKS.checks.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered(*checks: ValueCheck) -> Iterator[None]:
+    done = []
+    try:
+        for c in checks:
+            done.append(register(c))
+        yield
+    finally:
+        for c in done:
+            unregister(c.name)
+
+
+def selected(names: tuple[str, ...], target: Target) -> tuple[str, ...]:
+    """The checks of a format (its value_checks) that apply for `target`, in their order."""
+    unknown = [n for n in names if n not in CHECKS.checks]
+    if unknown:
+        raise ValueError(f"no value check named {', '.join(unknown)}")
+    return tuple(n for n, c in CHECKS.checks.items() if n in names and c.for_target(target))
+
+
+class ValueChecks:
+    """The value checks of one file's tensors: those `names` selected (`selected`), each tensor's
+    run native first (`native`: the file's NativePass, None where the native readers are not
+    used), then in torch."""
+
+    def __init__(self, names: tuple[str, ...], out: FileTally, fp8_max: float, native_pass=None):
+        self.checks = [CHECKS.checks[n] for n in names]
+        self.out, self.fp8_max, self.native = out, fp8_max, native_pass
+        self._by_kind: dict[tuple, list[ValueCheck]] = {}
+
+    def of(self, info: TensorInfo, is_scale: bool) -> list[ValueCheck]:
+        kind = (info.dtype, len(info.shape), is_scale, math.prod(info.shape) > 0)
+        if kind not in self._by_kind:
+            self._by_kind[kind] = [c for c in self.checks if c.applies(info, is_scale)]
+        return self._by_kind[kind]
+
+    def run(self, info: TensorInfo, view: memoryview, is_scale: bool, tensor: Callable[[], torch.Tensor]) -> None:
+        """Check one tensor (`view`: its bytes; `tensor()`: the torch tensor over them)."""
+        checks = self.of(info, is_scale)
+        if not checks:
+            return
+        if self.native is not None:
+            v = NativeValues(info, view, self.native)
+            if all(c.native is not None and c.native(v) for c in checks):
+                self.out.tally.ok(VALUES, len(checks))
+                return
+        t = TorchValues(info, tensor(), self.out, self.fp8_max)
+        for c in checks:
+            c.torch(t)

@@ -1,8 +1,15 @@
 """The transforms, one module each (kernels.transforms.transform says what a module declares).
 Adding one: its module, its line here, its tests; its C entry (if any) in fp8_kernels.c and
-kernels.native. No torch at import."""
+kernels.native. No torch at import.
+
+`register` adds a transform from outside the package (a format a test or a plugin adds,
+docs/adding-a-format.md): it runs its eager definition, as the kernel sets (probed, native,
+compiled) implement the built-in transforms only."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 from mla_convert.kernels.transforms import (
     block_fp8_dequant,
@@ -42,7 +49,46 @@ KERNEL_TRANSFORMS: dict[str, Transform] = {
     )
 }
 SPLITS = {mla_split.OP: mla_split.TRANSFORM, mla_split.OP16: mla_split.TRANSFORM16}
+_BUILT_IN = frozenset(PLAN_TRANSFORMS)
 CONVERTING_OPS = tuple(op for op, t in PLAN_TRANSFORMS.items() if t.probes is not None)  # fp8, bf16, quant
 BLOCK_OPS = tuple(op for op in CONVERTING_OPS if "block_scale" in PLAN_TRANSFORMS[op].reads)
 
-__all__ = ["BLOCK_OPS", "CONVERTING_OPS", "KERNEL_TRANSFORMS", "PLAN_TRANSFORMS", "SPLITS", "Params", "Transform"]
+
+def register(t: Transform) -> Transform:
+    """Make `t` a transform a plan may name (PLAN_TRANSFORMS). It runs its eager definition (no
+    probes, native or rows entry: the kernel sets implement the built-in transforms only); it may
+    read a weight and its block scale ("weight", "block_scale"), and write the source's dtype,
+    BF16, or FP8 with a scale written next (FP8_DTYPE). ValueError for a name taken or an entry it
+    cannot have."""
+    if t.op in PLAN_TRANSFORMS or t.op in KERNEL_TRANSFORMS:
+        raise ValueError(f"a transform named {t.op!r} is registered already")
+    if t.probes is not None or t.native is not None or t.rows is not None or t.compiles:
+        raise ValueError(f"transform {t.op!r}: a registered transform runs its eager definition only")
+    if not set(t.reads) <= {"weight", "block_scale"}:
+        raise ValueError(f"transform {t.op!r} reads {t.reads}: a registered one reads a weight and its block scale")
+    PLAN_TRANSFORMS[t.op] = t
+    return t
+
+
+def unregister(op: str) -> None:
+    if op not in _BUILT_IN:
+        PLAN_TRANSFORMS.pop(op, None)
+
+
+@contextlib.contextmanager
+def registered(*transforms: Transform) -> Iterator[None]:
+    """`transforms` registered while the block runs."""
+    done = []
+    try:
+        for t in transforms:
+            done.append(register(t))
+        yield
+    finally:
+        for t in done:
+            unregister(t.op)
+
+
+__all__ = [
+    "BLOCK_OPS", "CONVERTING_OPS", "KERNEL_TRANSFORMS", "PLAN_TRANSFORMS", "SPLITS", "Params", "Transform",
+    "register", "registered", "unregister",
+]  # fmt: skip

@@ -51,9 +51,10 @@ class Transform:
     # Where the output is made from the exact value (computed once, the split taking it too):
     exact: Callable[[Params], Callable] | None = None
     from_exact: Callable | None = None
-    # What verify applies to its output: the comparison with the source
-    # (verification.against_source.SourceComparisons' method of that name) and the bound it holds
-    # it to (verification.bounds.TOLERANCES).
+    # What verify applies to its output: the comparison with the source (the one registered under
+    # this name in verification.against_source, which a transform registered from outside
+    # registers too) and the bound it holds it to (its words: verification.bounds.TOLERANCES, or
+    # the comparison's own).
     verify: str = "copy"
     bound: str = "copied"
 

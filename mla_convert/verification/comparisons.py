@@ -1,0 +1,84 @@
+"""verify, source group: the comparisons of a converted tensor with its source, by the name its
+transform declares (kernels.transforms.Transform.verify). Each is declared once (`Comparison`):
+the checks it records, its torch form (verification.against_source, which describes a failure)
+and its native form (verification.native_pass, on the bytes read), side by side. `register` adds
+one (a transform added from outside, docs/adding-a-format.md). No torch at import.
+
+A comparison that `partners` a scale is given the weight's scale too (the tensor written right
+after it, its layout the format's): stream holds the weight until its scale is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from mla_convert.verification.against_source import SourceComparisons
+    from mla_convert.verification.native_pass import NativePass
+    from mla_convert.verification.tasks import TensorJob
+    from mla_runtime.safetensors_file import TensorInfo
+
+# torch(source, info, tensor, scale or None, job): records each of `checks`, describing a failure
+TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorJob"], None]
+# native(checks, info, bytes, the scale's bytes or None (then read by job.scale), job) -> every check passed
+NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorJob"], bool]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str  # as a transform's `verify` names it
+    checks: tuple[str, ...]  # the checks it records, one each (what a native pass counts)
+    torch: TorchForm
+    native: NativeForm | None = None
+    partners_scale: bool = False  # it takes the weight's scale (TensorJob.scale / scale_name)
+
+
+class _Comparisons:
+    """The comparisons by name (an attribute of one object: no module variable is rebound)."""
+
+    def __init__(self, comparisons: list[Comparison]) -> None:
+        self.by_name = {c.name: c for c in comparisons}
+
+
+COMPARISONS = _Comparisons([
+    Comparison("copy", ("copy-exact",), lambda s, info, t, _, job: s.copy(info, t, job),
+               lambda n, info, view, _, job: n.copy(info, view, job)),
+    Comparison("channel_fp8", ("fp8-bound", "fp8-scale"), lambda s, info, q, sc, job: s.channel_fp8(info, q, sc, job),
+               lambda n, info, q, sc, job: n.channel_fp8(info, q, sc, job), partners_scale=True),
+    Comparison("bf16", ("bf16-exact",), lambda s, info, t, _, job: s.bf16(info, t, job)),
+    Comparison("int4_bf16", ("int4-bf16-exact",), lambda s, info, t, _, job: s.int4_bf16(info, t, job)),
+])  # fmt: skip
+_BUILT_IN = frozenset(COMPARISONS.by_name)
+
+
+def comparison(name: str) -> Comparison | None:
+    return COMPARISONS.by_name.get(name)
+
+
+def register(c: Comparison) -> Comparison:
+    if c.name in COMPARISONS.by_name:
+        raise ValueError(f"a comparison named {c.name!r} is registered already")
+    COMPARISONS.by_name[c.name] = c
+    return c
+
+
+def unregister(name: str) -> None:
+    if name not in _BUILT_IN:
+        COMPARISONS.by_name.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered(*comparisons: Comparison) -> Iterator[None]:
+    done = []
+    try:
+        for c in comparisons:
+            done.append(register(c))
+        yield
+    finally:
+        for c in done:
+            unregister(c.name)
