@@ -11,6 +11,7 @@ import os
 import pickle
 import queue
 import signal
+import time
 import traceback
 
 from mla_convert.process.interrupts import STOP_SIGNALS
@@ -156,15 +157,61 @@ def drain(reports) -> list:
             return items
 
 
+class WorkerDied(Exception):
+    """A worker process ended under a task: killed by `signum`, or exited (`signum` None). The
+    message says which; `out_of_memory`: SIGKILL, what the out-of-memory killer sends."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.signum == signal.SIGKILL
+
+
+def death(pool: cf.ProcessPoolExecutor, wait: float = 2.0) -> WorkerDied:
+    """How a broken pool's worker ended: a signal (SIGKILL: the out-of-memory killer, most likely)
+    before an exit status (a worker that could not start, or that ended itself). The pool notices
+    the end before this process has reaped the worker, so its status is waited for a moment."""
+    deadline = time.monotonic() + wait
+    while True:
+        codes = [code for p in _processes_of(pool) if (code := p.exitcode) is not None]
+        if [c for c in codes if c != 0] or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    killed, exited = [c for c in codes if c < 0], [c for c in codes if c > 0] or codes
+    if killed:
+        signum = -killed[0]
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        oom = " (the out-of-memory killer?)" if signum == signal.SIGKILL else ""
+        return WorkerDied(f"a worker process was killed by {name}{oom}", signum)
+    if exited:
+        return WorkerDied(
+            f"a worker process exited with status {exited[0]} before its task was done (it could not start, or "
+            "ended itself: its own error is on stderr)"
+        )
+    return WorkerDied("a worker process ended before its task was done")
+
+
+def _processes_of(pool: cf.ProcessPoolExecutor) -> list:
+    """Every worker the pool started: its process table, and the context's record, which also holds
+    any process started but not yet in that table (an interrupt cut its start short). The executor
+    has no public way to reach them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    return processes + [p for p in getattr(getattr(pool, "_mp_context", None), "started", ()) if p not in processes]
+
+
 def stop(pool: cf.ProcessPoolExecutor) -> None:
     """End the pool now (after an interrupt or an error): queued tasks are dropped and running ones
     end with their process instead of finishing first (a shard job can take minutes). What a task
     leaves behind is the caller's to clean up. Returns once every worker has exited and the pool's
     manager thread with them."""
-    # The executor has no public way to end a running task; its process table is the one handle,
-    # and the context's record holds any process started but not yet in that table.
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    processes += [p for p in getattr(getattr(pool, "_mp_context", None), "started", ()) if p not in processes]
+    # The executor has no public way to end a running task: its processes are the one handle.
+    processes = _processes_of(pool)
     # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True) waits for
     # nothing: joined here instead. Left running, it closes its wakeup pipe while the interpreter's
     # exit writes to it: "Exception ignored in: <module 'threading'> ... OSError: [Errno 9] Bad
