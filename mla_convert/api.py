@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from mla_convert.errors import ConvertError
 from mla_convert.output.lock import locked
 from mla_convert.results import CardResult, ConversionResult, DemoResult, UploadResult, VerifyReport
 from mla_convert.settings import MessageFn, Options, ProgressFactory, RunSettings, UploadOptions
@@ -51,6 +52,7 @@ def convert(
     settings = dataclasses.replace(
         settings or RunSettings(), **{k: v for k, v in fields.items() if k in _SETTING_FIELDS}
     )
+    _workers_can_start(settings.workers)
     from mla_convert.conversion.pipeline import convert as run
 
     return run(source, out_dir, options, settings)
@@ -99,10 +101,21 @@ def verify(
         raise VerificationError(
             f"{out_dir}: a local directory; --revision, --download and --max-disk are for a Hub repo"
         )
+    _workers_can_start(workers)
     from mla_convert.verification.api import verify as run
 
     with locked(Path(out_dir), "verify", notice):
         return run(out_dir, source, workers=workers, progress_factory=progress_factory)
+
+
+def _workers_can_start(workers: int) -> None:
+    """Worker processes start without the caller's script (process.workers); where they cannot, a
+    script that calls from its top level unguarded is refused before any work, saying what to add."""
+    if workers > 1:
+        from mla_convert.process.workers import unguarded_script
+
+        if (line := unguarded_script()) is not None:
+            raise ConvertError(line)
 
 
 def upload(

@@ -41,6 +41,17 @@ class HeaderError(ValueError):
     """A file that a safe reader must refuse; the message names the file and what is wrong."""
 
 
+class TruncatedRead(EOFError):
+    """A positioned read that met the end of the file: `done` of the `want` bytes asked for at `offset`."""
+
+    def __init__(self, done: int, want: int, offset: int):
+        super().__init__(f"file ended after {done} of {want} bytes at offset {offset}")
+        self.done, self.want, self.offset = done, want, offset
+
+    def __reduce__(self):
+        return type(self), (self.done, self.want, self.offset)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -208,12 +219,12 @@ def file_digest(path: str | Path, chunk: int = HASH_CHUNK) -> FileDigest:
 def pread_exact(fd: int, buf, offset: int) -> None:
     """Fill the writable buffer `buf` from `fd` at `offset`, looping over short reads.
 
-    Raises EOFError when the file ends first (a truncated file), naming how far it got.
+    Raises TruncatedRead (an EOFError) when the file ends first (a truncated file), naming how far it got.
     """
     view = memoryview(buf).cast("B")
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
         if got <= 0:
-            raise EOFError(f"file ended after {done} of {len(view)} bytes at offset {offset}")
+            raise TruncatedRead(done, len(view), offset)
         done += got

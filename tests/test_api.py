@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,59 @@ def test_settings_and_options_objects_or_fields(tiny_src, tmp_path):
 def test_errors_are_the_exported_types(tiny_src, tmp_path, call, error, message):
     with pytest.raises(error, match=message):
         call(tiny_src, tmp_path / "out")
+
+
+def _first_example() -> str:
+    """docs/api.md's first Python block, as it stands there."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def _run_script(tmp_path, code: str) -> subprocess.CompletedProcess:
+    """`code` as a file, run as a plain script (`python script.py`, no `if __name__ == "__main__":`
+    guard), in a directory of its own."""
+    script = tmp_path / "api_try.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_the_documented_example_runs_as_a_plain_script_with_two_workers(tiny_src, tmp_path):
+    """docs/api.md's first example pasted into a script, unguarded. Before: each spawned worker ran
+    the script again, met the output lock, and the parent reported a worker killed by the
+    out-of-memory killer."""
+    example = _first_example()
+    assert "workers=2" in example and "__main__" not in example
+    code = example.replace("/data/DeepSeek-R1", str(tiny_src)).replace("/data/R1-channel-fp8", str(tmp_path / "out"))
+    assert code.count(str(tiny_src)) == 2  # the source in both calls: nothing else was changed
+    r = _run_script(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("complete 4 ") and r.stdout.rstrip().endswith("GB/s"), r.stdout
+    assert mla_convert.verify(tmp_path / "out", source=tiny_src).ok
+
+
+def test_verify_with_two_workers_runs_as_a_plain_script(converted, tmp_path):
+    code = (
+        "import mla_convert\n"
+        f"report = mla_convert.verify({str(converted['channel-fp8'])!r}, workers=2)\n"
+        "print(report.ok, report.groups['integrity'].checked)\n"
+    )
+    r = _run_script(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("True "), r.stdout
+
+
+def test_where_workers_must_run_the_script_again_an_unguarded_call_is_refused_before_any_work(tiny_src, tmp_path):
+    """Where spawn cannot leave the main module out (process.workers._SpawnPopen is None: another
+    Python's multiprocessing), an unguarded call with workers is one line saying what to add, and
+    nothing is written; the same call under the guard runs."""
+    as_elsewhere = "from mla_convert.process import workers\nworkers._SpawnPopen = None\nimport mla_convert\n"
+    call = f"mla_convert.convert({str(tiny_src)!r}, {str(tmp_path / 'out')!r}, workers=2)\n"
+    r = _run_script(tmp_path, as_elsewhere + call)
+    assert r.returncode == 1 and not (tmp_path / "out").exists(), r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == (
+        f"mla_convert.errors.ConvertError: {tmp_path / 'api_try.py'} calls mla_convert with more than one worker "
+        'from its top level, and each worker process would run it again: put the call under `if __name__ == "__main__":`'
+    )
+    r = _run_script(tmp_path, as_elsewhere + 'if __name__ == "__main__":\n    ' + call)
+    assert r.returncode == 0, r.stderr
+    assert mla_convert.verify(tmp_path / "out", source=tiny_src).ok

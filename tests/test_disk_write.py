@@ -192,7 +192,7 @@ def test_a_shard_commit_overlaps_the_next_shard(tiny_src, converted, tmp_path, m
     import threading
     import time
 
-    from mla_convert.conversion import shard_job as convert_mod
+    from mla_convert.io import reader as convert_mod
 
     events, lock = [], threading.Lock()
 
@@ -245,7 +245,7 @@ def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it
     """A cold source is read ahead: each converted tensor's source bytes are requested
     (posix_fadvise WILLNEED) while the tensor before it converts, whether it is then read whole
     (torch kernels) or a chunk of rows at a time into a reused buffer (native kernels)."""
-    from mla_convert.conversion import shard_job as convert_mod
+    from mla_convert.io import reader as convert_mod
 
     events = []
     real_need, real_read = convert_mod.will_need, convert_mod.read_exact

@@ -110,18 +110,36 @@ def test_no_global_statement_in_the_run_and_process_modules():
 
 
 def test_verifys_read_buffers_are_the_runs_and_let_go_with_it(converted):
-    """The per-thread read buffers and the native checks' scratch are slots of the verify's owner,
-    not module-level thread-locals that outlive it."""
+    """The per-thread read buffers and the native checks' scratch (io.buffers.scratch) are a slot of
+    the verify's owner, not module-level thread-locals that outlive it; its buffers are let go."""
     import mla_convert
-    from mla_convert.verification import buffers, native_pass
+    from mla_convert.io import buffers
 
     owners, seen = [], []
 
     def factory(total: int):
         owners.append(resources.current())
-        return lambda n: seen.append({k for k in (buffers._PER_THREAD, native_pass._SCRATCH) if owners[0].get(k)})
+        return lambda n: seen.append(owners[0].get(buffers._SCRATCH))
 
     report = mla_convert.verify(converted["channel-fp8"], progress_factory=factory)
-    assert report.ok and seen and seen[-1] == {buffers._PER_THREAD, native_pass._SCRATCH}
-    assert owners[0].get(buffers._PER_THREAD) is None and owners[0].get(native_pass._SCRATCH) is None
-    assert resources.current().get(buffers._PER_THREAD) is None
+    slot = seen[-1]
+    assert report.ok and slot is not None and slot._made, "the native checks ran in the run's buffers"
+    assert all(buf.capacity == 0 for buf in slot._made), "let go when verify returned"
+    assert owners[0].get(buffers._SCRATCH) is None and resources.current().get(buffers._SCRATCH) is None
+
+
+def test_a_conversions_native_buffers_are_the_runs_and_let_go_with_it(tiny_src, tmp_path):
+    import mla_convert
+    from mla_convert.io import buffers
+
+    owners, seen = [], []
+
+    def factory(total: int):
+        owners.append(resources.current())
+        return lambda n: seen.append(owners[0].get(buffers._SCRATCH))
+
+    mla_convert.convert(tiny_src, tmp_path / "out", kernels="native", progress_factory=factory)
+    slot = seen[-1]
+    assert slot is not None and {"chunk", "whole", "channel_scale"} <= set(vars(slot.mine()))
+    assert all(buf.capacity == 0 for buf in slot._made), "let go when convert returned"
+    assert owners[0].get(buffers._SCRATCH) is None and resources.current().get(buffers._SCRATCH) is None

@@ -253,6 +253,29 @@ def test_shard_truncated(out):
     assert "truncated" in next(f["found"] for f in failures(report, "structure") if f["check"] == "header")
 
 
+def test_a_shard_cut_short_after_its_header_was_read_is_a_failed_read_naming_file_and_tensor(fp8_out, monkeypatch):
+    """The data pass reads each tensor by offset, exactly (io.reader): a file that shrank after the
+    header pass is one failed read naming the file and the tensor. Before: "short read of NAME",
+    which named no file."""
+    import os
+
+    from mla_convert.verification import runners
+
+    rel = "model-00003-of-00004.safetensors"
+    path, real = fp8_out / rel, runners.run_file_task
+
+    def cut_then_run(task, progress=None):
+        if task.rel == rel:
+            os.truncate(path, path.stat().st_size - 1000)
+        return real(task, progress)
+
+    monkeypatch.setattr(runners, "run_file_task", cut_then_run)
+    _, report = run(fp8_out)
+    reads = [f for f in failures(report) if f["check"] == "read"]
+    ended = rf"{re.escape(str(path))}: tensor '[^']+': file ended after \d+ of \d+ bytes \(truncated\?\)"
+    assert len(reads) == 1 and reads[0]["file"] == rel and re.fullmatch(ended, reads[0]["found"]), reads
+
+
 def test_side_file_missing(out):
     for rel in ("tokenizer.json", "figures/notes.txt"):
         (out / rel).unlink()
@@ -756,26 +779,31 @@ def test_read_buffers_are_reused_in_turn_unless_leased(monkeypatch):
 
     f = io.BytesIO(bytes(range(256)) * 8)
     bufs = ReadBuffers()
-    a = bufs.read(f, 256)
+
+    def read(nbytes: int) -> memoryview:  # the next bytes of f, into the memory taken for them (as the stream does)
+        view = bufs.take(nbytes)
+        return view[: f.readinto(view)]
+
+    a = read(256)
     bufs.lease(a, "a")  # held for good
     kept = bytes(a)
-    b, c = bufs.read(f, 256), bufs.read(f, 128)
+    b, c = read(256), read(128)
     lease_c = bufs.lease(c, "c")
-    d = bufs.read(f, 200)
+    d = read(200)
     assert bytes(a) == kept, "a leased buffer was overwritten"
     assert c.obj is not a.obj and d.obj is b.obj, "the slots are used in turn"
     assert bytes(c) == bytes(range(128)) and bytes(d) == bytes(range(128, 256)) + bytes(range(72))
     assert lease_c.owner == "c" and lease_c.live
     lease_c.release()
-    e = bufs.read(f, 100)
+    e = read(100)
     assert e.obj is c.obj and bytes(e) == bytes(range(72, 172)), "a released buffer is reused"
     assert bytes(d) == bytes(range(128, 256)) + bytes(range(72)), "the other slot was left alone"
     monkeypatch.setattr(ReadBuffers, "REUSE_BYTES", 64)
-    big = bufs.read(f, 100)  # over REUSE_BYTES: memory of its own; its lease holds no slot
+    big = read(100)  # over REUSE_BYTES: memory of its own; its lease holds no slot
     assert big.obj is not d.obj and big.obj is not e.obj and bytes(big) == bytes(range(172, 256)) + bytes(range(16))
     bufs.lease(big, "big")
-    assert bufs.read(f, 10).obj is e.obj, "the slots stay free for later tensors"
-    assert len(bufs.read(f, 1000)) == 2048 - 1050  # the end of the file: fewer bytes
+    assert read(10).obj is e.obj, "the slots stay free for later tensors"
+    assert len(read(1000)) == 2048 - 1050  # the end of the file: fewer bytes
 
 
 def test_a_weight_waiting_for_its_scale_keeps_its_buffer(fp8_out, tiny_src):
@@ -808,7 +836,8 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
     file system, a signal) is continued, so the rows are still exact."""
     import os
 
-    from mla_convert.verification.rows import Ref, RowReader
+    from mla_convert.io.reader import Reader, Ref
+    from mla_convert.verification.rows import RowReader
 
     t = torch.randn(37, 11)
     path = tmp_path / "source.bin"
@@ -820,24 +849,20 @@ def test_source_rows_are_exact_through_short_reads(tmp_path, monkeypatch):
         return real(fd, [memoryview(buffers[0])[:7]], offset)
 
     monkeypatch.setattr(os, "preadv", at_most_7_bytes)
-    reader = RowReader()
-    try:
+    with Reader() as files:
+        reader = RowReader(files)
         ref = Ref(str(path), "w", 13, "F32", (37, 11))
         assert torch.equal(reader.rows(ref), t)
         assert torch.equal(reader.rows(ref, 5, 9), t[5:14])
-    finally:
-        reader.close()
     assert len(calls) >= (37 + 9) * 11 * 4 // 7
 
 
 def test_a_truncated_source_file_names_the_file_and_tensor(tmp_path):
-    from mla_convert.verification.rows import ReadError, Ref, RowReader
+    from mla_convert.io.reader import Reader, ReadFailed, Ref
+    from mla_convert.verification.rows import RowReader
 
     path = tmp_path / "source.bin"
     path.write_bytes(b"\0" * 100)
-    reader = RowReader()
-    try:
-        with pytest.raises(ReadError, match=rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"):
-            reader.rows(Ref(str(path), "w", 13, "BF16", (6, 10)))
-    finally:
-        reader.close()
+    ended = rf"{re.escape(str(path))}: tensor 'w': file ended after 87 of 120"
+    with Reader() as files, pytest.raises(ReadFailed, match=ended):
+        RowReader(files).rows(Ref(str(path), "w", 13, "BF16", (6, 10)))

@@ -64,7 +64,8 @@ def test_a_source_defect_found_in_a_worker_is_the_same_line(src_copy, tmp_path, 
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_is_one_line_that_says_what_to_do(big_tensors, tmp_path, run_cli, tree_hashes):
-    """Before: 'error: unexpected BrokenProcessPool: ...' and exit 70, the code of a bug."""
+    """Before: 'error: unexpected BrokenProcessPool: ...' and exit 70, the code of a bug. The line
+    names the signal that ended the worker (issue 42: the cause, not a guess)."""
     src, expected = big_tensors
     out = tmp_path / "out"
     p = start_cli("convert", src, "--out", out, "--quiet", "--workers", 2, group=True)
@@ -74,7 +75,7 @@ def test_a_worker_killed_mid_run_is_one_line_that_says_what_to_do(big_tensors, t
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2, err
     assert one_error_line(err) == (
-        "error: a worker process was killed (by the out-of-memory killer?); use fewer --workers, "
+        "error: a worker process was killed by SIGKILL (the out-of-memory killer?); use fewer --workers, "
         "then finish it with the same command and --resume"
     )
     assert json.loads((out / MANIFEST).read_text())["status"] == "incomplete"

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from mla_convert.process import parent_death
-from mla_convert.process.workers import process_pool, stop
+from mla_convert.process.pool import WorkerPool
+from mla_convert.process.workers import WorkerDied, process_pool, stop
 from support.checkpoints import SHARD1
 from support.processes import group_members, start_cli, wait_until, workers_of
 
@@ -64,3 +65,35 @@ def test_workers_die_with_a_parent_killed_by_sigkill(tiny_src, tmp_path):
     # Within seconds (the kernel's SIGKILL is at once; the tracker then reads end-of-file), on a busy machine too.
     wait_until(lambda: not group_members(p.pid), timeout=10, what="the workers and the resource tracker to end")
     assert time.monotonic() - t0 < 10
+
+
+def _died(start) -> WorkerDied:
+    """The WorkerDied of a one-worker pool whose task `start(pool)` submits and ends as it likes."""
+    with pytest.raises(WorkerDied) as died, WorkerPool(1, lambda item, result: None, None) as pool:
+        start(pool)
+        pool.run_all()
+    return died.value
+
+
+def test_a_worker_killed_under_its_task_is_named_by_its_signal():
+    """Before: every ended worker was 'killed (by the out-of-memory killer?)', whatever ended it."""
+
+    def kill_it(pool, signum=signal.SIGKILL):
+        pool.submit(time.sleep, 60, "sleep", 0)
+        wait_until(lambda: _pids(pool), what="the worker")
+        os.kill(_pids(pool)[0], signum)
+
+    died = _died(kill_it)
+    assert str(died) == "a worker process was killed by SIGKILL (the out-of-memory killer?)" and died.out_of_memory
+    died = _died(lambda pool: kill_it(pool, signal.SIGSEGV))
+    assert str(died) == "a worker process was killed by SIGSEGV" and not died.out_of_memory
+
+
+def test_a_worker_that_exits_is_named_by_its_status():
+    died = _died(lambda pool: pool.submit(os._exit, 3, "exit", 0))
+    assert str(died).startswith("a worker process exited with status 3 before its task was done ")
+    assert died.signum is None and not died.out_of_memory
+
+
+def _pids(pool) -> list[int]:
+    return [p.pid for p in pool._pool._processes.values()]

@@ -4,28 +4,25 @@ output byte (about 0.02 % of its bytes); a Hub source's as its shards arrive. So
 source's weight_shape tensors (two numbers each), which must be their packed weight's [N, K].
 
 The checks read the bits, without torch: an F32 or BF16 value is NaN or Inf exactly when its
-exponent field is all ones (BF16 is F32's upper half, so it widens by two zero bytes below); an
-E8M0 code is NaN exactly when it is 0xFF, and any other code v is 2^(v - 127).
+exponent field is all ones (kernels.bits.any_nonfinite; BF16 is F32's upper half, so it widens by
+two zero bytes below); an E8M0 code is NaN exactly when it is 0xFF, and any other code v is
+2^(v - 127).
 `check_scale` is the same check for a torch tensor (the torch kernels' path).
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.errors import SourceError
-from mla_convert.io.headers import read_exact
+from mla_convert.io.reader import Reader, ReadFailed, Ref
+from mla_convert.kernels.bits import any_nonfinite
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_runtime.safetensors_file import TensorInfo
 
 E8M0_NAN = 0xFF
-# Per byte: 1 where the high byte of a little-endian F32 has all 7 exponent bits it holds set,
-# and where the next byte holds the exponent's last bit.
-_EXP_HIGH = bytes(int(b & 0x7F == 0x7F) for b in range(256))
-_EXP_LOW = bytes(int(bool(b & 0x80)) for b in range(256))
 # E8M0 code v -> the float32 2^(v - 127), little-endian (v = 0: the subnormal 2^-127; 0xFF refused)
 _E8M0_F32 = [struct.pack("<f", 2.0 ** (v - 127)) for v in range(255)]
 
@@ -42,17 +39,16 @@ def check_scale_values(src: SourceCheckpoint) -> None:
             check_int4_shape(int_values(data, dtype), (w.rows, w.cols), path, name, w.packed.name)
 
         by_file.setdefault(src.weight_map[w.shape.name], []).append((w.shape, check))
-    for rel, items in sorted(by_file.items()):
-        path = src.root / rel
-        start = src.headers[rel].data_start
-        fd = os.open(path, os.O_RDONLY)
-        try:
+    with Reader() as reader:
+        for rel, items in sorted(by_file.items()):
+            path, start = src.root / rel, src.headers[rel].data_start
             for info, check in sorted(items, key=lambda item: item[0].begin):
                 data = bytearray(info.nbytes)
-                read_exact(fd, start + info.begin, memoryview(data), path, info.name)
+                try:
+                    reader.read(Ref(str(path), info.name, start + info.begin, info.dtype, info.shape), memoryview(data))
+                except ReadFailed as e:
+                    raise SourceError(str(e)) from e
                 check(data, info.dtype, path, info.name)
-        finally:
-            os.close(fd)
 
 
 def int_values(data, dtype: str) -> list[int]:
@@ -78,9 +74,7 @@ def check_scale_bytes(data, dtype: str, path: Path | str, name: str) -> bytes:
         if E8M0_NAN in data:
             raise SourceError(f"{path}: scale {name!r} contains the float8_e8m0fnu NaN code 0xFF")
         return b"".join([_E8M0_F32[v] for v in data])
-    width = 2 if dtype == "BF16" else 4  # the exponent's bytes are the value's top two
-    high, low = data[width - 1 :: width].translate(_EXP_HIGH), data[width - 2 :: width].translate(_EXP_LOW)
-    if int.from_bytes(high, "little") & int.from_bytes(low, "little"):
+    if any_nonfinite(data, dtype):
         raise SourceError(f"{path}: scale {name!r} contains NaN or Inf")
     if dtype == "BF16":  # widened exactly: two zero bytes below each value
         f32 = bytearray(2 * len(data))

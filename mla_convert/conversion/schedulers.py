@@ -5,8 +5,6 @@ downloaded just before it and deleted once it is recorded."""
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,20 +13,15 @@ from mla_convert.errors import ConvertError
 from mla_convert.io.shard_writer import BackgroundCommits
 from mla_convert.output.journal import Journal, remove_partials
 from mla_convert.plan.planner import Plan
-from mla_convert.process.interrupts import crash_point, deferred
-from mla_convert.process.workers import drain, new_reports, process_pool, result
-from mla_convert.process.workers import stop as workers_stop
+from mla_convert.process.interrupts import crash_point
+from mla_convert.process.pool import WorkerPool
+from mla_convert.process.workers import WorkerDied
 from mla_convert.settings import ProgressFn
 from mla_convert.source import hub
 
 JobDone = Callable[[str, list], None]  # (job file, [(relative path, size, sha256)])
 InputsReady = Callable[[JobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
 RecordFn = Callable[[JobSpec, list], None]  # the step after each finished job (execute's record)
-WORKER_KILLED = (
-    "a worker process was killed (by the out-of-memory killer?); use fewer --workers, then finish it "
-    "with the same command and --resume"
-)
-REPORTS_EVERY = 0.1  # seconds between looks at the workers' progress reports (the bar redraws at 10 Hz)
 
 
 def execute(
@@ -92,59 +85,29 @@ def run_in_pool(
     progress: ProgressFn | None,
     inputs_ready: InputsReady | None,
 ) -> None:
-    """Up to `workers` jobs at once in worker processes, each recorded as it finishes. Progress moves
-    with each tensor a worker finishes (its reports), and a job's unreported rest when it is recorded."""
-    reports = new_reports() if progress else None
-    reported: dict[str, int] = {}  # job file -> bytes reported so far, for the jobs not yet recorded
-    with process_pool(workers, reports) as pool:
-        running: dict[cf.Future, JobSpec] = {}
-
-        def take_reports() -> None:
-            for job_file, n in drain(reports) if reports is not None else ():
-                if job_file in reported:  # a late report of a job already recorded is in its rest
-                    reported[job_file] += n
-                    progress(n)
-
-        def collect(timeout: float | None = None) -> None:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:  # wake up often enough that reports move the bar as they come
-                left = REPORTS_EVERY if deadline is None else max(0.0, min(REPORTS_EVERY, deadline - time.monotonic()))
-                finished, _ = cf.wait(running, left, return_when=cf.FIRST_COMPLETED)
-                take_reports()
-                if finished or (deadline is not None and time.monotonic() >= deadline):
-                    break
-            for fut in finished:
-                spec = running.pop(fut)
-                record(spec, result(fut))
-                already = reported.pop(spec.job.file, 0)
-                if progress:
-                    progress(max(0, sum(t.nbytes for t in spec.sources.values()) - already))
-
-        try:
+    """Up to `workers` jobs at once in worker processes (process.pool), each recorded as it finishes.
+    Progress moves with each tensor a worker finishes, and a job's unreported rest when it is recorded."""
+    try:
+        with WorkerPool(workers, record, progress) as pool:
             for spec in specs:
-                while len(running) >= workers:
-                    collect()
+                while pool.running >= workers:
+                    pool.collect()
                 # Keep collecting while waiting for inputs: a finished job frees the shards (and the
                 # download window) that the next job's inputs may be waiting for.
-                while inputs_ready and not inputs_ready(spec, 0.05 if running else None):
-                    if running:
-                        collect(0.05)
-                # Not cut short by an interrupt: a submit may start a worker, which the pool must have
-                # recorded (and stop() find) before the interrupt unwinds this loop.
-                with deferred():
-                    reported[spec.job.file] = 0
-                    running[pool.submit(run_reported_shard_job, spec)] = spec
-            while running:
-                collect()
-        except BaseException as e:
-            # Ctrl-C or a failed job: stop the other jobs now rather than let them finish, and
-            # remove the files they were writing (a killed job cannot remove its own).
-            workers_stop(pool)
-            if specs:
-                remove_partials(Path(specs[0].out_dir))
-            if isinstance(e, cf.BrokenExecutor):  # a worker ended by SIGKILL: the OOM killer, most likely
-                raise ConvertError(WORKER_KILLED) from e
-            raise
+                while inputs_ready and not inputs_ready(spec, 0.05 if pool.running else None):
+                    if pool.running:
+                        pool.collect(0.05)
+                pool.submit(run_reported_shard_job, spec, spec.job.file, sum(t.nbytes for t in spec.sources.values()))
+            pool.run_all()
+    except BaseException as e:
+        # Ctrl-C or a failed job: the pool stopped the other jobs; remove the files they were
+        # writing (a killed job cannot remove its own).
+        if specs:
+            remove_partials(Path(specs[0].out_dir))
+        if isinstance(e, WorkerDied):
+            more = "use fewer --workers, then " if e.out_of_memory else ""
+            raise ConvertError(f"{e}; {more}finish it with the same command and --resume") from e
+        raise
 
 
 def execute_streaming(

@@ -8,9 +8,9 @@ one place, from the exact value of the SOURCE kv_b_proj (the fp32 dequant of a b
 16-bit one as it is), never from the requantized copy.
 
 Two ways through. Where the transform's C entry takes the source and the native kernels were chosen
-(kernels.modes.NativeRows), a weight is read a chunk of rows at a time into a reused buffer and
-converted straight into the writer's staging buffers, where it is hashed and written from
-(io.shard_writer.fill_rows): no torch, no fresh memory. Otherwise (eager, torch.compile, another
+(kernels.modes.NativeRows), a weight is read a chunk of rows at a time into a reused buffer
+(io.buffers.scratch) and converted straight into the writer's staging buffers, where it is hashed
+and written from (io.shard_writer.fill_rows): no torch, no fresh memory. Otherwise (eager, torch.compile, another
 device, dtypes the native kernels do not take, INT4) tensors are torch tensors (`_Inputs.get`) and
 the chosen kernel set (or the transform's definition) runs on them; torch is imported on first use.
 """
@@ -25,16 +25,14 @@ from pathlib import Path
 from mla_convert.conversion.compute import Compute
 from mla_convert.conversion.scales import check_int4_shape, check_scale, check_scale_bytes, int_values
 from mla_convert.errors import SourceError
-from mla_convert.io.buffers import Buffer
-from mla_convert.io.headers import read_exact
-from mla_convert.io.read_ahead import will_need
+from mla_convert.io.buffers import scratch
+from mla_convert.io.reader import Reader, ReadFailed, Ref
 from mla_convert.io.shard_writer import BackgroundCommits, ShardWriter
 from mla_convert.kernels.modes import BLOCK_DEFAULT
 from mla_convert.kernels.transforms import PLAN_TRANSFORMS, SPLITS, Params, Transform, mla_split
 from mla_convert.kernels.transforms.transform import F32_DTYPE, FP8_DTYPE, SOURCE_DTYPE
 from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
-from mla_convert.process import resources
 from mla_convert.process.interrupts import crash_point
 from mla_convert.process.torch_import import import_torch
 from mla_convert.process.workers import errors_intact, report
@@ -140,97 +138,72 @@ class _Rows:
     cols: int
 
 
-class _Buffers:
-    """The native path's memory, reused by every tensor of every job of the run in this process: a
-    chunk of a weight's rows, a whole weight (a kv_b_proj), its block scales, the channel scales
-    computed, and the MLA split's W_UK_T and W_UV. `release()` lets go of all of it."""
-
-    def __init__(self) -> None:
-        self.chunk, self.whole, self.block_scale = Buffer(), Buffer(), Buffer()
-        self.channel_scale, self.w_uk_t, self.w_uv = Buffer(), Buffer(), Buffer()
-
-    def release(self) -> None:
-        for buf in vars(self).values():
-            buf.release()
-
-
-_BUFFERS = "conversion.shard_job.buffers"  # the run's slot (process.resources)
-
-
-def buffers() -> _Buffers:
-    """This run's native buffers (made on first use, released when the run ends)."""
-    return resources.current().slot(_BUFFERS, _Buffers, _Buffers.release)
-
-
 class _Inputs:
-    """Source files opened once per job. Torch tensors (`get`) are read into fresh memory, never
-    cached; the native path reads into the process's reused buffers (`rows`, `whole`, `scale`)."""
+    """The job's source tensors, read by offset through one io.reader.Reader (files opened once per
+    job). Torch tensors (`get`) are read into fresh memory, never cached; the native path reads into
+    this thread's reused buffers of the run (io.buffers.scratch: `rows`, `whole`, `scale`)."""
 
     def __init__(self, spec: JobSpec):
-        self.root, self.sources, self.files = Path(spec.src_root), spec.sources, {}
-        bufs = buffers()
-        self._chunk, self._whole, self._scale = bufs.chunk, bufs.whole, bufs.block_scale
-
-    def _file(self, rel: str):
-        if rel not in self.files:
-            try:
-                self.files[rel] = open(self.root / rel, "rb")  # noqa: SIM115 (kept open for the job; close())
-            except OSError as e:
-                raise SourceError(f"{self.root / rel}: cannot open ({e.strerror or e})") from e
-        return self.files[rel]
-
-    def at(self, name: str) -> tuple[int, int, Path]:
-        """(file descriptor, offset, path) of a source tensor's bytes."""
-        t = self.sources[name]
-        return self._file(t.file).fileno(), t.offset, self.root / t.file
+        root = Path(spec.src_root)
+        self.refs = {
+            name: Ref(str(root / t.file), name, t.offset, t.dtype, t.shape) for name, t in spec.sources.items()
+        }
+        self.reader = Reader()
+        self.buffers = scratch()
 
     def get(self, name: str):
         """A source tensor as a torch tensor, read into fresh memory (freed with the tensor)."""
         import_torch()
         from mla_convert.io.tensors import empty_tensor
 
-        t, (fd, offset, path) = self.sources[name], self.at(name)
-        tensor, view = empty_tensor(t.dtype, t.shape)
-        read_exact(fd, offset, view, path, name)
+        ref = self.refs[name]
+        tensor, view = empty_tensor(ref.dtype, ref.shape)
+        self.reader.read(ref, view)
         return tensor
 
+    def data(self, name: str) -> bytearray:
+        """A small source tensor's bytes (a scale, a weight_shape), in memory of its own."""
+        data = bytearray(self.refs[name].nbytes)
+        self.reader.read(self.refs[name], memoryview(data))
+        return data
+
+    def copy_into(self, name: str) -> Callable[[memoryview, int], None]:
+        """How the writer reads a tensor copied bit for bit: `read(view, start)` fills view from byte start."""
+        ref = self.refs[name]
+        return lambda view, start: self.reader.read(ref, view, start)
+
     def prefetch(self, name: str) -> None:
-        t = self.sources[name]
-        will_need(self._file(t.file).fileno(), t.offset, t.nbytes)
+        self.reader.read_ahead(self.refs[name])
 
     def scale(self, name: str) -> int:
-        """A block scale, checked, as float32 (an E8M0 one decoded) in the job's buffer (valid
+        """A block scale, checked, as float32 (an E8M0 one decoded) in the run's buffer (valid
         until the next call): its address."""
-        t, (fd, offset, path) = self.sources[name], self.at(name)
-        data = bytearray(t.nbytes)
-        read_exact(fd, offset, memoryview(data), path, name)
-        f32 = check_scale_bytes(data, t.dtype, path, name)
-        self._scale.view(len(f32))[:] = f32
-        return self._scale.address
+        ref = self.refs[name]
+        f32 = check_scale_bytes(self.data(name), ref.dtype, ref.path, name)
+        buf = self.buffers.block_scale
+        buf.view(len(f32))[:] = f32
+        return buf.address
 
     def whole(self, name: str) -> tuple[memoryview, _Rows]:
-        """A 2-D weight read whole into the job's buffer (valid until the next call): its bytes,
+        """A 2-D weight read whole into the run's buffer (valid until the next call): its bytes,
         and its rows."""
-        t, (fd, offset, path) = self.sources[name], self.at(name)
-        view = self._whole.view(t.nbytes)
-        read_exact(fd, offset, view, path, name)
-        row_bytes, base = nbytes_of(t.dtype, t.shape[1:]), self._whole.address
-        return view, _Rows(lambda r0, r1: base + r0 * row_bytes, t.shape[0], t.shape[1])
+        ref, buf = self.refs[name], self.buffers.whole
+        view = self.reader.read(ref, buf.view(ref.nbytes))
+        row_bytes, base = ref.row_bytes, buf.address
+        return view, _Rows(lambda r0, r1: base + r0 * row_bytes, ref.shape[0], ref.shape[1])
 
     def rows(self, name: str) -> _Rows:
-        """A 2-D weight read a chunk of rows at a time into the job's buffer, as the kernels ask."""
-        t, (fd, offset, path) = self.sources[name], self.at(name)
-        row_bytes = nbytes_of(t.dtype, t.shape[1:])
+        """A 2-D weight read a chunk of rows at a time into the run's buffer, as the kernels ask."""
+        ref, buf = self.refs[name], self.buffers.chunk
 
         def at(r0: int, r1: int) -> int:
-            read_exact(fd, offset + r0 * row_bytes, self._chunk.view((r1 - r0) * row_bytes), path, name)
-            return self._chunk.address
+            self.reader.read(ref, buf.view((r1 - r0) * ref.row_bytes), r0 * ref.row_bytes)
+            return buf.address
 
-        return _Rows(at, t.shape[0], t.shape[1])
+        return _Rows(at, ref.shape[0], ref.shape[1])
 
     def close(self) -> None:
-        for f in self.files.values():
-            f.close()
+        self.reader.close()
 
 
 PendingFiles = list[tuple[str, cf.Future]]  # (relative path, future of its WrittenFile)
@@ -278,6 +251,8 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
                 if progress and t.op != FP8_SCALE:
                     progress(spec.read_bytes(t))
             job.pending.append((spec.job.file, commits.submit(writer)))
+    except ReadFailed as e:  # a source file that will not open, ends early, or fails to read
+        raise SourceError(str(e)) from e
     finally:
         job.inputs.close()
     return job.pending
@@ -298,7 +273,7 @@ class _ShardJob:
         # The scale computed with a quantized weight, written right after it (its layout is the
         # format's: formats.ScaleLayout): a tensor, or the native kernels' float32 channel scales.
         self.scale = None
-        bufs = buffers()
+        bufs = scratch()
         self._scales = bufs.channel_scale  # the native kernels' channel scales
         self._artifacts = (bufs.w_uk_t, bufs.w_uv)  # the native split's W_UK_T, W_UV
 
@@ -318,8 +293,7 @@ class _ShardJob:
             if "shape" in tr.reads:
                 self._int4_checked(t.source)
             # bit for bit, read straight into the writer: never decoded
-            fd, offset, path = self.inputs.at(t.source)
-            self.writer.copy_from(t.name, fd, offset, path)
+            self.writer.copy_from(t.name, self.inputs.copy_into(t.source))
             return
         src = self.spec.sources[t.source]
         if self.native and src.dtype in tr.native_dtypes and len(src.shape) == 2 and (tr.rows or layer is not None):
@@ -389,10 +363,10 @@ class _ShardJob:
 
     def _int4_checked(self, name: str) -> Int4Job:
         j = self.spec.int4[name]
-        shape, (fd, offset, path) = self.spec.sources[j.shape], self.inputs.at(j.shape)
-        data = bytearray(shape.nbytes)
-        read_exact(fd, offset, memoryview(data), path, j.shape)
-        check_int4_shape(int_values(data, shape.dtype), (j.rows, j.cols), path, j.shape, j.packed)
+        ref = self.inputs.refs[j.shape]
+        check_int4_shape(
+            int_values(self.inputs.data(j.shape), ref.dtype), (j.rows, j.cols), ref.path, j.shape, j.packed
+        )
         return j
 
     def _block_scale(self, name: str):

@@ -18,6 +18,7 @@ import mmap
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.constants import PROBE_NAME, WRITE_AUTO, WRITE_BUFFERED, WRITE_DIRECT, WRITE_MODES
@@ -220,19 +221,16 @@ class StagedFile:
                 self.commit(n)
                 view = view[n:]
 
-    def fill_from(self, fd: int, offset: int, nbytes: int) -> int:
-        """Read up to nbytes at `offset` of file `fd` straight into the stages; returns how many
-        were there (fewer: the file ended)."""
+    def fill_from(self, read: Callable[[memoryview, int], None], nbytes: int) -> None:
+        """`nbytes` read straight into the stages: `read(view, start)` fills view with the bytes from
+        byte `start` of what is read."""
         done = 0
         while done < nbytes:
             space, _ = self.reserve()
-            want = min(len(space), nbytes - done)
-            got = os.preadv(fd, [space[:want]], offset + done)
-            self.commit(got)
-            done += got
-            if got < want:
-                break
-        return done
+            n = min(len(space), nbytes - done)
+            read(space[:n], done)
+            self.commit(n)
+            done += n
 
     # -- the end -------------------------------------------------------------------------------------
 

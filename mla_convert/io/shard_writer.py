@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mla_convert.constants import WRITE_BUFFERED
-from mla_convert.errors import OutputError, SourceError
+from mla_convert.errors import OutputError
 from mla_convert.io import disk_write
 from mla_convert.io.buffers import address_of
 from mla_convert.io.files import WrittenFile, discard, partial_name
@@ -115,16 +115,14 @@ class ShardWriter:
             raise RuntimeError(f"{self.path}: tensor {name!r} got {n} bytes, planned {expected}")
         self._next += 1
 
-    def copy_from(self, name: str, fd: int, offset: int, source: Path | str) -> None:
-        """A tensor copied bit for bit from a source file (at `offset`), read straight into the stages."""
+    def copy_from(self, name: str, read: Callable[[memoryview, int], None]) -> None:
+        """A tensor copied bit for bit, read straight into the stages: `read(view, start)` fills view
+        with its bytes from byte `start` (io.reader.Reader.read; its ReadFailed goes to the caller)."""
         self._expect(name, None, None)
-        nbytes = nbytes_of(*self._specs[name])
         try:
-            got = self._out.fill_from(fd, offset, nbytes)
-        except OSError as e:
-            raise SourceError(f"{source}: tensor {name!r}: read failed ({e.strerror or e})") from e
-        if got != nbytes:
-            raise SourceError(f"{source}: tensor {name!r}: file ended {nbytes - got} bytes early (truncated?)")
+            self._out.fill_from(read, nbytes_of(*self._specs[name]))
+        except OSError as e:  # a write of the stages (the reads' errors are ReadFailed)
+            raise self._failed(e) from e
         self._next += 1
 
     def fill_rows(self, name: str, dtype: str, shape: tuple[int, ...], fill: RowFill) -> None:

@@ -1,5 +1,5 @@
 """Safetensors with torch: the dtype table, tensors as bytes, and fresh tensors to read into
-(headers and reads: io.headers).
+(headers: io.headers, reads: io.reader).
 """
 
 from __future__ import annotations

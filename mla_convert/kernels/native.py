@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from mla_convert.kernels.bits import NONFINITE
 from mla_convert.kernels.native_build import NativeUnavailable, build
 from mla_convert.process import interrupts, resources, threads
 
@@ -212,30 +213,23 @@ def row_max_codes(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Exponent-field masks: an element with all of these bits set is Inf or NaN (keys: torch dtype names).
-NONFINITE_MASKS_BY_NAME = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F800000}
-
-
-_BY_TORCH_DTYPE: dict = {}
-
-
 def __getattr__(name: str):
-    # NONFINITE_MASKS is keyed by torch dtypes (verification.values): built when first asked for.
+    # NONFINITE_MASKS: kernels.bits.NONFINITE's masks keyed by torch dtype (verification.values), built when asked for.
     if name == "NONFINITE_MASKS":
-        if not _BY_TORCH_DTYPE:
-            import torch
+        from mla_convert.io.tensors import TORCH_DTYPES
 
-            _BY_TORCH_DTYPE.update({getattr(torch, k): v for k, v in NONFINITE_MASKS_BY_NAME.items()})
-        return _BY_TORCH_DTYPE
+        return {TORCH_DTYPES[dtype]: mask for dtype, (_, mask) in NONFINITE.items()}
     raise AttributeError(name)
 
 
 def count_nonfinite(t: torch.Tensor) -> int:
     """int((~torch.isfinite(t)).sum()) for a bf16, f16 or f32 CPU tensor, from the bit patterns."""
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in NONFINITE_MASKS_BY_NAME or t.device.type != "cpu":
+    from mla_convert.io.tensors import TORCH_TO_ST
+
+    dtype = TORCH_TO_ST.get(t.dtype)
+    if dtype not in NONFINITE or t.device.type != "cpu":
         raise ValueError(f"count_nonfinite takes a bf16/f16/f32 CPU tensor, got {t.dtype} on {t.device}")
-    mask = NONFINITE_MASKS_BY_NAME[name]
+    mask = NONFINITE[dtype][1]
     return _count_matching(t, mask, mask)
 
 

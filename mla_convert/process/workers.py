@@ -1,17 +1,30 @@
-"""Worker processes shared by convert and verify: one spawn-started pool, one initializer."""
+"""Worker processes shared by convert and verify: one spawn-started pool, one initializer.
+
+A spawned worker is a fresh interpreter, and multiprocessing has it run the parent's main module
+again (as `__mp_main__`) before its first task, so that functions defined there can be sent to it.
+Nothing the pool sends is defined there, and a caller's script without an `if __name__ ==
+"__main__":` guard would convert again in every worker: the workers start without it
+(`_SpawnPopen`). Where that cannot be done, `unguarded_script()` says so before any work.
+"""
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.spawn
 import os
 import pickle
 import queue
 import signal
+import sys
+import time
 import traceback
+import types
+from pathlib import Path
 
 from mla_convert.process.interrupts import STOP_SIGNALS
 from mla_convert.process.parent_death import die_with_parent
@@ -57,8 +70,83 @@ class _SpawnWithoutSigint(multiprocessing.context.SpawnContext):
         return process
 
 
+class _SpawnLeavingMainOut:
+    """multiprocessing.spawn as spawn's Popen uses it, but the preparation data it sends a child
+    names no main module to run again."""
+
+    def __getattr__(self, name: str):
+        return getattr(multiprocessing.spawn, name)
+
+    @staticmethod
+    def get_preparation_data(name: str) -> dict:
+        data = multiprocessing.spawn.get_preparation_data(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+
+def _popen_leaving_main_out() -> type | None:
+    """spawn's own Popen (POSIX), its `_launch` run with `_SpawnLeavingMainOut` for the module
+    `spawn` it names; None where spawn's Popen is not the one this reads."""
+    try:
+        from multiprocessing import popen_spawn_posix
+    except ImportError:  # Windows
+        return None
+    launch = popen_spawn_posix.Popen._launch
+    if not {"spawn", "get_preparation_data"} <= set(launch.__code__.co_names):
+        return None
+    scope = {**launch.__globals__, "spawn": _SpawnLeavingMainOut()}
+    own = types.FunctionType(launch.__code__, scope, launch.__name__, launch.__defaults__, launch.__closure__)
+    return type("_SpawnPopen", (popen_spawn_posix.Popen,), {"_launch": own})
+
+
+_SpawnPopen = _popen_leaving_main_out()
+
+
+def unguarded_script() -> str | None:
+    """Where workers cannot start without the caller's main module (`_SpawnPopen` is None) and the
+    call comes from the top level of a script, outside an `if __name__ == "__main__":` block, so
+    that every worker would run it again: the one line that says what to add. Else None."""
+    if _SpawnPopen is not None:
+        return None
+    main, path = sys.modules.get("__main__"), getattr(sys.modules.get("__main__"), "__file__", None)
+    runs_again = {"init_main_from_path", "init_main_from_name"} & set(multiprocessing.spawn.get_preparation_data("?"))
+    if path is None or not runs_again:
+        return None
+    frame, line = sys._getframe(), None
+    while frame is not None:  # the script's own top level, outermost
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            line = frame.f_lineno
+        frame = frame.f_back
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    statement = next((s for s in tree.body if line is not None and s.lineno <= line <= (s.end_lineno or 0)), None)
+    if statement is None or _is_main_guard(statement):
+        return None
+    return (
+        f"{path} calls mla_convert with more than one worker from its top level, and each worker process would "
+        'run it again: put the call under `if __name__ == "__main__":`'
+    )
+
+
+def _is_main_guard(statement: ast.stmt) -> bool:
+    if not isinstance(statement, ast.If) or not isinstance(test := statement.test, ast.Compare):
+        return False
+    sides = [test.left, *test.comparators]
+    found = {side.id if isinstance(side, ast.Name) else repr(getattr(side, "value", None)) for side in sides}
+    return len(sides) == 2 and isinstance(test.ops[0], ast.Eq) and found == {"__name__", "'__main__'"}
+
+
 class _Worker(multiprocessing.context.SpawnProcess):
     starter: _SpawnWithoutSigint | None = None
+
+    @staticmethod
+    def _Popen(process_obj):
+        if _SpawnPopen is None:
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+        return _SpawnPopen(process_obj)
 
     def start(self) -> None:
         self.parent_pid = os.getpid()
@@ -156,15 +244,61 @@ def drain(reports) -> list:
             return items
 
 
+class WorkerDied(Exception):
+    """A worker process ended under a task: killed by `signum`, or exited (`signum` None). The
+    message says which; `out_of_memory`: SIGKILL, what the out-of-memory killer sends."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.signum == signal.SIGKILL
+
+
+def death(pool: cf.ProcessPoolExecutor, wait: float = 2.0) -> WorkerDied:
+    """How a broken pool's worker ended: a signal (SIGKILL: the out-of-memory killer, most likely)
+    before an exit status (a worker that could not start, or that ended itself). The pool notices
+    the end before this process has reaped the worker, so its status is waited for a moment."""
+    deadline = time.monotonic() + wait
+    while True:
+        codes = [code for p in _processes_of(pool) if (code := p.exitcode) is not None]
+        if [c for c in codes if c != 0] or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    killed, exited = [c for c in codes if c < 0], [c for c in codes if c > 0] or codes
+    if killed:
+        signum = -killed[0]
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        oom = " (the out-of-memory killer?)" if signum == signal.SIGKILL else ""
+        return WorkerDied(f"a worker process was killed by {name}{oom}", signum)
+    if exited:
+        return WorkerDied(
+            f"a worker process exited with status {exited[0]} before its task was done (it could not start, or "
+            "ended itself: its own error is on stderr)"
+        )
+    return WorkerDied("a worker process ended before its task was done")
+
+
+def _processes_of(pool: cf.ProcessPoolExecutor) -> list:
+    """Every worker the pool started: its process table, and the context's record, which also holds
+    any process started but not yet in that table (an interrupt cut its start short). The executor
+    has no public way to reach them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    return processes + [p for p in getattr(getattr(pool, "_mp_context", None), "started", ()) if p not in processes]
+
+
 def stop(pool: cf.ProcessPoolExecutor) -> None:
     """End the pool now (after an interrupt or an error): queued tasks are dropped and running ones
     end with their process instead of finishing first (a shard job can take minutes). What a task
     leaves behind is the caller's to clean up. Returns once every worker has exited and the pool's
     manager thread with them."""
-    # The executor has no public way to end a running task; its process table is the one handle,
-    # and the context's record holds any process started but not yet in that table.
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    processes += [p for p in getattr(getattr(pool, "_mp_context", None), "started", ()) if p not in processes]
+    # The executor has no public way to end a running task: its processes are the one handle.
+    processes = _processes_of(pool)
     # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True) waits for
     # nothing: joined here instead. Left running, it closes its wakeup pipe while the interpreter's
     # exit writes to it: "Exception ignored in: <module 'threading'> ... OSError: [Errno 9] Bad

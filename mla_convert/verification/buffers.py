@@ -1,15 +1,13 @@
 """verify, read buffers: the memory each file thread reads tensors into, reused from tensor to
 tensor and file to file, and the leases that keep a buffer from being written while a check still
-holds the tensor in it."""
+holds the tensor in it. The memory is io.buffers' (its allocator, and the run's scratch of each
+thread)."""
 
 from __future__ import annotations
 
-import mmap
-import threading
 from dataclasses import dataclass
 
-from mla_convert.process import resources
-from mla_runtime.safetensors_file import HASH_CHUNK
+from mla_convert.io.buffers import new_map, scratch
 
 
 @dataclass(eq=False)
@@ -25,7 +23,7 @@ class Lease:
 
 
 class ReadBuffers:
-    """Two buffers, used in turn, for the tensors a thread reads: the hash of one runs while the
+    """Two buffers, used in turn, for the tensors a thread reads (`take`): the hash of one runs while the
     next is read and checked (the stream's background sha256 waits for it before taking the next).
     They are reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than
     the copy from the page cache. A buffer under a live lease when its turn comes again (a check
@@ -43,11 +41,11 @@ class ReadBuffers:
         self._held: list[tuple[object, list[Lease]]] = []  # buffers left to their leases' holders
         self._turn = 0
 
-    def read(self, f, nbytes: int) -> memoryview:
-        """The next `nbytes` of `f` (fewer at the end of the file)."""
+    def take(self, nbytes: int) -> memoryview:
+        """Memory for the next tensor read, `nbytes` long."""
         self._turn ^= 1
         if nbytes > self.REUSE_BYTES:
-            return _read_into(f, memoryview(_new_buffer(nbytes)))
+            return memoryview(_new_buffer(nbytes))[:nbytes]
         turn = self._turn
         if any(lease.live for lease in self._leases[turn]):
             self._held.append((self._slots[turn], self._leases[turn]))
@@ -55,7 +53,7 @@ class ReadBuffers:
         elif len(self._slots[turn]) < nbytes:
             self._slots[turn] = self._spare(nbytes)
         self._leases[turn] = []
-        return _read_into(f, memoryview(self._slots[turn])[:nbytes])
+        return memoryview(self._slots[turn])[:nbytes]
 
     def _spare(self, nbytes: int):
         """A held buffer of at least nbytes whose leases are all released, else a new one."""
@@ -69,7 +67,7 @@ class ReadBuffers:
         return buf
 
     def lease(self, view: memoryview, owner: str) -> Lease:
-        """Lease the buffer behind `view` (returned by read) to `owner`, until it releases it. A
+        """Lease the buffer behind `view` (returned by take) to `owner`, until it releases it. A
         tensor over REUSE_BYTES has memory of its own, which no later read writes anyway."""
         lease = Lease(owner)
         for slot, leases in zip(self._slots, self._leases, strict=True):
@@ -78,35 +76,13 @@ class ReadBuffers:
         return lease
 
 
-_PER_THREAD = "verification.buffers.per-thread"  # the run's slot (process.resources)
-
-
 def thread_buffers() -> ReadBuffers:
     """This thread's read buffers, made on first use and kept for the next file of the run; let go
-    with the run."""
-    per_thread = resources.current().slot(_PER_THREAD, threading.local)
-    if not hasattr(per_thread, "buffers"):
-        per_thread.buffers = ReadBuffers()
-    return per_thread.buffers
+    with the run (io.buffers.scratch)."""
+    return scratch().kept("verify_read_buffers", ReadBuffers)
 
 
 def _new_buffer(nbytes: int):
-    """Writable memory for `nbytes`, its pages mapped in one call (MAP_POPULATE) rather than one
-    fault per 4 KB as they are first written; zero-filled like a bytearray, which is the fallback."""
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if nbytes and populate:
-        try:
-            return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-        except OSError:
-            pass
-    return bytearray(nbytes)
-
-
-def _read_into(f, view: memoryview) -> memoryview:
-    pos = 0
-    while pos < len(view):
-        got = f.readinto(view[pos : pos + HASH_CHUNK])
-        if not got:
-            break
-        pos += got
-    return view if pos == len(view) else view[:pos]
+    """Memory to read `nbytes` into at once: its pages mapped in one call rather than one fault per
+    4 KB as they are first written."""
+    return new_map(nbytes, populate=True)

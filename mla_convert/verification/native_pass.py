@@ -17,16 +17,13 @@ Used only where the native readers passed their probes (readers.fp8_readers, rea
 from __future__ import annotations
 
 import math
-import os
-import threading
 
 from mla_convert.constants import FP8_E4M3
-from mla_convert.io.buffers import Buffer, address_of
-from mla_convert.io.read_ahead import will_need
+from mla_convert.io.buffers import Buffer, address_of, scratch
+from mla_convert.io.reader import Reader, Ref
 from mla_convert.kernels import native
 from mla_convert.kernels.transforms import mla_split
 from mla_convert.plan.ops import COPY_OPS
-from mla_convert.process import resources
 from mla_convert.verification.bounds import (
     ARTIFACT_REL,
     FP8_REL,
@@ -41,12 +38,11 @@ from mla_convert.verification.bounds import (
     ErrorStats,
 )
 from mla_convert.verification.report import MLA, FileTally
-from mla_convert.verification.rows import CHUNK_ELEMS, ReadError, Ref
+from mla_convert.verification.rows import CHUNK_ELEMS
 from mla_convert.verification.tasks import MlaJob, TensorJob
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
-from mla_runtime.safetensors_file import DTYPE_SIZES, TensorInfo, pread_exact
+from mla_runtime.safetensors_file import TensorInfo
 
-_NONFINITE = {"BF16": (2, 0x7F80), "F16": (2, 0x7C00), "F32": (4, 0x7F800000)}
 _OUTS = ("dd", "xx", "yy", "max_abs", "max_ratio", "n_bad", "first_bad", "amax_x")  # mla_fp8_bound_rows
 
 
@@ -61,18 +57,6 @@ def top_code(fp8_max: float) -> int | None:
     return next((c for c in range(0x7F) if e4m3_value(c) == fp8_max), None)
 
 
-class _Scratch(threading.local):
-    """This thread's reused memory for the native checks (grown, never shrunk, kept across the
-    run's files; a slot of the run, so let go with it)."""
-
-    def __init__(self) -> None:
-        self.source, self.source_scale, self.partner = Buffer(), Buffer(), Buffer()
-        self.rows, self.outs, self.split, self.ref, self.inputs = Buffer(), Buffer(), Buffer(), Buffer(), Buffer()
-
-
-_SCRATCH = "verification.native_pass.scratch"  # the run's slot (process.resources)
-
-
 def _addr(view: memoryview) -> int:
     return address_of(view)
 
@@ -80,18 +64,13 @@ def _addr(view: memoryview) -> int:
 class NativePass:
     """The native checks of one file's tensors (see the module docstring)."""
 
-    def __init__(self, out: FileTally, *, fp8_max: float, block, dims, rope_dim: int):
+    def __init__(self, out: FileTally, reader: Reader, *, fp8_max: float, block, dims, rope_dim: int):
         self.out, self.fp8_max, self.block = out, fp8_max, block
         self.dims: MlaDims | None = dims
         self.rope_dim = rope_dim
         self.top = top_code(fp8_max)  # the code every non-zero row of a channel-FP8 weight reaches
-        self.files: dict[str, int] = {}
-        self.scratch = resources.current().slot(_SCRATCH, _Scratch)
-
-    def close(self) -> None:
-        for fd in self.files.values():
-            os.close(fd)
-        self.files.clear()
+        self.reader = reader  # the file's (stream): source tensors and partner scales read by offset
+        self.scratch = scratch()  # this thread's reused buffers (source, source_scale, partner, rows, ...)
 
     # ---- values (verification.values: each check's native form) ----------------------------------
 
@@ -130,7 +109,7 @@ class NativePass:
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             rows = r1 - r0
-            w = self._read(src, r0, rows, self.scratch.source, row_bytes=k, ahead=r0 == 0 and r1 < n)
+            w = self._read(src, r0, rows, self.scratch.source, row_bytes=k)
             g0, g1 = r0 // bn, -(-r1 // bn)
             s = self._read(src_scale, g0, g1 - g0, self.scratch.source_scale, row_bytes=grid[1] * 4)
             outs = self.scratch.outs.view(8 * 8 * rows)
@@ -161,7 +140,7 @@ class NativePass:
         addr = _addr(view)
         for start in range(0, nbytes, chunk):
             m = min(chunk, nbytes - start)
-            got = self._read_bytes(src, start, m, self.scratch.source, ahead=start == 0 and m < nbytes)
+            got = self._read_bytes(src, start, m, self.scratch.source)
             if native.first_difference(addr + start, _addr(got), m) >= 0:
                 return False
         return True
@@ -229,25 +208,9 @@ class NativePass:
 
     # ---- reads -----------------------------------------------------------------------------------
 
-    def _fd(self, path: str) -> int:
-        if path not in self.files:
-            try:
-                self.files[path] = os.open(path, os.O_RDONLY)
-            except OSError as e:
-                raise ReadError(f"{path}: cannot open ({e.strerror or e})") from e
-        return self.files[path]
-
-    def _read(self, ref: Ref, first: int, count: int, buf: Buffer, *, row_bytes: int, ahead: bool = False):
+    def _read(self, ref: Ref, first: int, count: int, buf: Buffer, *, row_bytes: int) -> memoryview:
         """Rows [first, first + count) of `ref` (row_bytes each) into `buf`: its view."""
-        return self._read_bytes(ref, first * row_bytes, count * row_bytes, buf, ahead=ahead)
+        return self._read_bytes(ref, first * row_bytes, count * row_bytes, buf)
 
-    def _read_bytes(self, ref: Ref, start: int, nbytes: int, buf: Buffer, *, ahead: bool = False) -> memoryview:
-        fd = self._fd(ref.path)
-        if ahead:  # the first of several chunks: read ahead the rest of the tensor
-            will_need(fd, ref.offset, math.prod(ref.shape) * DTYPE_SIZES[ref.dtype])
-        view = buf.view(nbytes)
-        try:
-            pread_exact(fd, view, ref.offset + start)
-        except EOFError as e:
-            raise ReadError(f"{ref.path}: tensor {ref.name!r}: {e}; the file is truncated") from e
-        return view
+    def _read_bytes(self, ref: Ref, start: int, nbytes: int, buf: Buffer) -> memoryview:
+        return self.reader.read(ref, buf.view(nbytes), start)

@@ -27,10 +27,11 @@ from mla_convert.verification.bounds import FP8_REL, FP8_SUBNORMAL_HALF_STEP, FP
 if TYPE_CHECKING:
     import torch
 
-# The verdict record of these probes: its key covers this file (the probes) and native_pass.py
-# (how the checks are called on raw buffers), besides the library, torch and the kernels' sources.
+# The verdict record of these probes: its key covers this file (the probes), native_pass.py and
+# values.py (how the checks are called on raw buffers: the value checks' native forms live in
+# values.py), besides the library, torch and the kernels' sources.
 _VERDICT_OPS = ("verify-readers",)
-_VERDICT_SOURCES = (Path(__file__), Path(__file__).with_name("native_pass.py"))
+_VERDICT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("readers.py", "native_pass.py", "values.py"))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """verify, running the data pass: every file's task, largest first, on file threads of
-this process (order.file_threads), or in `workers` spawn-started processes. Either way a Ctrl-C ends it at once."""
+this process (order.file_threads), or in `workers` worker processes (process.pool). Either way a
+Ctrl-C ends it at once."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import threading
 from pathlib import Path
 
 from mla_convert.constants import LEFT_RUNNING_THREAD_PREFIX
-from mla_convert.process.workers import drain, errors_intact, new_reports, process_pool, report, result
-from mla_convert.process.workers import stop as stop_workers
+from mla_convert.errors import VerificationError
+from mla_convert.process.pool import WorkerPool
+from mla_convert.process.workers import WorkerDied, errors_intact, report
 from mla_convert.settings import ProgressFactory
 from mla_convert.verification.order import file_threads, largest_first
 from mla_convert.verification.stream import run_file_task
@@ -17,7 +19,6 @@ from mla_convert.verification.tasks import FileResult, FileTask
 
 FILE_THREADS_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-file"
 FILE_THREADS: int | None = None  # files at once in this process; None: order.file_threads()
-REPORTS_EVERY = 0.1  # seconds between reads of the workers' progress reports
 
 
 class _Stopped(Exception):
@@ -30,28 +31,20 @@ def run_files(
     """Each task's result, by file; the progress advances by each file's size as it is read."""
     sizes = {t.rel: _size(root / t.rel) for t in tasks}
     advance = progress_factory(sum(sizes.values())) if progress_factory else None
-    results: dict[str, FileResult] = {}
     if workers <= 1 or len(tasks) <= 1:
         return _run_in_threads(tasks, sizes, advance)
-    reports = new_reports() if advance else None
-    reported = {t.rel: 0 for t in tasks}  # bytes each file's worker reported so far
-    with process_pool(workers, reports) as pool:
-        try:
-            running = {pool.submit(run_reported_file_task, t): t for t in _largest_first(tasks, sizes)}
-            while running:  # wake up often enough that reports move the bar as they come
-                finished, _ = cf.wait(running, REPORTS_EVERY, return_when=cf.FIRST_COMPLETED)
-                for rel, n in drain(reports) if reports is not None else ():
-                    if rel in reported:  # a late report of a file already counted is in its rest
-                        reported[rel] += n
-                        advance(n)
-                for fut in finished:
-                    task = running.pop(fut)
-                    results[task.rel] = result(fut)  # an error raised as the worker raised it
-                    if advance:
-                        advance(max(0, sizes[task.rel] - reported.pop(task.rel)))
-        except BaseException:  # Ctrl-C: the workers only read, so they are stopped where they are
-            stop_workers(pool)
-            raise
+    results: dict[str, FileResult] = {}
+
+    def done(task: FileTask, result: FileResult) -> None:
+        results[task.rel] = result
+
+    try:
+        with WorkerPool(workers, done, advance) as pool:
+            for task in _largest_first(tasks, sizes):  # the workers only read: stopped where they are
+                pool.submit(run_reported_file_task, task, task.rel, sizes[task.rel])
+            pool.run_all()
+    except WorkerDied as e:
+        raise VerificationError(f"{e}; use fewer --workers" if e.out_of_memory else str(e)) from e
     return results
 
 

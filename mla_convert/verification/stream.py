@@ -1,11 +1,12 @@
 """verify, data pass: one file read once, front to back.
 
-Every byte goes to sha256 (integrity, on a helper thread) and each tensor is read into a reused
-buffer (buffers) and checked from it, so memory holds about one tensor of the file at a time. Each
-tensor goes to the values checks (values: the format's and the target's) and to the check of its
-role in the conversion: the comparison its transform names (comparisons), and the MLA check once an
-artifact file's tensors are all read. Source tensors, and a weight's scale stored elsewhere, are
-read on demand by offset, in row chunks.
+Every byte goes to sha256 (integrity, on a helper thread) and each tensor is read by offset into a
+reused buffer (buffers) and checked from it, so memory holds about one tensor of the file at a
+time. Each tensor goes to the values checks (values: the format's and the target's) and to the
+check of its role in the conversion: the comparison its transform names (comparisons), and the MLA
+check once an artifact file's tensors are all read. Source tensors, and a weight's scale stored
+elsewhere, are read on demand by offset, in row chunks, through the file's one io.reader.Reader; a
+file that will not open or ends early is a failed check.
 
 Each check runs first on the bytes read, in its native form (values, native_pass), where the
 native readers passed their probes; a check that fails there, or one they do not cover, runs on
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mla_convert.io.read_ahead import will_need
+from mla_convert.io.reader import Reader, ReadFailed, read_exact
 from mla_convert.kernels.transforms import PLAN_TRANSFORMS
 from mla_convert.plan.ops import FP8_SCALE
 from mla_convert.process.torch_import import import_torch
@@ -30,7 +32,7 @@ from mla_convert.verification.comparisons import Comparison, comparison
 from mla_convert.verification.native_pass import NativePass
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, FileTally, Tally
-from mla_convert.verification.rows import ReadError, RowReader
+from mla_convert.verification.rows import RowReader
 from mla_convert.verification.tasks import FileResult, FileTask, TensorJob
 from mla_convert.verification.values import ValueChecks
 from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, TensorInfo
@@ -55,7 +57,7 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
         checks.finish()
     except FileNotFoundError:
         return FileResult(task.rel, None, None, tally)
-    except (OSError, ReadError) as e:
+    except (OSError, ReadFailed) as e:
         tally.fail(INTEGRITY, "read", task.rel, expected="a readable file", found=str(e))
         return FileResult(task.rel, h.nbytes, None, tally)
     finally:
@@ -67,20 +69,23 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None)
 
 def _hash_and_check_tensors(f, header: ShardHeader, h: _BackgroundSha256, checks: _FileChecks, progress) -> None:
     """The header and then each tensor of the open file `f`, in file order: read once, hashed and
-    checked from the same buffer."""
+    checked from the same buffer; `f` is left after the last tensor."""
     h.update(f.read(header.data_start))
+    end = header.data_start
     for info in sorted(header.tensors.values(), key=lambda t: t.begin):
         # a cold file: this tensor and what follows are read in large requests, and the disk goes
         # on reading while this one is hashed and checked
-        will_need(f.fileno(), header.data_start + info.begin, info.nbytes + READ_AHEAD_BYTES)
-        buf = checks.buffers.read(f, info.nbytes)
+        offset = header.data_start + info.begin
+        will_need(f.fileno(), offset, info.nbytes + READ_AHEAD_BYTES)
+        buf = checks.buffers.take(info.nbytes)
+        read_exact(f.fileno(), offset, buf, f.name, info.name)
         h.update(buf)
-        if len(buf) != info.nbytes:
-            raise ReadError(f"short read of {info.name!r}: the file changed or is truncated")
         checks.tensor(info, buf)
         del buf
+        end = offset + info.nbytes
         if progress:
             progress(info.nbytes)
+    f.seek(end)
 
 
 class _BackgroundSha256:
@@ -120,9 +125,10 @@ class _FileChecks:
         self.task = task
         self.out = FileTally(tally, task.rel)
         self.buffers = buffers  # what the file's tensors are read into
+        self.reader = Reader()  # the source tensors and partner scales, by offset
         self.native = None
         if task.header is not None and fp8_readers().name == "native":
-            self.native = NativePass(self.out, fp8_max=task.fp8_max, block=task.block, dims=task.dims,
+            self.native = NativePass(self.out, self.reader, fp8_max=task.fp8_max, block=task.block, dims=task.dims,
                                      rope_dim=task.rope_dim)  # fmt: skip
         self.values = ValueChecks(task.value_checks, self.out, task.fp8_max, self.native)
         self._torch_parts = None  # (RowReader, SourceComparisons), made when the torch path is first needed
@@ -138,7 +144,7 @@ class _FileChecks:
         if job is not None:
             try:
                 kept = self._role(info, buf, job)
-            except ReadError as e:
+            except ReadFailed as e:
                 group = SOURCE if job.source else INTEGRITY
                 self.out.fail(group, "read", info.name, expected="readable input", found=str(e))
         if self.task.mla is not None:
@@ -158,7 +164,7 @@ class _FileChecks:
 
                 mla = MlaChecks(self._torch()[0], self.out, dims=task.dims, rope_dim=task.rope_dim, block=task.block)
                 mla.layer(task.mla, {name: _tensor(i, b) for name, (i, b) in self.artifacts.items()})
-            except ReadError as e:
+            except ReadFailed as e:
                 self.out.fail(MLA, "read", expected="readable kv_b_proj", found=str(e))
 
     def close(self) -> None:
@@ -168,10 +174,7 @@ class _FileChecks:
         for lease in self.leases.values():
             lease.release()
         self.leases.clear()
-        if self.native:
-            self.native.close()
-        if self._torch_parts:
-            self._torch_parts[0].close()
+        self.reader.close()
 
     def _torch(self):
         """The torch path's reader and source comparisons, made on first use."""
@@ -179,7 +182,7 @@ class _FileChecks:
             import_torch()
             from mla_convert.verification.against_source import SourceComparisons
 
-            reader = RowReader()
+            reader = RowReader(self.reader)
             source = SourceComparisons(reader, self.out, block=self.task.block, fp8_max=self.task.fp8_max)
             self._torch_parts = (reader, source)
         return self._torch_parts

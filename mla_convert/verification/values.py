@@ -25,18 +25,17 @@ from mla_convert.constants import FLOAT_DTYPES, FP8_E4M3
 from mla_convert.formats import Target
 from mla_convert.io.buffers import address_of
 from mla_convert.kernels import native
+from mla_convert.kernels.bits import NONFINITE
 from mla_convert.verification.bounds import Mismatches
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import VALUES, FileTally
 from mla_convert.verification.rows import row_chunks
-from mla_runtime.safetensors_file import DTYPE_SIZES, TensorInfo
+from mla_runtime.safetensors_file import TensorInfo
 
 if TYPE_CHECKING:
     import torch
 
 NEGATIVE_ZERO_CODE, NAN_CODE = 0x80, 0x7F  # e4m3fn: -0, and |code| 0x7F is NaN
-# safetensors dtype -> kernels.native's name of it, for the non-finite bit masks
-_NATIVE_FLOAT = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 class TorchValues:
@@ -129,10 +128,10 @@ def _nan_inf_torch(v: TorchValues) -> None:
 def _nan_inf_native(v: NativeValues) -> bool:
     if v.info.dtype == FP8_E4M3:
         return NAN_CODE not in v.row_max
-    if v.info.dtype not in _NATIVE_FLOAT:
+    if v.info.dtype not in NONFINITE:
         return False  # F64, E5M2: the torch path
-    mask = native.NONFINITE_MASKS_BY_NAME[_NATIVE_FLOAT[v.info.dtype]]
-    return not native.count_matching(v.addr, v.n, DTYPE_SIZES[v.info.dtype], mask, mask)
+    size, mask = NONFINITE[v.info.dtype]
+    return not native.count_matching(v.addr, v.n, size, mask, mask)
 
 
 def _range_torch(v: TorchValues) -> None:
@@ -195,7 +194,8 @@ def _scale_native(v: NativeValues) -> bool:
     """Every element finite and > 0: no Inf/NaN exponent, no sign bit, no zero."""
     if v.info.dtype != "F32" or not v.n:
         return False
-    masks = ((0x7F800000, 0x7F800000), (0x80000000, 0x80000000), (0xFFFFFFFF, 0))
+    exponent = NONFINITE["F32"][1]
+    masks = ((exponent, exponent), (0x80000000, 0x80000000), (0xFFFFFFFF, 0))
     return not any(native.count_matching(v.addr, v.n, 4, mask, value) for mask, value in masks)
 
 
