@@ -87,7 +87,7 @@ def test_a_directory_without_a_config_is_not_a_checkpoint_said_once(src_copy, tm
     for root in (src_copy, tmp_path / "empty"):
         message = refusal(root)
         assert message == f"{root}: not a checkpoint directory: no config.json (nor a member's own layout, such as " \
-            "Mistral's params.json with consolidated shards)", message  # fmt: skip
+            "params.json with consolidated shards)", message  # fmt: skip
 
 
 def test_no_index_and_no_single_file(src_copy):

@@ -28,7 +28,7 @@ from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 QUANT_KEY = "quantization_config"
 # A directory with neither config.json nor a member's own layout (docs/troubleshooting.md lists it).
 NOT_A_CHECKPOINT = (
-    f"not a checkpoint directory: no {CONFIG_NAME} (nor a member's own layout, such as Mistral's params.json "
+    f"not a checkpoint directory: no {CONFIG_NAME} (nor a member's own layout, such as params.json "
     "with consolidated shards)"
 )
 TEXT_CONFIG = "text_config"
