@@ -15,12 +15,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mla_convert.cli.app import app
 from mla_runtime import ArtifactError, open_artifacts
 from mla_runtime.format import read_manifest
-from support.edits import edit_json
+from support.checkpoints import SHARD1, SHARD2
 
 MLA_MANIFEST = "mla/manifest.json"
 runner = CliRunner()
@@ -105,6 +107,17 @@ def test_an_mla_manifest_field_of_the_wrong_type_is_refused_naming_the_file_and_
     assert code == 1 and any(MLA_MANIFEST in ln and field in ln for ln in lines), lines
 
 
+@pytest.mark.parametrize("document", [[1, 2], "x", 1.5, None])
+def test_an_output_config_that_is_not_an_object_fails_verify_against_its_source_naming_it(
+    converted, tiny_src, tmp_path, document
+):
+    """verify --source exited 70 (integrity.check_source_identity iterated the config)."""
+    out = _copy(converted["channel-fp8"], tmp_path)
+    (out / "config.json").write_text(json.dumps(document))
+    code, lines = _cli("verify", out, "--source", tiny_src)
+    assert code == 1 and any("config.json" in ln and "JSON object" in ln for ln in lines), lines
+
+
 # ---- the served model's config, as the plugin reads it --------------------------------------------
 
 
@@ -164,4 +177,259 @@ def test_a_non_utf8_conversion_manifest_is_refused_by_the_plugin_naming_it(conve
         open_artifacts(out / "mla", model_dir=out)
 
 
-_ = edit_json  # used by the mutation tests below
+# ---- the conversion manifest: verify, card, upload and --resume read it ------------------------------
+
+CONVERSION_MANIFEST_EDITS = {
+    "a file's entry a string": (lambda m: m["files"].update({"README.md": "x"}), "files['README.md']"),
+    "a file's sha256 a number": (lambda m: m["files"]["config.json"].update(sha256=5), "files['config.json']"),
+    "a file's size negative": (lambda m: m["files"]["config.json"].update(size=-1), "files['config.json']"),
+    "options a float": (lambda m: m.update(options=1.5), "options"),
+    "options.format a list": (lambda m: m["options"].update(format=["bf16"]), "options.format"),
+    "the card record a list": (lambda m: m.update(card=[1, 2]), "card"),
+    "status a list": (lambda m: m.update(status=["complete"]), "status"),
+    "source a string": (lambda m: m.update(source="x"), "source"),
+}
+
+
+@pytest.mark.parametrize("case", CONVERSION_MANIFEST_EDITS)
+def test_a_conversion_manifest_entry_of_the_wrong_type_is_one_line_naming_it(converted, tmp_path, offline, case):
+    """verify exited 70 (AttributeError in integrity._check_listed_files), card too (output.card),
+    upload --dry-run too (publish.upload._card_state)."""
+    out = _copy(converted["channel-fp8"], tmp_path)
+    edit, entry = CONVERSION_MANIFEST_EDITS[case]
+    path = out / "mla-convert-manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    for args in (["verify", out], ["card", out], ["upload", out, "me/x", "--dry-run"]):
+        code, lines = _cli(*args)
+        assert code == 2 and len(lines) == 1, (args, lines)
+        assert lines[0].startswith(f"error: {path}: ") and entry in lines[0], (args, lines)
+
+
+@pytest.mark.parametrize(("field", "value"), [("heads", 1.5), ("fp8_max", "x"), ("repo_id", 5), ("mla_bytes", None)])
+def test_a_card_record_of_the_wrong_type_is_refused_by_card_naming_the_manifest(converted, tmp_path, field, value):
+    """`card` exited 70 (a TypeError or StopIteration writing the card's text from the record)."""
+    out = _copy(converted["channel-fp8"], tmp_path)
+    path = out / "mla-convert-manifest.json"
+    doc = json.loads(path.read_text())
+    doc["card"][field] = value
+    path.write_text(json.dumps(doc))
+    code, lines = _cli("card", out)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}: "), lines
+
+
+def test_a_damaged_manifest_of_an_unfinished_conversion_refuses_resume_naming_it(tiny_src, unfinished, tmp_path):
+    out = _copy(unfinished, tmp_path)
+    path = out / "mla-convert-manifest.json"
+    doc = json.loads(path.read_text())
+    doc["files"] = {"x": [1]}
+    path.write_text(json.dumps(doc))
+    code, lines = _cli("convert", tiny_src, "--out", out, "--resume")
+    errors = [ln for ln in lines if ln.startswith("error: ")]  # after the notice of the killed run's lock taken over
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {path}: ") and "files['x']" in errors[0]
+
+
+# ---- the kernel verdicts under the cache: a damaged record is no record --------------------------------
+
+
+@pytest.fixture
+def verdict_cache(monkeypatch, tmp_path):
+    """A private native cache holding this host's built library, with no verdicts remembered."""
+    from mla_convert.kernels import fastest, native, verdict
+
+    built = native.build()
+    private = tmp_path / "native-cache"
+    private.mkdir()
+    shutil.copy2(built, private / built.name)
+    monkeypatch.setenv("MLA_CONVERT_CACHE", str(private))
+    for forget in (native.reset, verdict.forget, fastest.forget):
+        forget()
+    yield private
+    for forget in (native.reset, verdict.forget, fastest.forget):
+        forget()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: {**b, "ops": [1, 2]}, lambda b: {**b, "ops": "fp8"}, lambda b: {**b, "torch": ["x"]}, b"\xff{"],
+    ids=["ops of numbers", "ops a string", "torch a list", "not UTF-8"],
+)
+def test_a_damaged_kernel_verdict_means_checking_again(verdict_cache, damage):
+    """A record whose ops were not a list of names made every conversion exit 70 (kernels.verdict.lookup)."""
+    from mla_convert.kernels import modes
+    from mla_convert.kernels.fastest import select_kernels
+
+    block, ops = (128, 128), ("fp8",)
+    assert select_kernels(block, 448.0, "cpu", ("native", "eager"), ops).name == "native"
+    (record,) = sorted((verdict_cache / "verdicts").glob("*.json"))
+    body = json.loads(record.read_text())
+    record.write_bytes(damage if isinstance(damage, bytes) else json.dumps(damage(body)).encode())
+    assert modes.cached_native(block, 448.0, True, ops) is None
+
+
+# ---- mutation tests: any byte of any file read ------------------------------------------------------
+
+# The files each command reads, by where they are: the finished output, its source, an unfinished
+# output (a conversion killed after its second shard: what --resume reads).
+OUTPUT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "mla-convert-manifest.json",
+                "README.md", MLA_MANIFEST, SHARD1, "mla/layer-001.safetensors", "tokenizer_config.json")  # fmt: skip
+SOURCE_FILES = ("config.json", "model.safetensors.index.json", SHARD2, "generation_config.json")
+UNFINISHED_FILES = (".mla-convert-journal.jsonl", "mla-convert-manifest.json", SHARD1, SHARD2)
+WRONG_TYPES = ([1, 2], "x", 1.5, True, None, -3, {}, {"a": 1}, "", 10**30)
+
+mutations = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 2**20), st.integers(0, 7)),
+    st.tuples(st.just("delete"), st.integers(0, 2**20), st.integers(1, 8)),
+    st.tuples(st.just("insert"), st.integers(0, 2**20), st.binary(min_size=1, max_size=4)),
+    st.tuples(st.just("truncate"), st.integers(0, 2**20)),
+    st.tuples(st.just("not utf-8"), st.integers(0, 2**20), st.sampled_from([0xFF, 0xC3, 0x80, 0xFE])),
+    st.tuples(st.just("retype"), st.integers(0, 2**20), st.sampled_from(WRONG_TYPES)),
+)
+
+
+def _retyped(doc, pick: int, value):
+    """`doc` with its pick-th node (in walk order, the root first) replaced by `value`."""
+    nodes = []
+
+    def walk(node, path):
+        nodes.append(path)
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in list(items)[:8]:
+            walk(v, (*path, k))
+
+    walk(doc, ())
+    path = nodes[pick % len(nodes)]
+    if not path:
+        return value
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+    return doc
+
+
+def _mutate(path: Path, mutation) -> None:
+    """One mutation of the file at `path`; a safetensors file's within its header (its data is
+    covered by the sha256 checks), keeping the header's length where a retyped header fits."""
+    data = path.read_bytes()
+    kind, at, *arg = mutation
+    header_end = 8 + int.from_bytes(data[:8], "little") if path.suffix == ".safetensors" else len(data)
+    if kind == "retype":
+        try:
+            body = data[8:header_end] if path.suffix == ".safetensors" else data
+            new = json.dumps(_retyped(json.loads(body), at, arg[0])).encode()
+        except ValueError:  # not JSON (the card, a JSON-lines journal): a byte instead
+            kind, arg = "not utf-8", [0xFF]
+        else:
+            if path.suffix == ".safetensors":
+                new = len(new).to_bytes(8, "little") + new + data[header_end:]
+            path.write_bytes(new)
+            return
+    at %= max(header_end, 1)
+    b = bytearray(data)
+    if kind == "flip":
+        b[at] ^= 1 << arg[0]
+    elif kind == "delete":
+        del b[at : at + arg[0]]
+    elif kind == "insert":
+        b[at:at] = arg[0]
+    elif kind == "truncate":
+        del b[at:]
+    else:
+        b[at] = arg[0]
+    path.write_bytes(bytes(b))
+
+
+def _no_internal_error(args) -> tuple[int, str]:
+    code, lines = _cli(*args)
+    assert code != 70 and not any("unexpected" in ln for ln in lines), (args, lines)
+    assert code in (0, 1, 2), (args, code, lines)
+    if code == 2:  # one error line (a notice may come first: a killed run's lock taken over)
+        assert len([ln for ln in lines if ln.startswith("error: ")]) == 1, (args, lines)
+    return code, "\n".join(lines)
+
+
+def _plugin_opens_or_refuses(out: Path) -> None:
+    """The plugin's reading of a served directory: the artifacts open and every layer loads, or an
+    ArtifactError (a refusal naming what is wrong); nothing else."""
+    try:
+        arts = open_artifacts(out / "mla", model_dir=out)
+        for layer in arts.layers:
+            arts.load_layer(layer)
+    except ArtifactError as e:
+        assert "\n" not in str(e), str(e)
+
+
+@pytest.fixture(scope="module")
+def unfinished(tiny_src, tmp_path_factory, run_cli) -> Path:
+    """An output whose conversion was killed (SIGKILL) after its second shard: --resume finishes it."""
+    out = tmp_path_factory.mktemp("unfinished") / "out"
+    r = run_cli("convert", tiny_src, "--out", out, "--quiet", crash_at=f"after-job:{SHARD2}")
+    assert r.returncode == -9, r.stderr
+    return out
+
+
+def _check_one_mutation(tmp: Path, converted, tiny_src, unfinished, where: str, rel: str, mutation) -> None:
+    base = tmp / f"case-{len(list(tmp.iterdir()))}"
+    if where == "source":
+        src = Path(shutil.copytree(tiny_src, base / "src"))
+        _mutate(src / rel, mutation)
+        _no_internal_error(["verify", converted["channel-fp8"], "--source", src])
+        _no_internal_error(["convert", src, "--out", base / "new", "--dry-run"])
+    elif where == "unfinished":
+        out = Path(shutil.copytree(unfinished, base / "out"))
+        _mutate(out / rel, mutation)
+        _no_internal_error(["convert", tiny_src, "--out", out, "--resume", "--quiet"])
+    else:
+        out = Path(shutil.copytree(converted["channel-fp8"], base / "out"))
+        _mutate(out / rel, mutation)
+        _plugin_opens_or_refuses(out)
+        code, said = _no_internal_error(["verify", out])
+        # every file but the conversion manifest is hashed into it (a change there may be whitespace)
+        assert code != 0 or rel == "mla-convert-manifest.json", said
+        _no_internal_error(["upload", out, "me/mutated", "--dry-run"])
+        _no_internal_error(["card", out])
+    shutil.rmtree(base)
+
+
+FILES = (
+    [("output", f) for f in OUTPUT_FILES]
+    + [("source", f) for f in SOURCE_FILES]
+    + [("unfinished", f) for f in UNFINISHED_FILES]
+)
+files = st.sampled_from(FILES)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No Hub: `upload --dry-run` reads the directory and asks nothing."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+@settings(max_examples=10, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(file=files, mutation=mutations)
+def test_a_mutated_file_is_never_an_internal_error(converted, tiny_src, unfinished, tmp_path, offline, file, mutation):
+    _check_one_mutation(tmp_path, converted, tiny_src, unfinished, *file, mutation)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(file=files, mutation=mutations)
+def test_many_mutated_files_are_never_an_internal_error(converted, tiny_src, unfinished, tmp_path, offline, file,
+                                                        mutation):  # fmt: skip
+    _check_one_mutation(tmp_path, converted, tiny_src, unfinished, *file, mutation)
+
+
+@pytest.mark.parametrize(("where", "rel"), FILES, ids=[f"{w}:{f}" for w, f in FILES])
+@pytest.mark.parametrize(
+    "mutation",
+    [("not utf-8", 7, 0xFF), pytest.param(("truncate", 40), marks=pytest.mark.slow), ("retype", 0, [1, 2])],
+    ids=["a non-UTF-8 byte", "cut short", "a list for the document"],
+)
+def test_each_file_read_damaged_in_each_way_is_never_an_internal_error(converted, tiny_src, unfinished, tmp_path,
+                                                                       offline, where, rel, mutation):  # fmt: skip
+    _check_one_mutation(tmp_path, converted, tiny_src, unfinished, where, rel, mutation)
