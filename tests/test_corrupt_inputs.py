@@ -230,6 +230,21 @@ def test_a_damaged_manifest_of_an_unfinished_conversion_refuses_resume_naming_it
     assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {path}: ") and "files['x']" in errors[0]
 
 
+def test_a_damaged_ref_in_the_hub_cache_is_no_snapshot(tmp_path, monkeypatch):
+    """The plugin, served by Hub id, reads refs/main of the Hub cache: a non-UTF-8 byte there raised
+    UnicodeDecodeError out of mla_runtime.hub_cache.snapshot_of (vLLM's start failed with a traceback)."""
+    from mla_runtime import hub_cache
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--acme--model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    (repo / "refs" / "main").write_bytes(b"a" * 40)
+    assert hub_cache.snapshot_of("acme/model") is not None
+    (repo / "refs" / "main").write_bytes(b"a" * 39 + b"\xff")
+    assert hub_cache.snapshot_of("acme/model") is None
+
+
 # ---- the kernel verdicts under the cache: a damaged record is no record --------------------------------
 
 
