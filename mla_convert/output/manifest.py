@@ -98,8 +98,8 @@ def manifest_problem(manifest) -> str | None:
     ]
     if wrong:
         return f"{wrong[0]} {str(_entry(manifest, wrong[0]))[:60]!r} is not of its type"
-    for rel, meta in manifest["files"].items():
-        size, sha = (meta.get("size"), meta.get("sha256")) if isinstance(meta, dict) else (None, None)
+    for rel, meta in manifest["files"].items():  # an entry without size or sha256 is a failed check, not unreadable
+        size, sha = (meta.get("size", 0), meta.get("sha256", "")) if isinstance(meta, dict) else (None, None)
         if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(sha, str)):
             return f"files[{rel!r}] must be an object with an integer size and a sha256 string, not {str(meta)[:60]!r}"
     return None
