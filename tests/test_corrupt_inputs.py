@@ -219,6 +219,16 @@ def test_a_card_record_of_the_wrong_type_is_refused_by_card_naming_the_manifest(
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}: "), lines
 
 
+def test_a_card_whose_front_matter_is_not_yaml_is_written_again(converted, tmp_path):
+    """8 bytes cut out of README.md's front matter (found by the mutation test): `card` exited 70 on
+    the YAML ScannerError, in several lines."""
+    out = _copy(converted["channel-fp8"], tmp_path)
+    data = (out / "README.md").read_bytes()
+    (out / "README.md").write_bytes(data[:9] + data[17:])
+    code, lines = _cli("card", out)
+    assert code in (0, 2) and not any(ln.startswith("error: unexpected ") for ln in lines), lines
+
+
 def test_a_damaged_manifest_of_an_unfinished_conversion_refuses_resume_naming_it(tiny_src, unfinished, tmp_path):
     out = _copy(unfinished, tmp_path)
     path = out / "mla-convert-manifest.json"
