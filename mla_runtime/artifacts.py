@@ -43,6 +43,7 @@ from .format import (
     LayerEntry,
     MlaDims,
     MlaManifest,
+    decode_text,
     layer_file_name,
     read_manifest,
     w_uk_t_name,
@@ -295,17 +296,29 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _model_config(model_dir: Path) -> dict | None:
-    """The served directory's config.json, or where it has none its params.json."""
+def _model_config(model_dir: Path) -> tuple[Path, dict] | None:
+    """The served directory's config.json, or where it has none its params.json, and its path."""
     path = model_dir / CONFIG_NAME
     if not path.exists():
         path = model_dir / PARAMS_CONFIG_NAME
     if not path.exists():
         return None
+    return path, _json_object(path, "the served model's config")
+
+
+def _json_object(path: Path, what: str) -> dict:
+    """A JSON object read from `path`; ArtifactError naming the file where it is not one."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{path}: cannot read the served model's config ({e})") from e
+        data = path.read_bytes()
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read {what} ({e.strerror or e})") from e
+    try:
+        doc = json.loads(decode_text(data, path))
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: cannot read {what} (not valid JSON: {e})") from e
+    if not isinstance(doc, dict):
+        raise ArtifactError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def expected_layers(model_config: dict) -> list[int]:
@@ -313,8 +326,10 @@ def expected_layers(model_config: dict) -> list[int]:
     shape model_configs.py reads."""
     try:
         return list(range(layer_count(model_config)))
-    except (KeyError, TypeError, ValueError) as e:
+    except KeyError as e:
         raise ArtifactError("model config lacks num_hidden_layers") from e
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"model config: {e}") from e
 
 
 def served_layer_dims(model_config: dict) -> dict[int, MlaDims]:
@@ -352,23 +367,28 @@ def open_artifacts(
         raise ArtifactError(f"{artifacts_dir}: no such directory of MLA artifacts")
     manifest = read_manifest(artifacts_dir)
     arts = MlaArtifacts(artifacts_dir, manifest, verify)
+    config_path = None
     if model_dir is not None and model_config is None:
-        model_config = _model_config(Path(model_dir))
+        config_path, model_config = _model_config(Path(model_dir)) or (None, None)
     if model_config is not None:
-        _check_served_model(manifest, artifacts_dir, model_config)
+        try:
+            served, model = served_layer_dims(model_config), MlaDims.from_model_config(model_config)
+        except ArtifactError as e:
+            if config_path is None:
+                raise
+            raise ArtifactError(f"{config_path}: {e}") from e
+        _check_served_model(manifest, artifacts_dir, served, model)
     _check_fingerprints(manifest, artifacts_dir, model_dir, expected_fingerprint)
     for layer in manifest.layer_ids():
         arts.check_size(layer)
     return arts
 
 
-def _check_served_model(manifest, artifacts_dir: Path, model_config: dict) -> None:
+def _check_served_model(manifest, artifacts_dir: Path, served: dict[int, MlaDims], model: MlaDims) -> None:
     """Each decoder layer of the served model has artifacts, at the MLA dims the served config gives
-    that layer (the artifacts' layers beyond them, a drafter's, at the model's dims)."""
+    that layer (`served`; the artifacts' layers beyond them, a drafter's, at the model's dims)."""
     manifest_path = artifacts_dir / MANIFEST_NAME
-    served = served_layer_dims(model_config)
     ids = manifest.layer_ids()
-    model = MlaDims.from_model_config(model_config)
     wanted = {i: served.get(i, model) for i in ids}
     differ: dict[str, list[int]] = {}
     for i, dims in wanted.items():
@@ -403,11 +423,10 @@ def _check_fingerprints(manifest, artifacts_dir: Path, model_dir, expected_finge
     if model_dir is not None:
         conv = Path(model_dir) / CONVERT_MANIFEST_NAME
         if conv.exists():
-            try:
-                record = json.loads(conv.read_text())
-                fp, status = record.get("source_fingerprint"), record.get("status")
-            except (OSError, json.JSONDecodeError, AttributeError) as e:
-                raise ArtifactError(f"{conv}: cannot read ({e})") from e
+            record = _json_object(conv, "the conversion manifest")
+            fp, status = record.get("source_fingerprint"), record.get("status")
+            if not isinstance(status, str) or not isinstance(fp, str | None):
+                raise ArtifactError(f"{conv}: status and source_fingerprint must be strings; the file is damaged")
             if status != "complete":  # a conversion cut short: its files may be half there
                 raise ArtifactError(
                     f"{model_dir}: an unfinished mla-convert conversion ({CONVERT_MANIFEST_NAME} says {status!r}); "

@@ -83,8 +83,10 @@ class MlaDims:
         dims is model_configs.layer_fields'."""
         try:
             return cls(**mla_fields(config))
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
             raise ArtifactError(f"model config lacks MLA dimension {e}") from e
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"model config: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class MlaManifest:
 
     @classmethod
     def from_json(cls, text: str, origin: str = "manifest") -> MlaManifest:
+        """The manifest in `text`; every field of the type the writer gives it, or an ArtifactError
+        naming `origin` and the field (the plugin and verify read any bytes a disk holds)."""
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -137,46 +141,90 @@ class MlaManifest:
             raise ArtifactError(f"{origin}: expected a JSON object")
         if d.get("format") != FORMAT_NAME:
             raise ArtifactError(f"{origin}: format is {d.get('format')!r}, expected {FORMAT_NAME!r}")
-        if d.get("format_version") != FORMAT_VERSION:
+        version = d.get("format_version")
+        if version != FORMAT_VERSION or isinstance(version, bool):
             raise ArtifactError(
-                f"{origin}: format_version {d.get('format_version')!r} is not supported "
+                f"{origin}: format_version {version!r} is not supported "
                 f"(this mla_runtime reads version {FORMAT_VERSION}); re-run mla-convert"
             )
         if d.get("dtype") != ARTIFACT_DTYPE:
             raise ArtifactError(f"{origin}: dtype {d.get('dtype')!r}, expected {ARTIFACT_DTYPE!r}")
         try:
-            dims = MlaDims(**{k: int(v) for k, v in d["dims"].items()})
+            dims = MlaDims(**_dims(d.get("dims"), "dims", partial=False))
             layers = tuple(
-                LayerEntry(int(e["layer"]), str(e["file"]), int(e["size"]), str(e["sha256"]), _layer_dims(e))
-                for e in d["layers"]
+                _layer_entry(e, f"layers[{i}]") for i, e in enumerate(_typed(d.get("layers"), list, "layers"))
             )
-            fp = str(d["source_fingerprint"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ArtifactError(f"{origin}: malformed manifest ({type(e).__name__}: {e})") from e
+            fp = _typed(d.get("source_fingerprint"), str, "source_fingerprint")
+            producer = _typed(d.get("producer") or {}, dict, "producer")
+        except _FieldError as e:
+            raise ArtifactError(f"{origin}: malformed manifest ({e})") from e
         ids = [e.layer for e in layers]
         if ids != sorted(set(ids)):
             raise ArtifactError(f"{origin}: layer list must be sorted and unique, got {ids}")
         for e in layers:
             if Path(e.file).name != e.file or e.file in ("", ".", ".."):
                 raise ArtifactError(f"{origin}: layer {e.layer} file {e.file!r} must be a plain file name")
-        return cls(dims=dims, layers=layers, source_fingerprint=fp, producer=dict(d.get("producer") or {}))
+        return cls(dims=dims, layers=layers, source_fingerprint=fp, producer=dict(producer))
 
 
-def _layer_dims(entry: dict) -> dict | None:
-    """A layer entry's own dims (only MlaDims' fields, integers), or None; ValueError otherwise."""
-    own = entry.get("dims")
-    if own is None:
-        return None
-    unknown = set(own) - set(MlaDims.__dataclass_fields__)
+class _FieldError(ValueError):
+    """A manifest field missing or of another type than the writer gives it; says which."""
+
+
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+
+
+def _typed(value, kind: type, what: str):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        got = "missing" if value is None else f"{value!r}"
+        raise _FieldError(f"{what} must be {_JSON_TYPES[kind]}, got {got}")
+    return value
+
+
+def _count(value, what: str, least: int) -> int:
+    if _typed(value, int, what) < least:
+        raise _FieldError(f"{what} must be an integer of at least {least}, got {value!r}")
+    return value
+
+
+def _dims(d, what: str, partial: bool) -> dict[str, int]:
+    """MlaDims' fields from `d` (all of them, or with `partial` any of them), positive integers."""
+    d = _typed(d, dict, what)
+    unknown = sorted(set(d) - set(MlaDims.__dataclass_fields__))
     if unknown:
-        raise ValueError(f"layer {entry.get('layer')} dims has unknown fields {sorted(unknown)}")
-    return {k: int(v) for k, v in own.items()} or None
+        raise _FieldError(f"{what}.{unknown[0]} is not an MLA dimension ({', '.join(MlaDims.__dataclass_fields__)})")
+    names = d if partial else MlaDims.__dataclass_fields__
+    return {k: _count(d.get(k), f"{what}.{k}", 1) for k in names}
+
+
+def _layer_entry(e, what: str) -> LayerEntry:
+    e = _typed(e, dict, what)
+    own = e.get("dims")
+    return LayerEntry(
+        _count(e.get("layer"), f"{what}.layer", 0),
+        _typed(e.get("file"), str, f"{what}.file"),
+        _count(e.get("size"), f"{what}.size", 0),
+        _typed(e.get("sha256"), str, f"{what}.sha256"),
+        None if own is None else _dims(own, f"{what}.dims", partial=True) or None,
+    )
 
 
 def read_manifest(artifacts_dir: str | Path) -> MlaManifest:
     path = Path(artifacts_dir) / MANIFEST_NAME
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError as e:
         raise ArtifactError(f"{path}: no MLA manifest (was this directory written by mla-convert?)") from e
-    return MlaManifest.from_json(text, origin=str(path))
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read the MLA manifest ({e.strerror or e})") from e
+    return MlaManifest.from_json(decode_text(data, path), origin=str(path))
+
+
+def decode_text(data: bytes, path: Path | str) -> str:
+    """A JSON file's bytes as text; ArtifactError naming the file where they are not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactError(
+            f"{path}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x}); the file is damaged"
+        ) from e

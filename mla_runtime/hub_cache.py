@@ -63,8 +63,8 @@ def snapshot_of(repo_id: str, revision: str | None = None) -> Snapshot | None:
     commit = rev if _COMMIT.match(rev) else None
     if commit is None:
         try:
-            commit = (repo_dir / "refs" / rev).read_text().strip()
-        except OSError:
+            commit = (repo_dir / "refs" / rev).read_bytes().decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):  # no such ref, or a damaged one: no snapshot known
             return None
     path = repo_dir / "snapshots" / commit
     return Snapshot(repo_id, commit, path) if _COMMIT.match(commit) and path.is_dir() else None

@@ -39,6 +39,8 @@ MLA_FIELDS = {
 def text_model_config(config: dict) -> dict:
     """The text model's config, in config.json's names: `config` itself, the `text_config` a
     multimodal wrapper nests it in, or a params.json with the fields the runtime reads renamed."""
+    if not isinstance(config, dict):
+        raise TypeError(f"the config must be a JSON object, got {type(config).__name__}")
     if "num_attention_heads" in config:
         return config
     nested = config.get("text_config")
@@ -49,15 +51,36 @@ def text_model_config(config: dict) -> dict:
     return config
 
 
+def integer(config: dict, name: str, least: int = 1, label: str | None = None) -> int:
+    """`config[name]`, an integer of at least `least` (not a bool, a float or a string that would
+    convert); KeyError or TypeError / ValueError naming the field (`label`: its name as the file spells it)."""
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{label or name} must be an integer, got {value!r}")
+    if value < least:
+        raise ValueError(f"{label or name} must be at least {least}, got {value}")
+    return value
+
+
+def _field_label(config: dict, name: str) -> str:
+    """How `config` spells a field the runtime reads by its config.json name (params.json's own)."""
+    if _is_params_json(config):
+        return {hf: m for m, hf in _PARAMS_NAMES.items()}.get(name, name)
+    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+        return f"text_config.{name}"
+    return name
+
+
 def mla_fields(config: dict) -> dict[str, int]:
     """The model's MLA dims (MlaDims' fields), as its RoPE layers have them; KeyError when one is missing."""
     text = text_model_config(config)
-    return {ours: int(text[theirs]) for ours, theirs in MLA_FIELDS.items()}
+    return {ours: integer(text, theirs, label=_field_label(config, theirs)) for ours, theirs in MLA_FIELDS.items()}
 
 
 def layer_count(config: dict) -> int:
     """Decoder layers the model serves (a drafter's MTP layers are not among them)."""
-    return int(text_model_config(config)["num_hidden_layers"])
+    name = "num_hidden_layers"
+    return integer(text_model_config(config), name, label=_field_label(config, name))
 
 
 def tile(pattern: list, count: int) -> list:
@@ -75,6 +98,8 @@ def nope_layers(config: dict) -> list[bool]:
     text = text_model_config(config)
     flags = text.get("nope_layer_flags")  # as vLLM adapted it
     if flags is not None:
+        if not isinstance(flags, list):
+            raise TypeError(f"nope_layer_flags must be a list, got {flags!r}")
         flags = [bool(f) for f in flags]
         if len(flags) != count:
             raise ValueError(f"nope_layer_flags has {len(flags)} entries for {count} layers")
@@ -98,14 +123,16 @@ def kv_sources(config: dict) -> list[int]:
     )
     sources = text.get("kv_source_layers")
     if sources is None and params and text.get("dsa"):
-        spelt = (text.get("kv_sharing") or {}).get("source_layers_str")
+        spelt = None
         try:
+            spelt = (text.get("kv_sharing") or {}).get("source_layers_str")
             sources = [int(v) for v in spelt.split(",")] if spelt else None
         except (AttributeError, ValueError) as e:
             raise ValueError(f"{field} {spelt!r} must be comma-separated integers") from e
     if sources is None:
         return list(range(count))
-    sources = [int(s) for s in sources]
+    if not isinstance(sources, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in sources):
+        raise TypeError(f"{field} must be a list of integers, got {sources!r}")
     if len(sources) != count:
         raise ValueError(f"{field} names {len(sources)} source layers for {layers_field} {count}")
     nope = nope_layers(config)
@@ -129,5 +156,5 @@ def layer_fields(config: dict) -> dict[int, dict[str, int]]:
     if not any(nope):
         return {}
     text = text_model_config(config)
-    widened = int(text["qk_nope_head_dim"]) + int(text["qk_rope_head_dim"])
+    widened = sum(integer(text, name, 0) for name in ("qk_nope_head_dim", "qk_rope_head_dim"))
     return {i: {"qk_nope_head_dim": widened} for i, flag in enumerate(nope) if flag}

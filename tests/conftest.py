@@ -145,6 +145,21 @@ def vllm_standin(vllm_codebase):
 
 
 @pytest.fixture
+def v034(vllm_standin, monkeypatch):
+    """The vllm 0.34.0 stand-in (parametrize `vllm_codebase` with "vllm 0.34.0") with the plugin
+    registered afresh and none of its environment variables set; the plugin reset afterwards.
+    support/serving_034.py serves Mistral-Large-4 through it."""
+    from mla_runtime import envs, plugin
+
+    for var in (*envs.ALL, "VLLM_RELOAD_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    plugin.reset()
+    plugin.register()
+    yield vllm_standin
+    plugin.reset()
+
+
+@pytest.fixture
 def vllm_gaudi_standin(vllm_standin):
     """`import vllm_gaudi` gets the stand-in (tests/support/standins/), on the vLLM code base of
     `vllm_standin`. Yields the stand-ins folder."""

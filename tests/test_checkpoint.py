@@ -72,16 +72,22 @@ def test_not_a_directory(tmp_path):
     assert str(tmp_path / "missing") in refusal(tmp_path / "missing")
 
 
-@pytest.mark.parametrize(
-    ("text", "expect"), [(None, "not found"), ("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object")]
-)
-def test_a_config_that_is_missing_or_not_a_json_object(src_copy, text, expect):
-    if text is None:
-        (src_copy / "config.json").unlink()
-    else:
-        (src_copy / "config.json").write_text(text)
+@pytest.mark.parametrize(("text", "expect"), [("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object")])
+def test_a_config_that_is_not_a_json_object(src_copy, text, expect):
+    (src_copy / "config.json").write_text(text)
     message = refusal(src_copy)
     assert str(src_copy / "config.json") in message and expect in message
+
+
+def test_a_directory_without_a_config_is_not_a_checkpoint_said_once(src_copy, tmp_path):
+    """Issue 42, item 9: the directory named once (it read `DIR/config.json: config.json not found`),
+    saying what a checkpoint directory holds; the same for an empty directory."""
+    (src_copy / "config.json").unlink()
+    (tmp_path / "empty").mkdir()
+    for root in (src_copy, tmp_path / "empty"):
+        message = refusal(root)
+        assert message == f"{root}: not a checkpoint directory: no config.json (nor a member's own layout, such as " \
+            "params.json with consolidated shards)", message  # fmt: skip
 
 
 def test_no_index_and_no_single_file(src_copy):

@@ -28,6 +28,7 @@ from mla_convert.verification import verify
 from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 from support import checkpoints
 from support.edits import rewrite_output_tensor
+from support.mistral_layout import expected_output
 
 FP8, BF16 = "channel-fp8", "bf16"
 PARAMS, INDEX = "params.json", "consolidated.safetensors.index.json"
@@ -84,32 +85,6 @@ def ok(report) -> bool:
     return report.ok
 
 
-def expected_output(
-    src: dict[str, torch.Tensor], fmt: str, reference, fp8_source: bool, quantized: re.Pattern = FP8_MODULE
-) -> dict[str, torch.Tensor]:
-    """From the slow reference, a conversion in Mistral's layout (Large 4's tests use it too, with
-    their own `quantized`): an FP8 source's weights dequantized with their BF16 block multipliers
-    (bf16), or requantized per row (channel FP8); a BF16 source's linears that `quantized` names
-    (the FP8 release's) quantized per row; everything else (vision, a draft) copied."""
-    out = {}
-    for name, t in src.items():
-        module = module_of(name)
-        if name.endswith(".weight_scale") and fp8_source:
-            continue
-        if fp8_source and t.dtype == torch.float8_e4m3fn:
-            x = reference.dequant_block(t, src[module + ".weight_scale"], (128, 128))
-        elif not fp8_source and fmt == FP8 and quantized.match(module) and name.endswith(".weight"):
-            x = t.float()
-        else:
-            out[name] = t
-            continue
-        if fmt == BF16:
-            out[name] = x.to(torch.bfloat16)
-        else:
-            out[name], out[module + ".weight_scale"] = reference.channel_fp8(x, 448.0)
-    return out
-
-
 # --- the tiny checkpoint has the real layout ------------------------------------------------------
 
 
@@ -154,7 +129,7 @@ def test_the_tiny_checkpoint_has_mistral_large_3s_layout(family_checkpoints):
 def test_converts_to_the_reference_in_the_same_layout(family_checkpoints, reference, member, fmt):
     src_dir, out_dir = family_checkpoints.source(member), family_checkpoints.converted(member, fmt)
     src, got = load_all(src_dir), load_all(out_dir)
-    want = expected_output(src, fmt, reference, fp8_source=member == "mistral-large-3")
+    want = expected_output(src, fmt, reference, fp8_source=member == "mistral-large-3", quantized=FP8_MODULE)
     assert set(got) == set(want)
     for name, t in want.items():
         assert reference.same_bits(got[name], t), name

@@ -15,8 +15,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import test_family_mistral as mistral_layout
-import test_runtime_mistral_large4 as runtime_large4
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -29,6 +27,8 @@ from mla_runtime.format import read_manifest, w_uk_t_name, w_uv_name
 from support import checkpoints
 from support.cli_runner import cli_error
 from support.edits import edit_json, fix_hash, rewrite_output_tensor
+from support.mistral_layout import expected_output
+from support.serving_034 import assert_served_from_artifacts, serve
 
 MEMBER, FP8, BF16 = "mistral-large-4", "channel-fp8", "bf16"
 MEMBERS = [MEMBER, "mistral-large-4-fp8"]  # its BF16 release, and the same in compressed-tensors FP8_BLOCK
@@ -167,7 +167,7 @@ def test_params_json_is_read_as_vllm_034_reads_it_and_agrees_with_the_runtime(fa
 def test_converts_to_the_reference_in_the_same_layout(family_checkpoints, reference, member, fmt):
     src_dir, out_dir = family_checkpoints.source(member), family_checkpoints.converted(member, fmt)
     src, got = load_all(src_dir), load_all(out_dir)
-    want = mistral_layout.expected_output(src, fmt, reference, fp8_source=member.endswith("-fp8"), quantized=QUANTIZED)
+    want = expected_output(src, fmt, reference, fp8_source=member.endswith("-fp8"), quantized=QUANTIZED)
     assert set(got) == set(want)
     for name, t in want.items():
         assert reference.same_bits(got[name], t), name
@@ -340,9 +340,6 @@ def test_what_vllm_034_refuses_is_refused_in_one_line(family_checkpoints, tmp_pa
 # --- served through the vLLM 0.34 stand-in --------------------------------------------------------
 
 
-v034 = runtime_large4.v034  # the fixture: the 0.34 stand-in with the plugin registered
-
-
 @pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("fmt", [FP8, BF16])
@@ -351,9 +348,9 @@ def test_the_demo_output_is_served_from_its_artifacts_at_every_layers_shapes(v03
 
     out = _copy(family_checkpoints.converted(member, fmt), tmp_path)
     with caplog.at_level(logging.INFO, logger="vllm.mla_runtime"):
-        layers = runtime_large4.serve(v034, out)
+        layers = serve(v034, out)
     assert sorted(layers) == list(range(LAYERS))
-    runtime_large4.assert_served_from_artifacts(layers, out)
+    assert_served_from_artifacts(layers, out)
     assert [hasattr(b.self_attn, "kv_a_proj_with_mqa") for b in layers.model.model.layers] == [
         s == i for i, s in enumerate(SOURCES)
     ]

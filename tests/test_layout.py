@@ -107,3 +107,34 @@ def test_no_global_statement_in_the_product():
         if isinstance(node, ast.Global)
     ]
     assert not found, found
+
+
+def test_no_test_module_imports_another_test_module():
+    # What tests share lives in tests/support (its __init__ says where); a test module imported by
+    # another runs its module-level code, and its fixtures, twice and couples the two files.
+    import ast
+
+    tests = ROOT / "tests"
+    test_modules = {p.stem for p in tests.glob("test_*.py")} | {"conftest"}
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif (  # importlib.import_module("test_x") / __import__("test_x")
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                names = [node.args[0].value]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] in test_modules or (parts[0] == "tests" and len(parts) > 1 and parts[1] in test_modules):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, found

@@ -144,7 +144,7 @@ KV_A = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
 
 def test_missing_config(src_copy, tmp_path):
     (src_copy / "config.json").unlink()
-    convert_fails(src_copy, tmp_path / "o", "config.json", "not found")
+    convert_fails(src_copy, tmp_path / "o", f"{src_copy}: not a checkpoint directory: no config.json")
 
 
 def test_unparsable_config(src_copy, tmp_path):

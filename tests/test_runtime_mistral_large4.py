@@ -4,7 +4,7 @@ mistral_large4.py): every layer takes its W_UK_T / W_UV from the artifacts at th
 disagree with the artifacts is refused with one line naming it, as any dims mismatch is (a failed
 start, or with MLA_RUNTIME_FALLBACK=1 one warning and vLLM's values).
 
-`serve(model_dir)` takes any Mistral-native model directory (params.json, consolidated shards,
+`serve(model_dir)` (tests/support/serving_034.py) takes any Mistral-native model directory (params.json, consolidated shards,
 mla/): the tests build a tiny one here with the structure of the real geometry (every fourth layer
 NoPE, later layers sharing an earlier layer's KV cache), written with the runtime's format pieces.
 A converted demo output can be pointed at it as it is.
@@ -23,11 +23,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mla_runtime import ArtifactError, envs, plugin
+from mla_runtime import ArtifactError, plugin
 from mla_runtime.artifacts import open_artifacts
 from mla_runtime.format import MANIFEST_NAME, LayerEntry, MlaDims, MlaManifest, layer_file_name, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
-from support.artifacts import read_artifacts
+from support.serving_034 import assert_served_from_artifacts, serve
 
 pytestmark = pytest.mark.parametrize("vllm_codebase", ["vllm 0.34.0"])
 
@@ -93,34 +93,8 @@ def write_model(model_dir: Path, *, per_layer_dims: bool = True, rel_off: float 
     return exact
 
 
-@pytest.fixture
-def v034(vllm_standin, monkeypatch):
-    for var in (*envs.ALL, "VLLM_RELOAD_MODE"):
-        monkeypatch.delenv(var, raising=False)
-    plugin.reset()
-    plugin.register()
-    yield vllm_standin
-    plugin.reset()
-
-
-def serve(codebase, model_dir: Path, **kwargs):
-    """{layer: MLAAttention} of vLLM 0.34's MistralLarge4ForCausalLM serving `model_dir`."""
-    return importlib.import_module("mla_engine").build_mistral_large4(codebase, model_dir, **kwargs)
-
-
 def plugin_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("mla_runtime:")]
-
-
-def assert_served_from_artifacts(layers, model_dir: Path) -> None:
-    params = json.loads((model_dir / "params.json").read_text())
-    nope = params["nope"].split(",")
-    for i, layer in layers.items():
-        a_uk_t, a_uv = read_artifacts(model_dir / "mla", i)
-        p = params["qk_nope_head_dim"] + (params["qk_rope_head_dim"] if nope[i % len(nope)] == "nope" else 0)
-        assert layer.qk_nope_head_dim == p and tuple(a_uk_t.shape) == (params["n_heads"], p, params["kv_lora_rank"])
-        assert torch.equal(layer.W_UK_T, a_uk_t) and torch.equal(layer.W_UV, a_uv), f"layer {i}"
-        assert layer.kv_b_proj.quant_method.__class__.__name__ == "UnquantizedLinearMethod"
 
 
 # --------------------------------------------------------------------------- served

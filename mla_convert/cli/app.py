@@ -4,6 +4,7 @@ prints the result; errors become one line on stderr and an exit code (cli.errors
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import sys
@@ -39,6 +40,8 @@ class _OneLineErrors(TyperGroup):
             typer.echo(e.ctx.get_help())
             code = 0
         except _click.exceptions.ClickException as e:
+            if isinstance(e, _click.exceptions.NoSuchOption):
+                e.possibilities = _closest(e.option_name, e.possibilities or ())
             message = " ".join(e.format_message().split())
             hint = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
             typer.echo(f"error: {message}{hint}", err=True)
@@ -60,6 +63,13 @@ class _OneLineErrors(TyperGroup):
         except KeyboardInterrupt as e:
             typer.echo(f"error: {interrupts.stopped_by(e)}", err=True)
             raise typer.Exit(interrupts.exit_code(e)) from None
+
+
+def _closest(typed: str, options) -> list[str]:
+    """Of click's suggestions for a mistyped option (difflib's close matches), the closest only:
+    `--fromat` is `--format`, not also `--out`."""
+    ratio = {o: difflib.SequenceMatcher(None, typed, o).ratio() for o in options}
+    return [o for o in options if ratio[o] == max(ratio.values())]
 
 
 app = typer.Typer(

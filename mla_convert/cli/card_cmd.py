@@ -12,6 +12,7 @@ import typer
 from mla_convert.cli import console
 from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import JsonOpt, QuietOpt
+from mla_convert.errors import OutputError
 
 DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")]
 CardBaseOpt = Annotated[
@@ -45,6 +46,8 @@ def card(
 
     Exit code 0: written (or already this card); 2: refused (one line says why)."""
     with errors_to_exit("interrupted; run the same command again to write the card"):
+        if not dir.is_dir():  # before the library's 'not an mla-convert output', which is not the problem
+            raise OutputError(f"{dir}: {'not a directory' if dir.exists() else 'no such directory'}")
         from mla_convert import api
 
         result = api.card(dir, base_model=base_model, repo_id=repo_id)  # locked there

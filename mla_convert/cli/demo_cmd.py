@@ -55,7 +55,7 @@ def _interrupted(out: Path | None) -> str:
     """What to do after an interrupted demo: --overwrite works once its source is complete (the
     marker written); before that, the directory holds only what the demo began to write."""
     if out is None:
-        return "demo interrupted; run it again (it takes a new temporary directory)"
+        return "demo interrupted (its temporary directory removed); run it again"
     if (out / DEMO_MARKER_NAME).is_file():
         return "demo interrupted; run it again with --overwrite, or remove its directory"
     return f"demo interrupted before its source checkpoint was complete; remove {out} (only the demo wrote there), then run it again"

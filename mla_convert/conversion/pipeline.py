@@ -32,6 +32,7 @@ from mla_convert.conversion.schedulers import execute, execute_streaming
 from mla_convert.conversion.shard_job import job_specs
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
+from mla_convert.kernels.modes import check_request
 from mla_convert.output import preflight
 from mla_convert.output.card import BASE_MODEL_HINT
 from mla_convert.output.card_facts import SourceRef, source_ref
@@ -75,6 +76,7 @@ def convert(
         run.preflight()
         if run.settings.dry_run:  # every check above ran, as in the real run; nothing is written
             check_device(run.settings.device)
+            check_request(run.settings.kernels)  # --kernels native that cannot build here
             return run.result
         run.download()
         run.choose_kernels()

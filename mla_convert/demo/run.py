@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,7 +35,18 @@ def run_demo(
     member = member or demo_members()[0]
     if member not in demo_members():
         raise ConvertError(f"--family {member!r}: expected one of {', '.join(demo_members())}")
-    root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
+    options.check_new_conversion()  # refused before the demo writes its source
+    if out_dir:
+        return _run(Path(out_dir), options, overwrite, member)
+    root = Path(tempfile.mkdtemp(prefix="mla-convert-demo-"))
+    try:
+        return _run(root, options, overwrite, member)
+    except BaseException:  # a refused or interrupted demo in a directory of its own leaves nothing
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _run(root: Path, options: Options, overwrite: bool, member: str) -> DemoResult:
     _prepare(root, overwrite)
     src = write_checkpoint(root / SOURCE_DIR, CheckpointSpec.family(member))
     written = [f"{SOURCE_DIR}/{rel}" for rel in files_under(src)]

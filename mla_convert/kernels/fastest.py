@@ -33,6 +33,7 @@ from mla_convert.kernels.modes import (  # noqa: F401 (AUTO_COMPILE_MIN_BYTES, r
     PASSED,
     DeviceKernelFactory,
     native_ops,
+    request_refused,
     resolve_mode,
 )
 from mla_convert.kernels.transforms import BLOCK_OPS, KERNEL_TRANSFORMS, SPLITS, Params, block_fp8_dequant, mla_split
@@ -194,6 +195,8 @@ def _select_cpu(p: Params, chain, ops) -> Kernels:
     makers = {"native": _native_candidate, "compile": _compiled_candidate}
     names = chain[: chain.index("eager")] if "eager" in chain else chain
     chosen, why, skipped = first_passing(makers[name](p, ops) for name in names)
+    if chosen is None and "eager" not in chain:  # a request (modes.REQUESTED): no other kernels instead
+        raise request_refused(names, skipped)
     if chosen is None:
         return eager_kernels(p.block, p.fp8_max, "; ".join(skipped) or "requested", p.signed_zero)
     return dataclasses.replace(chosen, reason="; ".join([*skipped, why]))

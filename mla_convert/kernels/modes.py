@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from mla_convert import envs
 from mla_convert.constants import KERNEL_MODES, KERNELS_AUTO
-from mla_convert.kernels import verdict
+from mla_convert.errors import ConvertError
+from mla_convert.kernels import native_build, verdict
 from mla_convert.kernels.native_build import NativeUnavailable
 from mla_convert.kernels.transforms import BLOCK_OPS as BLOCK_OPS
 from mla_convert.kernels.transforms import CONVERTING_OPS, KERNEL_TRANSFORMS, Params, Transform
@@ -41,7 +42,9 @@ NATIVE_EXTRA_OPS = tuple(op for op, t in KERNEL_TRANSFORMS.items() if op not in 
 AUTO_COMPILE_MIN_BYTES = 2 * 10**9
 
 # What each --kernels mode (constants.KERNEL_MODES) tries on the CPU, in order; each falls back to
-# the next with the reason.
+# the next with the reason. A conversion that asks for the native kernels by name tries them alone
+# (REQUESTED): a request that cannot be met is refused, not met with another kernel set.
+REQUESTED = {"native": ("native",)}
 CHAINS = {
     "native": ("native", "eager"),
     "compile": ("compile", "eager"),
@@ -58,13 +61,34 @@ def resolve_mode(mode: str, convert_bytes: int) -> tuple[tuple[str, ...], str]:
     if mode == KERNELS_AUTO:
         mode = envs.kernels_auto() or KERNELS_AUTO
     if mode != KERNELS_AUTO:
-        return CHAINS[mode], "requested"
+        return REQUESTED.get(mode, CHAINS[mode]), "requested"
     if convert_bytes < AUTO_COMPILE_MIN_BYTES:
         return (
             "native",
             "eager",
         ), f"auto: {convert_bytes / 1e9:.2f} GB to convert is too little to repay torch.compile"
     return ("native", "compile", "eager"), "auto"
+
+
+def request_refused(names: tuple[str, ...], reasons: list[str]) -> ConvertError:
+    """The refusal of kernels asked for by name (REQUESTED) that cannot run here, with the reasons."""
+    build = "install a C compiler (gcc, or set CC), or " if any("unavailable" in r for r in reasons) else ""
+    return ConvertError(
+        f"--kernels {' or '.join(names)}: {'; '.join(reasons)}; {build}use --kernels auto, which runs eager "
+        "where these cannot run"
+    )
+
+
+def check_request(mode: str) -> None:
+    """What a dry run can check of a request for the native kernels without torch: that they build
+    here (whether they pass their probes, the run checks with torch). Refused as the run refuses it."""
+    if mode == KERNELS_AUTO:
+        mode = envs.kernels_auto() or KERNELS_AUTO
+    if "native" in REQUESTED.get(mode, ()):
+        try:
+            native_build.build()
+        except NativeUnavailable as e:
+            raise request_refused(("native",), [f"native kernels unavailable ({e})"]) from e
 
 
 def is_cpu(device: str) -> bool:

@@ -80,7 +80,10 @@ def lookup(k: str) -> str | None:
         return None
     if not isinstance(record, dict) or record.get("passed") is not True or record.get("key") != k:
         return None
-    return f"{', '.join(record.get('ops', []))} checked bit-identical to eager (torch {record.get('torch', '?')}) on this machine"
+    ops, torch_version = record.get("ops", []), record.get("torch", "?")
+    if not (isinstance(ops, list) and all(isinstance(op, str) for op in ops) and isinstance(torch_version, str)):
+        return None  # damaged: the check runs again
+    return f"{', '.join(ops)} checked bit-identical to eager (torch {torch_version}) on this machine"
 
 
 def record(k: str, passed: bool, ops: tuple[str, ...], torch_version: str) -> None:

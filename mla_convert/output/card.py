@@ -278,6 +278,7 @@ def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:
 def _source_in(card: str) -> SourceCard | None:
     """What the card holds of the source's card: its metadata (the fields SOURCE_METADATA takes)
     and its text, below SOURCE_BEGIN."""
+    import yaml
     from huggingface_hub import ModelCard
 
     at = card.find(card_text.SOURCE_BEGIN)
@@ -285,7 +286,7 @@ def _source_in(card: str) -> SourceCard | None:
         return None
     try:
         metadata = ModelCard(card, ignore_metadata_errors=True).data.to_dict()
-    except ValueError:
+    except (ValueError, yaml.YAMLError):  # a damaged front matter: no metadata kept from it
         metadata = {}
     return SourceCard(metadata, card[at + len(card_text.SOURCE_BEGIN) :].strip("\n"))
 

@@ -96,5 +96,22 @@ class CardFacts:
         """The facts as record() kept them; TypeError or KeyError when the record is not one."""
         fields = {f.name for f in dataclasses.fields(cls)} - {"source"}
         values = {k: record[k] for k in fields if k in record}
+        for f in dataclasses.fields(cls):  # a damaged record: its values of the types record() writes
+            if f.name in values and not _RECORDED_TYPES.get(str(f.type), lambda v: True)(values[f.name]):
+                raise TypeError(f"card.{f.name} {str(values[f.name])[:40]!r} is not a {f.type}")
         values["ignore"] = tuple(values.get("ignore") or ())
         return cls(source=source, **values)
+
+
+def _number(v, kinds) -> bool:
+    return isinstance(v, kinds) and not isinstance(v, bool)
+
+
+_RECORDED_TYPES = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: _number(v, int),
+    "float": lambda v: _number(v, (int, float)),
+    "bool": lambda v: isinstance(v, bool),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "tuple[str, ...]": lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+}

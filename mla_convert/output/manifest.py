@@ -65,16 +65,49 @@ def rewrite_manifest(out_dir: Path, manifest: dict, **changes) -> None:
 
 def read_manifest(out_dir: Path) -> dict | None:
     """The manifest in `out_dir`, None when there is none; OSError or ValueError when it cannot be
-    read or is not JSON."""
+    read, is not JSON, or is an mla-convert manifest with a field of another type (manifest_problem)."""
     path = Path(out_dir) / MANIFEST_NAME
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    manifest = json.loads(path.read_text())
+    problem = manifest_problem(manifest) if is_conversion_manifest(manifest) else None
+    if problem:
+        raise ValueError(problem)
+    return manifest
 
 
 def is_conversion_manifest(manifest) -> bool:
     """Whether a parsed manifest is one mla-convert wrote: an object with its tool name and files."""
     return isinstance(manifest, dict) and manifest.get("tool") == TOOL_NAME and isinstance(manifest.get("files"), dict)
+
+
+# The manifest's entries the commands read, and their types (those of earlier versions may be absent).
+_ENTRY_TYPES = {"status": str, "version": str, "source_fingerprint": str, "options": dict, "source": dict, "card": dict}
+_OPTION_TYPES = {"format": str, "target": str, "ignore": list, "card": bool}
+
+
+def manifest_problem(manifest) -> str | None:
+    """What makes a parsed manifest one the commands cannot read, in a few words naming the entry;
+    None for a manifest of mla-convert's (a damaged file reads as one line, never a traceback)."""
+    if not is_conversion_manifest(manifest):
+        return "no tool/files entries"
+    wrong = [k for k, kind in _ENTRY_TYPES.items() if manifest.get(k) is not None and not isinstance(manifest[k], kind)]
+    options = manifest.get("options") if not wrong else None
+    wrong += [
+        f"options.{k}" for k, kind in _OPTION_TYPES.items() if k in (options or {}) and not isinstance(options[k], kind)
+    ]
+    if wrong:
+        return f"{wrong[0]} {str(_entry(manifest, wrong[0]))[:60]!r} is not of its type"
+    for rel, meta in manifest["files"].items():  # an entry without size or sha256 is a failed check, not unreadable
+        size, sha = (meta.get("size", 0), meta.get("sha256", "")) if isinstance(meta, dict) else (None, None)
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(sha, str)):
+            return f"files[{rel!r}] must be an object with an integer size and a sha256 string, not {str(meta)[:60]!r}"
+    return None
+
+
+def _entry(manifest: dict, name: str):
+    top, _, option = name.partition(".")
+    return manifest[top][option] if option else manifest[top]
 
 
 def readable_manifest(out_dir: Path) -> dict | None:

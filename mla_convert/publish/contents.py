@@ -34,7 +34,7 @@ from mla_convert.constants import (
     PARAMS_JSON_NAME,
 )
 from mla_convert.errors import UploadError
-from mla_convert.output.manifest import is_conversion_manifest
+from mla_convert.output.manifest import manifest_problem
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
 
@@ -80,8 +80,9 @@ def read_contents(out_dir: Path) -> Contents:
         ) from e
     except (OSError, ValueError) as e:
         raise UploadError(f"{path}: unreadable conversion manifest ({e})") from e
-    if not is_conversion_manifest(manifest):
-        raise UploadError(f"{path}: not an mla-convert manifest (no tool/files entries)")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise UploadError(f"{path}: not an mla-convert manifest ({problem})")
     if manifest.get("status") != COMPLETE:
         raise UploadError(
             f"{root}: the conversion did not finish (manifest status {manifest.get('status')!r}); finish it with "

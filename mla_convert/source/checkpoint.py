@@ -148,7 +148,7 @@ def check_config(model: ModelConfig, path: Path) -> tuple[ModelLayout, SourceQua
     """Accept a supported MLA architecture with a quantization this tool reads; return its layout
     and the source's quantization (source.quantization)."""
     try:
-        layout = ModelLayout.of(model.text)
+        layout = ModelLayout.of(model.text, model.label)
     except FamilyError as e:
         raise SourceError(f"{path}: {model.where()}{e}") from e
     try:

@@ -44,6 +44,50 @@ MLA_KEYS = (
 )  # fmt: skip
 INDEXER_KEYS = ("index_n_heads", "index_head_dim")
 
+# What each config field the converter reads must be where the config has it (null: absent, the
+# default): an integer of at least N, a boolean, a string or a list. A config of another type is
+# refused before anything is written, naming the field, instead of converting into an output that
+# verify rejects (the MLA dims and the indexer's are required besides: ModelLayout.of).
+_POSITIVE, _COUNT = ("integer", 1), ("integer", 0)
+FIELD_TYPES = {
+    **dict.fromkeys(MLA_KEYS + INDEXER_KEYS, _POSITIVE),
+    **dict.fromkeys(("vocab_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank"), _POSITIVE),
+    **dict.fromkeys(("moe_layer_freq", "index_topk_freq", "index_topk"), _POSITIVE),
+    **dict.fromkeys(("num_nextn_predict_layers", "n_routed_experts", "n_shared_experts"), _COUNT),
+    **dict.fromkeys(("first_k_dense_replace", "index_skip_topk_offset"), _COUNT),
+    **dict.fromkeys(("tie_word_embeddings", "ssmax_scaling", "indexer_ssmax_scaling", "lerope"), ("boolean", None)),
+    **dict.fromkeys(("model_type", "topk_method"), ("string", None)),
+    "index_topk_pattern": ("string or list", None),  # one letter per layer ('S': shares the top-k)
+    **dict.fromkeys(
+        ("architectures", "mlp_layer_types", "indexer_types", "nope_layer_flags", "kv_source_layers"), ("list", None)
+    ),
+}
+_PYTHON_TYPE = {"boolean": bool, "string": str, "list": list, "string or list": (str, list)}
+
+
+def field_type_problem(config: dict, label=str) -> str | None:
+    """The first field of `config` (FIELD_TYPES) whose value the converter cannot interpret, as a
+    sentence naming it (`label`: the field as the member's config file spells it) and what it must
+    be; None when every one it has is of its type."""
+    for name, (kind, least) in FIELD_TYPES.items():
+        value = config.get(name)
+        if value is None:
+            continue
+        if kind == "integer":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= least
+            want = "a positive integer" if least == 1 else "a non-negative integer"
+        else:
+            ok, want = isinstance(value, _PYTHON_TYPE[kind]), f"a {kind}"
+        if not ok:
+            return f"{label(name)} {_short(value)} must be {want}"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 # Linear kinds. FP8_LINEAR: one that the member's FP8 releases quantize (DeepSeek's: attention
 # projections with the indexer's wq_b / wk, dense MLP, routed and shared experts; a member may keep
 # some of them 16-bit, Member.kept_16bit); a BF16 (or INT4) source's channel-FP8 conversion
@@ -110,8 +154,12 @@ class ModelLayout:
     moe_layers: frozenset[int] = frozenset()  # the layers with routed experts (the others: a dense MLP)
 
     @classmethod
-    def of(cls, config: dict) -> ModelLayout:
-        """Raises FamilyError for an unsupported architecture or a missing or non-integer dimension."""
+    def of(cls, config: dict, label=str) -> ModelLayout:
+        """Raises FamilyError for an unsupported architecture, a missing dimension or a field of
+        another type than the converter reads (`label`: a field as the config file spells it)."""
+        problem = field_type_problem(config, label)
+        if problem:
+            raise FamilyError(problem)
         arch = architecture_of(config)
         member = members.member_of(arch)
         refusal = member.refuse(config) if member.refuse is not None else None
@@ -120,7 +168,7 @@ class ModelLayout:
         keys = MLA_KEYS + (INDEXER_KEYS if member.indexer else ())
         missing = [k for k in keys if not _is_int(config.get(k))]
         if missing:
-            raise FamilyError(f"{arch} config lacks integer {', '.join(missing)}")
+            raise FamilyError(f"{arch} config lacks integer {', '.join(map(label, missing))}")
         q_lora = config.get("q_lora_rank")
         if q_lora is not None and not _is_int(q_lora):
             raise FamilyError(f"q_lora_rank {q_lora!r} must be an integer or null")

@@ -26,6 +26,11 @@ from mla_convert.source.family import DEEPSEEK_V3
 from mla_convert.source.naming import DEEPSEEK_NAMES, TensorNames
 
 QUANT_KEY = "quantization_config"
+# A directory with neither config.json nor a member's own layout (docs/troubleshooting.md lists it).
+NOT_A_CHECKPOINT = (
+    f"not a checkpoint directory: no {CONFIG_NAME} (nor a member's own layout, such as params.json "
+    "with consolidated shards)"
+)
 TEXT_CONFIG = "text_config"
 
 
@@ -103,6 +108,8 @@ def read_model_config(root: Path) -> ModelConfig:
     own = members.own_layout_of(root)
     if own is not None:
         return own.read_own_layout(root)
+    if not (root / CONFIG_NAME).exists():
+        raise SourceError(f"{root}: {NOT_A_CHECKPOINT}")
     raw, raw_bytes = read_json_object(root / CONFIG_NAME, CONFIG_NAME)
     member = members.wrapper_of(raw.get("architectures"))
     if member is None:

@@ -35,10 +35,12 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
     if not is_repo_id(source):
         raise SourceError(f"{source}: no such directory, and not a Hub repo id (owner/name)")
     if hub.offline():
-        return hub.cached_snapshot(source, revision)
+        with _nor_a_directory(source):
+            return hub.cached_snapshot(source, revision)
     # Snapshot by the user's ref (so the cache records it for offline use), then list exactly the
     # commit the snapshot resolved to: files and checksums cannot come from two commits.
-    root = hub.snapshot_ref(source, revision)
+    with _nor_a_directory(source):
+        root = hub.snapshot_ref(source, revision)
     repo = hub.list_repo(source, root.name)
     hub.check_snapshot(repo, root, sorted(f for f in repo.files if f.endswith(".safetensors")))
     return root
@@ -64,7 +66,26 @@ def open_planned_source(
         status(f"reading the headers of {source}")
         return open_source(resolve_source(source, revision)), None
     status(f"reading the file list and shard headers of {source} on the Hub")
-    repo = hub.list_repo(source, revision)
+    with _nor_a_directory(source):
+        repo = hub.list_repo(source, revision)
     temporary = tempfile.TemporaryDirectory(prefix="mla-convert-plan-", ignore_cleanup_errors=True)
     staging = Path(cleanup.enter_context(temporary))
     return open_source(staging, remote_headers=hub.prepare_staging(repo, staging)), repo
+
+
+@contextlib.contextmanager
+def _nor_a_directory(source: str):
+    """A SOURCE spelt OWNER/NAME that is no local directory and that the Hub cannot give: the
+    refusal says both, where the user may have meant a directory (its first part is one here, as in
+    a mistyped `data/DeepSeek-R1`) or the Hub has no such repo; else the Hub's reason alone."""
+    try:
+        yield
+    except SourceError as e:
+        from huggingface_hub import errors
+
+        first = Path(source).expanduser().parts[0]
+        if not (Path(first).is_dir() or isinstance(e.__cause__, errors.RepositoryNotFoundError)):
+            raise
+        reason = str(e).removeprefix(f"{source}: ")
+        where = Path(source).expanduser().absolute()
+        raise SourceError(f"{source}: no such directory ({where}), and as a Hub repo id: {reason}") from e

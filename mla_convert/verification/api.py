@@ -30,7 +30,7 @@ from pathlib import Path
 
 from mla_convert.constants import CONFIG_NAME, MANIFEST_NAME
 from mla_convert.errors import ConvertError, VerificationError
-from mla_convert.output.manifest import is_conversion_manifest
+from mla_convert.output.manifest import manifest_problem
 from mla_convert.plan.planner import make_plan
 from mla_convert.process import resources
 from mla_convert.results import VerifyReport
@@ -164,8 +164,9 @@ def _read_conversion_manifest(root: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise VerificationError(f"{path}: unreadable conversion manifest ({e})") from e
-    if not is_conversion_manifest(manifest):
-        raise VerificationError(f"{path}: not an mla-convert manifest (no tool/files entries)")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise VerificationError(f"{path}: not an mla-convert manifest ({problem})")
     return manifest
 
 

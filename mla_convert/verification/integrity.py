@@ -35,6 +35,8 @@ def check_source_identity(
         config = json.loads((root / plan.config_name).read_text())
     except (OSError, ValueError):
         return  # reported by the structure checks
+    if not isinstance(config, dict):
+        return  # reported by the structure checks too ("must be a JSON object")
     keys = sorted(k for k in set(config) | set(plan.config) if config.get(k) != plan.config.get(k))
     tally.expect(
         not keys,

@@ -22,6 +22,10 @@ Where things live, and how a test gets them:
 - `artifacts.py`: `write_artifacts` (MLA artifacts as mla-convert writes them, for given kv_b_proj
   weights; also used by scripts/bench_runtime.py) and `read_artifacts` (a layer's W_UK_T / W_UV
   read back whole); imported, since the test modules' own module-level helpers use them.
+- `mistral_layout.py`: `expected_output`, the slow reference of a conversion in Mistral's own layout
+  (Mistral-Large-3's and Large-4's tests); imported.
+- `serving_034.py`: `serve` (Mistral-Large-4 built by the vllm 0.34.0 stand-in over a model
+  directory) and `assert_served_from_artifacts`; imported, with the `v034` fixture.
 - `vllm_engine_run.py`: the script the vLLM tests run, one vLLM engine per subprocess (greedy
   tokens, logprobs, the layers' W_UK_T / W_UV), and the helpers that drive it (`engine_env`,
   `run_engine_process`, `plugin_lines`); the `vllm_installed` fixture fails the group without vLLM.

@@ -69,7 +69,7 @@ def _dsa(params: dict) -> dict:
     unknown = sorted(set(out) - set(_DSA_REQUIRED) - set(_DSA_OPTIONAL))
     if unknown:
         raise Large4Error(f"dsa has keys vLLM 0.34 does not read ({', '.join(unknown)}); it refuses such a config")
-    missing = [k for k in _DSA_REQUIRED if k not in out]
+    missing = [k for k in _DSA_REQUIRED if out.get(k) is None]  # null is no value of any of them
     if missing:
         raise Large4Error(f"dsa lacks {', '.join(missing)}; vLLM 0.34 needs each of them (ssmax_scaling too)")
     if out.get("index_rope_head_dim") not in (None, -1, params.get("qk_rope_head_dim")):
@@ -91,9 +91,11 @@ def _layer_lists(params: dict, layers: int, dsa: dict) -> tuple[list[bool], list
         raise Large4Error(f"kv_sharing {sharing!r} is not supported; vLLM 0.34 reads only source_layers_str")
     try:  # the runtime's reading, which the plugin checks the served model with
         flags, sources = model_configs.nope_layers(params), model_configs.kv_sources(params)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise Large4Error(f"{e}; vLLM 0.34 refuses it") from e
     spelt = dsa.get("index_sharing")
+    if spelt is not None and not isinstance(spelt, str):
+        raise Large4Error(f"dsa.sharing {spelt!r} must be a comma-separated pattern of 'full' / 'shared'")
     indexers = model_configs.tile(spelt.split(","), layers) if spelt else ["full"] * layers
     if set(indexers) - {"full", "shared"} or indexers[0] != "full":
         raise Large4Error(f"dsa.sharing {spelt!r} must tile 'full' / 'shared' with layer 0 full, as vLLM 0.34 needs")
@@ -112,6 +114,10 @@ def text_config(params: dict) -> dict:
     if (moe.get("num_expert_groups") or 1) != 1:
         raise Large4Error(f"moe.num_expert_groups {moe['num_expert_groups']}: grouped top-k is not supported")
     dsa = _dsa(params)
+    for name, value in (("ssmax_scaling", params.get("ssmax_scaling")), ("lerope", params.get("lerope")),
+                        ("dsa.ssmax_scaling", dsa["indexer_ssmax_scaling"])):  # fmt: skip
+        if value is not None and not isinstance(value, bool):
+            raise Large4Error(f"{name} {value!r} must be a boolean")
     cfg = large3.text_config(params)
     layers = cfg.get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
@@ -188,7 +194,8 @@ def read_layout(root: Path) -> ModelConfig:
     return ModelConfig(
         PARAMS_JSON_NAME, params, raw_bytes, text, names, _ARCH, quant_at=(None,) if QUANT_KEY in params else (),
         index_name=CONSOLIDATED_INDEX_NAME, single_file_name=CONSOLIDATED_SINGLE_FILE_NAME,
-        field_label=large3.PARAMS_FIELD | {"index_n_heads": "dsa.n_heads", "index_head_dim": "dsa.head_dim"},
+        field_label=large3.PARAMS_FIELD
+        | {"index_n_heads": "dsa.n_heads", "index_head_dim": "dsa.head_dim", "index_topk": "dsa.topk"},
         # its other parts, copied as they are: a vision encoder, the DSpark draft
         vision=large3.has_vision(params) or _has_draft(params),
     )  # fmt: skip
