@@ -11,7 +11,7 @@ from pathlib import Path
 from mla_convert.constants import COMPLETE, LOCK_NAME, MANIFEST_NAME, STAGING_DIR_NAME
 from mla_convert.errors import OutputError
 from mla_convert.output import out_dir as out
-from mla_convert.output.journal import JobFiles, check_resumable, remove_partials, resumable_jobs
+from mla_convert.output.journal import Held, JobFiles, check_resumable, remove_partials, resumable_jobs
 from mla_convert.output.manifest import readable_manifest
 from mla_convert.settings import RunSettings
 from mla_convert.units import gb
@@ -44,10 +44,14 @@ class Conversion:
     writes: set[str]
 
 
-def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings) -> OutputState:
+def inspect_output(
+    conversion: Conversion, out_dir: Path, settings: RunSettings, held: Held | None = None
+) -> OutputState:
     """Refuse an --out that cannot be used, before anything is written (a --resume only removes
     the partial files an interrupted run left). A dry run refuses the same, and changes nothing:
-    a --resume's partial files stay, and its journaled files are counted by size, not re-hashed."""
+    a --resume's partial files stay, and its journaled files are counted by size, not re-hashed.
+    `held`: what the Hub's branch holds (path -> size, sha256), where the run uploads: a journaled
+    file there at its recorded size and sha256 is kept though gone from --out."""
     out.check_writable(out_dir)
     if conversion.src_root is not None:
         out.check_location(out_dir, conversion.src_root)
@@ -57,7 +61,7 @@ def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings)
         manifest = check_resumable(out_dir, conversion.options, conversion.fingerprint)
         if not settings.dry_run:
             remove_partials(out_dir)
-        kept = resumable_jobs(out_dir, manifest, conversion.job_outputs, rehash=not settings.dry_run)
+        kept = resumable_jobs(out_dir, manifest, conversion.job_outputs, rehash=not settings.dry_run, held=held)
         return OutputState(kept)
     if out.is_empty(out_dir) or (settings.resume and _only_staging(out_dir)):
         return OutputState({})

@@ -9,7 +9,9 @@ manifest. Until that call lands the repo holds no config, so nothing loads a hal
 `read_contents` refuses a directory whose manifest is not a finished conversion's, that lacks a
 file it lists (or holds it at another size), or that holds any file it does not list, hidden
 ones too (a `.partial` file, a journal, a staging directory): the directory is not what was
-converted. It reads sizes only; verify's checks (publish.upload) read the bytes.
+converted. A file `convert --upload` committed to a repo and then deleted here is not lacking: the
+journal (output.journal) records where it is, and the directory keeps that journal. It reads sizes
+only; verify's checks (publish.upload) read the bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mla_convert.constants import (
     CONFIG_NAME,
     CONSOLIDATED_INDEX_NAME,
     INDEX_NAME,
+    JOURNAL_NAME,
     LOCK_NAME,
     MANIFEST_NAME,
     MLA_DIR_NAME,
@@ -34,6 +37,7 @@ from mla_convert.constants import (
     PARAMS_JSON_NAME,
 )
 from mla_convert.errors import UploadError
+from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.output.manifest import is_conversion_manifest
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
@@ -51,6 +55,7 @@ class UploadFile:
     rel: str  # relative to the directory, "/"-separated: also its path in the repo
     size: int
     sha256: str  # as the manifest records it (for the manifest itself: computed here)
+    sent_to: FileRecord | None = None  # committed by `convert --upload` (its repo, branch, commit): maybe deleted here
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,11 @@ class Contents:
 
     def by_rel(self) -> dict[str, UploadFile]:
         return {f.rel: f for f in self.files}
+
+    @property
+    def sent(self) -> tuple[UploadFile, ...]:
+        """The files `convert --upload` committed (and may have deleted here)."""
+        return tuple(f for f in self.files if f.sent_to is not None)
 
 
 def read_contents(out_dir: Path) -> Contents:
@@ -87,7 +97,7 @@ def read_contents(out_dir: Path) -> Contents:
             f"{root}: the conversion did not finish (manifest status {manifest.get('status')!r}); finish it with "
             "`mla-convert convert ... --resume` first"
         )
-    listed = _listed(root, manifest["files"])
+    listed = _with_lifecycle(_listed(root, manifest["files"]), Journal(root).files())
     _check_directory(root, listed)
     own = UploadFile(MANIFEST_NAME, path.stat().st_size, _sha256(path))
     return Contents(root, manifest, (*upload_order(listed), own))
@@ -108,8 +118,20 @@ def _listed(root: Path, files: dict) -> list[UploadFile]:
     return out
 
 
+def _with_lifecycle(listed: list[UploadFile], lifecycle: dict[str, FileRecord]) -> list[UploadFile]:
+    """The listed files, those the journal records as committed at the manifest's size and sha256
+    marked as sent (where to is in the record)."""
+    out = []
+    for f in listed:
+        record = lifecycle.get(f.rel)
+        sent = record is not None and record.on_hub and (record.size, record.sha256) == (f.size, f.sha256)
+        out.append(UploadFile(f.rel, f.size, f.sha256, record) if sent else f)
+    return out
+
+
 def _check_directory(root: Path, listed: list[UploadFile]) -> None:
-    """Every listed file there at its size, and nothing else (hidden files included)."""
+    """Every listed file there at its size (but those sent and deleted here), and nothing else
+    (hidden files included; the journal where it records files sent)."""
     on_disk = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -117,12 +139,15 @@ def _check_directory(root: Path, listed: list[UploadFile]) -> None:
             full = os.path.join(dirpath, name)
             on_disk[os.path.relpath(full, root).replace(os.sep, "/")] = os.lstat(full).st_size
     expected = {f.rel: f.size for f in listed}
-    unlisted = sorted(set(on_disk) - set(expected) - {MANIFEST_NAME, LOCK_NAME})  # LOCK_NAME: this upload's own
+    sent = {f.rel for f in listed if f.sent_to is not None}
+    own = {MANIFEST_NAME, LOCK_NAME} | ({JOURNAL_NAME} if sent else set())
+    unlisted = sorted(set(on_disk) - set(expected) - own)  # LOCK_NAME: this upload's own
     if unlisted:
         raise UploadError(
             f"{root}: holds {some(unlisted)} that its manifest does not list; not uploaded: move "
             f"{'it' if len(unlisted) == 1 else 'them'} out of the directory (it must be what was converted)"
         )
+    expected = {rel: size for rel, size in expected.items() if not (rel in sent and rel not in on_disk)}
     missing = [rel for rel in expected if rel not in on_disk]
     if missing:
         raise UploadError(f"{root}: lacks {some(missing)} that its manifest lists; not uploaded")

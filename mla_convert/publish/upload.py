@@ -105,8 +105,11 @@ def prepare(
     _compare_with_hub(job, remote, options.create, options.overwrite)
     if CARD_NAME in contents.by_rel():
         remote.validate_card(contents.root / CARD_NAME)
+    gone = [f.rel for f in contents.sent if not (contents.root / f.rel).exists()]
     if options.skip_verify:
         job.verified = "skipped (--skip-verify)"
+    elif gone:  # the directory is not all here: its files were checked one by one before they were sent
+        job.verified = f"by `convert --upload`, each file before it was sent ({len(gone)} sent and deleted here)"
     else:
         status(f"checking {out_dir}: structure and integrity")
         job.verified = _verify(contents.root, check_progress)
@@ -144,6 +147,7 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
         if not create:
             raise UploadError(f"{job.repo_id}: no such model repo on the Hub (or the token cannot see it); "
                               "pass --create to make it")  # fmt: skip
+        _check_sent(job, {}, where)
         job.missing = ("repo",) if job.revision == "main" else ("repo", "branch")
         return
     if job.private and not private:
@@ -155,6 +159,7 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
     if held is None:
         if not create:
             raise UploadError(f"{where}: no such branch; pass --create to make it (from main)")
+        _check_sent(job, {}, where)
         job.missing = ("branch",)
         return
     local = job.contents.by_rel()
@@ -169,6 +174,7 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
             on_hub.add(path)
         else:
             differ.append(path)
+    _check_sent(job, held, where)
     if (differ or foreign) and not overwrite:
         what = "; ".join(
             x for x in (f"{some(differ)} differ from this directory's" if differ else "",
@@ -181,12 +187,26 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
     job.on_hub, job.deletions = frozenset(on_hub), tuple(foreign)
 
 
+def _check_sent(job: UploadJob, held: dict[str, R.RemoteFile], where: str) -> None:
+    """Each file `convert --upload` committed and deleted here must be on this branch, as it was
+    committed: it cannot be sent again from here."""
+    for f in job.contents.sent:
+        rf = held.get(f.rel)
+        if (job.contents.root / f.rel).exists() or (rf is not None and rf.size == f.size and rf.sha256 == f.sha256):
+            continue
+        to = f.sent_to
+        raise UploadError(
+            f"{job.contents.root / f.rel}: committed to {to.repo} (branch {to.revision}) by `convert --upload` and "
+            f"deleted here, and {where} does not hold it; upload to that repo, or convert again"
+        )
+
+
 def _same(path: Path, f: C.UploadFile, rf: R.RemoteFile) -> bool:
     if rf.size != f.size:
         return False
     if rf.sha256 is not None:
         return rf.sha256 == f.sha256
-    return rf.blob_id is not None and C.git_blob_sha1(path) == rf.blob_id
+    return rf.blob_id is not None and path.is_file() and C.git_blob_sha1(path) == rf.blob_id
 
 
 def _verify(root: Path, progress: ProgressFactory | None) -> str:
