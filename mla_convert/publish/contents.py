@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mla_convert.constants import (
@@ -56,6 +56,7 @@ class UploadFile:
     size: int
     sha256: str  # as the manifest records it (for the manifest itself: computed here)
     sent_to: FileRecord | None = None  # committed by `convert --upload` (its repo, branch, commit): maybe deleted here
+    data: bytes | None = field(default=None, repr=False, compare=False)  # its bytes, where not yet written (rewritten)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,19 @@ def read_contents(out_dir: Path) -> Contents:
     _check_directory(root, listed)
     own = UploadFile(MANIFEST_NAME, path.stat().st_size, _sha256(path))
     return Contents(root, manifest, (*upload_order(listed), own))
+
+
+def rewritten(contents: Contents, card: str, manifest: bytes) -> Contents:
+    """`contents` as they will be once the card (README.md) and the manifest recording it are
+    written with these bytes (each file's `data`): nothing is written here."""
+    data = {CARD_NAME: card.encode(), MANIFEST_NAME: manifest}
+    files = tuple(
+        replace(f, size=len(data[f.rel]), sha256=hashlib.sha256(data[f.rel]).hexdigest(), data=data[f.rel])
+        if f.rel in data
+        else f
+        for f in contents.files
+    )
+    return Contents(contents.root, json.loads(manifest), files)
 
 
 def _listed(root: Path, files: dict) -> list[UploadFile]:
@@ -192,8 +206,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def git_blob_sha1(path: Path) -> str:
-    """The git object id of a file's bytes: how the Hub names a file it does not keep in LFS."""
+def git_blob_sha1(path: Path, data: bytes | None = None) -> str:
+    """The git object id of a file's bytes (`data`, where given): how the Hub names a file it does
+    not keep in LFS."""
+    if data is not None:
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):

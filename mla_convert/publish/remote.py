@@ -34,14 +34,20 @@ class RemoteFile:
     blob_id: str | None  # the git object id of a file kept in git
 
 
-def check_token() -> None:
+class Unreachable(UploadError):
+    """The Hub cannot be reached at all (offline mode, no network, a refused connection)."""
+
+
+def token_problem() -> str | None:
+    """Why there is no token to upload with, or None."""
     from huggingface_hub import get_token
 
     if get_token() is None:
-        raise UploadError(
+        return (
             "no Hugging Face token: set HF_TOKEN, or log in with `hf auth login`; uploading needs a token with "
             "write access to the repo"
         )
+    return None
 
 
 def endpoint() -> str:
@@ -93,13 +99,14 @@ class Remote:
         with hub_errors(self.repo_id, WRITE):
             self.api.create_branch(self.repo_id, branch=self.revision, exist_ok=True)
 
-    def validate_card(self, path: Path) -> None:
-        """The card's metadata as the Hub's own validation sees it, before any byte goes up."""
+    def validate_card(self, path: Path, text: str) -> None:
+        """The card's metadata (`text`, to be written at `path`) as the Hub's own validation sees
+        it, before any byte goes up."""
         from huggingface_hub import ModelCard, errors
 
         with hub_errors(self.repo_id, READ):
             try:
-                ModelCard.load(path).validate()
+                ModelCard(text).validate()
             except ValueError as e:  # the Hub's 400: its answer is the message
                 if isinstance(e, errors.HfHubHTTPError):
                     raise
@@ -130,7 +137,22 @@ def hub_errors(repo_id: str, doing: str):
         line = classify(e, repo_id, doing)
         if line is None:
             raise
-        raise UploadError(line) from e
+        raise (Unreachable if _unreachable(e) else UploadError)(line) from e
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether `e` (or a cause) says the Hub is not there: offline mode, the transport's errors."""
+    from huggingface_hub import errors
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+            return False  # the Hub answered
+        if isinstance(e, (errors.OfflineModeIsEnabled, ConnectionError, TimeoutError, *network_errors())):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def classify(e: BaseException, repo_id: str, doing: str) -> str | None:

@@ -3,11 +3,14 @@
     job = prepare("/data/R1-channel-fp8", "org/R1-channel-fp8", UploadOptions(create=True))  # every check
     result = run(job)                                                                        # the commits
 
-`prepare` does everything that can refuse the upload before any byte goes up: the directory is
-exactly what its manifest lists (publish.contents); the Hub has the repo and branch (or --create
-will make them), and what the branch holds is either this upload's files already (a resume: they
-are skipped) or another model's (refused unless --overwrite); the Hub accepts the card's
-metadata; and verify's structure and integrity checks pass (every file hashed; --skip-verify).
+`prepare` does everything that can refuse the upload before any byte goes up, and before it
+writes anything: the directory is exactly what its manifest lists (publish.contents); there is a
+token and the Hub answers (both named at once when neither holds); the Hub has the repo and branch
+(or --create will make them), and what the branch holds is either this upload's files already (a
+resume: they are skipped) or another model's (refused unless --overwrite); the Hub accepts the
+card's metadata; and verify's structure and integrity checks pass (every file hashed;
+--skip-verify). Only then is the card written for the repo (and recorded in the manifest), as it
+was compared with the branch.
 
 `run` makes the repo and the branch if asked, then hands the files the branch does not hold at the
 same sha256 to the client's own upload_folder, in two calls (publish.contents): the data, then
@@ -89,22 +92,18 @@ def prepare(
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
         job.card, job.base_model_hint = _card_state(contents, repo_id, written=False)
         return job
-    R.check_token()
-    if (contents.manifest.get("options") or {}).get("card"):
-        # The card names the repo (download and serve lines), recorded in the directory before any
-        # byte goes up, so that the directory and the repo hold the same card.
-        written = render_card(contents.root, repo_id=repo_id, revision=revision).changed
-        contents = C.read_contents(Path(out_dir))
-    else:
-        written = False
-    commits = C.commits_of(list(contents.files))
-    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
-    job.card, job.base_model_hint = _card_state(contents, repo_id, written)
     status(f"asking the Hub about {repo_id}")
     remote = R.Remote(repo_id, revision)
-    _compare_with_hub(job, remote, options.create, options.overwrite)
-    if CARD_NAME in contents.by_rel():
-        remote.validate_card(contents.root / CARD_NAME)
+    private, held = hub_state(remote)
+    # The card names the repo (download and serve lines): the directory and the repo hold the same
+    # card, written here only once nothing can refuse the upload; until then, as it will be.
+    card = _card_for(contents, repo_id, revision)
+    planned = contents if card is None or not card.changed else C.rewritten(contents, card.text, card.manifest)
+    job = UploadJob(planned, repo_id, revision, options.private, False, C.commits_of(list(planned.files)))
+    job.card, job.base_model_hint = _card_state(planned, repo_id, card is not None and card.changed)
+    _compare_with_hub(job, private, held, options.create, options.overwrite)
+    if card is not None:
+        remote.validate_card(contents.root / CARD_NAME, card.text)
     gone = [f.rel for f in contents.sent if not (contents.root / f.rel).exists()]
     if options.skip_verify:
         job.verified = "skipped (--skip-verify)"
@@ -113,7 +112,43 @@ def prepare(
     else:
         status(f"checking {out_dir}: structure and integrity")
         job.verified = _verify(contents.root, check_progress)
+    if card is not None and card.changed:
+        render_card(contents.root, repo_id=repo_id, revision=revision)
+        job.contents = C.read_contents(contents.root)
+        if _listing(job.contents) != _listing(planned):
+            raise UploadError(f"{contents.root}: changed while it was checked; run the command again")
     return job
+
+
+def _listing(contents: C.Contents) -> list[tuple[str, int, str]]:
+    return [(f.rel, f.size, f.sha256) for f in contents.files]
+
+
+def hub_state(remote: R.Remote) -> tuple[bool | None, dict[str, R.RemoteFile] | None]:
+    """(whether the repo is private, None: no such repo; what the branch holds, None: no such
+    branch). Without a token the Hub is only asked whether it answers (the repo may be one the
+    token would see): no token and no Hub are both said, in one line."""
+    token = R.token_problem()
+    try:
+        private = remote.visibility()
+        held = remote.files() if private is not None and token is None else None
+    except R.Unreachable as e:
+        raise UploadError("; also, ".join(x for x in (token, str(e)) if x)) from e
+    except UploadError:
+        if token is None:
+            raise
+        private, held = None, None
+    if token is not None:
+        raise UploadError(token)
+    return private, held
+
+
+def _card_for(contents: C.Contents, repo_id: str, revision: str):
+    """The card as it will be written for `repo_id` (output.card.RenderedCard, nothing written);
+    None for a conversion with --no-card (the source's README goes up as it is)."""
+    if not (contents.manifest.get("options") or {}).get("card"):
+        return None
+    return render_card(contents.root, repo_id=repo_id, revision=revision, write=False)
 
 
 def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
@@ -138,11 +173,12 @@ def _check_names(repo_id: str, revision: str | None) -> str:
     return revision
 
 
-def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite: bool) -> None:
-    """What the branch holds: this upload's files (skipped), or another model's (refused unless
-    --overwrite, when the last commit deletes what the manifest does not list)."""
+def _compare_with_hub(
+    job: UploadJob, private: bool | None, held: dict[str, R.RemoteFile] | None, create: bool, overwrite: bool
+) -> None:
+    """What the branch holds (`hub_state`): this upload's files (skipped), or another model's
+    (refused unless --overwrite, when the last commit deletes what the manifest does not list)."""
     where = f"{job.repo_id} (branch {job.revision})"
-    private = remote.visibility()
     if private is None:
         if not create:
             raise UploadError(f"{job.repo_id}: no such model repo on the Hub (or the token cannot see it); "
@@ -155,7 +191,6 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
             f"{job.repo_id} exists and is public; --private does not change that: make it private on the Hub "
             "first, or leave out --private"
         )
-    held = remote.files()
     if held is None:
         if not create:
             raise UploadError(f"{where}: no such branch; pass --create to make it (from main)")
@@ -206,7 +241,9 @@ def _same(path: Path, f: C.UploadFile, rf: R.RemoteFile) -> bool:
         return False
     if rf.sha256 is not None:
         return rf.sha256 == f.sha256
-    return rf.blob_id is not None and path.is_file() and C.git_blob_sha1(path) == rf.blob_id
+    if rf.blob_id is None or not (f.data is not None or path.is_file()):
+        return False
+    return C.git_blob_sha1(path, f.data) == rf.blob_id
 
 
 def _verify(root: Path, progress: ProgressFactory | None) -> str:
