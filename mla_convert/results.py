@@ -191,7 +191,7 @@ class UploadResult:
     dry_run: bool
     files: int  # the manifest's files and the manifest: what the branch holds once done
     bytes: int
-    uploaded_files: int  # sent by this run (a dry run: to send, nothing being known of the Hub)
+    uploaded_files: int  # sent by this run (a dry run: none)
     uploaded_bytes: int
     skipped_files: int  # on the branch already, with the same sha256
     skipped_bytes: int
@@ -203,6 +203,8 @@ class UploadResult:
     plan: tuple[dict, ...] = ()  # each commit's files, {"commit": n, "path", "size"}, in upload order
     card: str | None = None  # "written for REPO_ID", "already written for REPO_ID"; None: no card of its own
     base_model_hint: str | None = None  # the card names no base model: how to set it, one line
+    would_upload_files: int | None = None  # a dry run: what it would send, nothing being known of the Hub
+    would_upload_bytes: int | None = None
 
     def to_json(self) -> dict:
         out = _present(self)

@@ -150,8 +150,12 @@ def test_dry_run_lists_files_and_bytes_and_asks_the_hub_nothing(hub, out):
     r = cli(out, REPO, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["card"] == f"to be written for {REPO}" and (out / "README.md").read_bytes() == card
-    plan = json.loads(r.stdout)["plan"]
+    summary = json.loads(r.stdout)
+    plan = summary["plan"]
     assert {p["path"] for p in plan} == set(expected_tree(out))
+    # Nothing was sent; what would be is said under its own name.
+    assert summary["uploaded_files"] == 0 and summary["uploaded_bytes"] == 0 and summary["commits"] == []
+    assert summary["would_upload_files"] == len(plan) and summary["would_upload_bytes"] == sum(p["size"] for p in plan)
     assert all(p["size"] == (out / p["path"]).stat().st_size for p in plan)
     assert plan[-1]["path"] == MANIFEST_NAME and plan[0]["path"].startswith("model-0000")
     assert hub.requests == []

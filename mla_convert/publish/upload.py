@@ -337,10 +337,10 @@ def _result(job: UploadJob, seconds: float | None) -> UploadResult:
     return UploadResult(
         dir=str(job.contents.root), repo=job.repo_id, revision=job.revision, url=url, dry_run=job.dry_run,
         files=len(files), bytes=job.contents.bytes,
-        uploaded_files=len(sent) if job.dry_run else job.sent_files,
-        uploaded_bytes=sum(f.size for f in sent) if job.dry_run else job.sent_bytes,
+        uploaded_files=job.sent_files, uploaded_bytes=job.sent_bytes,
         skipped_files=len(skipped), skipped_bytes=sum(f.size for f in skipped), commits=tuple(job.done),
         deleted=job.deleted, created=job.missing if not job.dry_run else (),
         verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (), card=job.card,
-        base_model_hint=job.base_model_hint,
+        base_model_hint=job.base_model_hint, would_upload_files=len(sent) if job.dry_run else None,
+        would_upload_bytes=sum(f.size for f in sent) if job.dry_run else None,
     )  # fmt: skip
