@@ -36,7 +36,7 @@ class ConversionResult:
     bytes_in: int
     bytes_out_model: int
     bytes_out_mla: int
-    disk_needed: int  # output shards, artifacts and side files
+    bytes_out: int  # the whole output: shards, artifacts and side files
     ignored_modules: int  # entries of the output config's ignore list
     # Each --ignore pattern -> the linears it left unquantized (plan.ignore); None without --ignore.
     # Keyword-only, so that it sits with the plan's fields in to_json and still has a default.
@@ -48,9 +48,9 @@ class ConversionResult:
     # A Hub source.
     hub_commit: str | None = None
     download_bytes: int | None = None
-    disk_needed_download_then_convert: int | None = None
-    disk_needed_stream: int | None = None
-    # Free space (output.preflight.space).
+    disk_required_download_then_convert: int | None = None  # on --out's filesystem, each way
+    disk_required_stream: int | None = None
+    # Free space (output.preflight.space): what this run needs on --out's filesystem, and has.
     disk_required: int | None = None
     disk_free: int | None = None
     disk_freed_by_overwrite: int | None = None

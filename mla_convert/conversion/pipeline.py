@@ -263,14 +263,14 @@ class _Conversion:
 
 def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
     shard_sizes = sorted((f.size or 0 for p, f in repo.files.items() if p.endswith(".safetensors")), reverse=True)
-    out = plan.summary()["disk_needed"]
+    out = plan.summary()["bytes_out"]
     return {
         "hub_commit": repo.commit,
         "download_bytes": sum(f.size or 0 for f in repo.files.values()),
         # Download then convert: the whole source and the output side by side.
-        "disk_needed_download_then_convert": out + sum(shard_sizes),
+        "disk_required_download_then_convert": out + sum(shard_sizes),
         # --stream: the output plus the shards of the jobs in flight and prefetched (and a partner).
-        "disk_needed_stream": out + sum(shard_sizes[: workers + 2]),
+        "disk_required_stream": out + sum(shard_sizes[: workers + 2]),
     }
 
 

@@ -102,7 +102,7 @@ def space(
     in flight count; a download to a Hub cache on the same filesystem counts), what --overwrite
     frees there first, and a download's own numbers when the cache is elsewhere. `download`: the
     bytes of a Hub source not yet in the cache `cache` (None: nothing is downloaded up front)."""
-    needed = summary["disk_needed_stream"] if settings.stream else summary["disk_needed"]
+    needed = summary["disk_required_stream"] if settings.stream else summary["bytes_out"]
     numbers = {"disk_required": max(0, needed - state.kept_bytes), "disk_free": out.disk_free(out_dir)}
     if state.earlier is not None:
         numbers["disk_freed_by_overwrite"] = state.earlier.nbytes
