@@ -74,6 +74,23 @@ class ConversionResult:
     source_fingerprint: str | None = None
     base_model: str | None = None  # the card's base_model (a Hub model id); None: none, or no card
     base_model_hint: str | None = None  # a card without base_model: how to set it, one line
+    # convert --upload (publish.hub_to_hub): where, within which disk budget, and how each stage went.
+    upload_repo: str | None = None
+    upload_revision: str | None = None  # the branch
+    upload_url: str | None = None
+    disk_budget: int | None = None  # --max-disk (or its default): source shards and output files at once
+    disk_budget_min: int | None = None  # the smallest budget that works (one job at a time)
+    disk_peak_planned: int | None = None  # the most the run may hold at once: the budget, or all of it if less
+    disk_peak: int | None = None  # the most it held (reserved) at once; never above disk_budget
+    checked_files: int | None = None  # files checked as verify --source checks them, before they were sent
+    uploaded_files: int | None = None  # committed by this run
+    uploaded_bytes: int | None = None
+    skipped_files: int | None = None  # on the branch already at their sha256 (a --resume): not sent
+    skipped_bytes: int | None = None
+    commits: tuple[str, ...] | None = None  # the commit ids this run made, in order; the last holds the config
+    created: tuple[str, ...] | None = None  # "repo", "branch": what --create made
+    deleted: tuple[str, ...] | None = None  # another model's files the last commit removed (--overwrite)
+    stage_seconds: dict[str, float] | None = None  # download, convert, check, upload: each stage's busy seconds
 
     def to_json(self) -> dict:
         return _present(self)

@@ -95,15 +95,23 @@ def prepare(out_dir: Path, state: OutputState) -> None:
 
 
 def space(
-    summary: dict, out_dir: Path, settings: RunSettings, state: OutputState, download: int | None, cache: Path | None
+    summary: dict,
+    out_dir: Path,
+    settings: RunSettings,
+    state: OutputState,
+    download: int | None,
+    cache: Path | None,
+    budget: int | None = None,
 ) -> dict:
     """The free-space numbers of this run (summary entries): `disk_required` of `disk_free` on
     --out's filesystem (what --resume keeps is not needed again; with --stream, the source shards
     in flight count; a download to a Hub cache on the same filesystem counts), what --overwrite
     frees there first, and a download's own numbers when the cache is elsewhere. `download`: the
-    bytes of a Hub source not yet in the cache `cache` (None: nothing is downloaded up front)."""
+    bytes of a Hub source not yet in the cache `cache` (None: nothing is downloaded up front).
+    `budget`: the most a `convert --upload` run holds there (what it keeps included)."""
     needed = summary["disk_required_stream"] if settings.stream else summary["bytes_out"]
-    numbers = {"disk_required": max(0, needed - state.kept_bytes), "disk_free": out.disk_free(out_dir)}
+    needed = max(0, needed - state.kept_bytes) if budget is None else budget
+    numbers = {"disk_required": needed, "disk_free": out.disk_free(out_dir)}
     if state.earlier is not None:
         numbers["disk_freed_by_overwrite"] = state.earlier.nbytes
     if download is not None and cache is not None:
@@ -120,6 +128,12 @@ def check_room(numbers: dict, out_dir: Path, settings: RunSettings) -> None:
         return
     freed = numbers.get("disk_freed_by_overwrite", 0)
     available = numbers["disk_free"] + freed
+    if numbers["disk_required"] > available and numbers.get("disk_budget") is not None:
+        raise OutputError(
+            f"{out_dir}: --max-disk {gb(numbers['disk_budget'])} is more than its filesystem has free "
+            f"({gb(available)}); give a smaller --max-disk (this conversion needs at least "
+            f"{gb(numbers['disk_budget_min'])}), or free some space"
+        )
     if numbers["disk_required"] > available:
         freed = f" (with the {gb(freed)} that --overwrite frees)" if freed else ""
         raise OutputError(

@@ -12,11 +12,13 @@ over its LFS transfer.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mla_convert.errors import UploadError, network_errors
-from mla_convert.source.hub import http_error_line
+from mla_convert.source.hub import RETRY_WAITS, http_error_line, retrying, transient
 
 RESUMES = "run the same command again: what is on the Hub already is not sent again"
 QUOTA_WORDS = ("storage", "quota", "limit reached", "exceeded")
@@ -111,6 +113,40 @@ class Remote:
                 if isinstance(e, errors.HfHubHTTPError):
                     raise
                 raise UploadError(f"{path}: the Hub refuses this model card's metadata ({_card_errors(e)})") from e
+
+    def head(self) -> str:
+        """The branch's last commit."""
+        with hub_errors(self.repo_id, READ):
+            return retrying(lambda: self.api.repo_info(self.repo_id, revision=self.revision).sha)
+
+    def preupload(self, ops: list) -> None:
+        """The client's preupload of `ops` (CommitOperationAdd, each with its sha256 set: nothing is
+        hashed again): an LFS file's bytes into the Hub's storage, not yet in a commit; a small file
+        only told apart (its bytes go with the commit). Tried again while it fails transiently."""
+        with hub_errors(self.repo_id, WRITE):
+            retrying(lambda: self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=self.revision))
+
+    def commit(self, ops: list, deletions: list[str], message: str, landed: Callable[[], bool]) -> str:
+        """One commit of `ops` (preuploaded) and `deletions`; its id. Tried again while it fails
+        transiently, unless `landed()` says the branch holds it already (its answer was lost)."""
+        from huggingface_hub import CommitOperationDelete
+
+        operations = [*ops, *(CommitOperationDelete(p) for p in deletions)]
+        with hub_errors(self.repo_id, WRITE):
+            for wait in (*RETRY_WAITS, None):
+                try:
+                    info = self.api.create_commit(
+                        self.repo_id, operations=operations, commit_message=message, revision=self.revision
+                    )
+                    return info.oid
+                except Exception as e:
+                    asked = transient(e)
+                    if wait is None or asked is None:
+                        raise
+                    time.sleep(max(wait, asked))
+                    if landed():
+                        return self.api.repo_info(self.repo_id, revision=self.revision).sha
+        raise AssertionError("unreachable")
 
     def upload_files(self, root: Path, rels: list[str], deletions: list[str], message: str) -> str:
         """`rels` (paths relative to `root`, as in the repo) sent and committed by the client's

@@ -84,7 +84,7 @@ def prepare(
     for verify's reading of every file."""
     status = status or (lambda message: None)
     options = options or UploadOptions()
-    revision = _check_names(repo_id, options.revision)
+    revision = check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))
     if options.dry_run:
@@ -164,7 +164,7 @@ def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str 
     return card, None if base else BASE_MODEL_HINT.replace("DIR", str(contents.root), 1)
 
 
-def _check_names(repo_id: str, revision: str | None) -> str:
+def check_names(repo_id: str, revision: str | None) -> str:
     if not is_repo_id(repo_id):
         raise UploadError(f"REPO_ID {repo_id!r}: expected OWNER/NAME, a model repo on the Hub")
     revision = revision or "main"

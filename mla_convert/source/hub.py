@@ -1,6 +1,8 @@
 """Hub sources through huggingface_hub: resolve a repo id to one commit, list its files with size
 and sha256, read shard headers by range request, download shards and check their sha256, and
-stream shards for --stream (fetch in plan order, delete each once nothing pending needs it).
+stream shards for --stream (fetch in plan order, delete each once nothing pending needs it, within
+a disk budget where one is given). A download that fails for the network, a 5xx or a 429 is tried
+again after a wait (`RETRY_WAITS`, or the Hub's Retry-After); anything else is one line.
 
 Token, cache, endpoint and offline mode are huggingface_hub's own (HF_TOKEN, HF_HOME,
 HF_ENDPOINT, HF_HUB_OFFLINE).
@@ -12,6 +14,8 @@ import contextlib
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +85,48 @@ def http_error_line(e) -> str:
     if request_id and request_id not in line:
         line += f" (request id {request_id})"
     return line
+
+
+RETRY_WAITS = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before each new try of a request that failed transiently
+TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
+
+
+def transient(e: BaseException | None) -> float | None:
+    """How long the Hub asks to wait before `e`'s request is tried again (0: no time given), or
+    None when trying again will not help: `e` or a cause is a timeout, a network error, a 5xx or a
+    429 (with its Retry-After)."""
+    from huggingface_hub import errors
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, errors.OfflineModeIsEnabled):
+            return None
+        if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+            if e.response.status_code not in TRANSIENT_STATUSES:
+                return None
+            try:
+                return float(e.response.headers.get("retry-after") or 0)
+            except ValueError:
+                return 0.0
+        if isinstance(e, (ConnectionError, TimeoutError, *network_errors())):
+            return 0.0
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def retrying(call: Callable[[], object], waits: tuple[float, ...] | None = None) -> object:
+    """`call()`, tried again after each wait of `waits` (default RETRY_WAITS) while it fails
+    transiently (`transient`); the last failure, or one that is not transient, is raised."""
+    for wait in (*(RETRY_WAITS if waits is None else waits), None):
+        try:
+            return call()
+        except Exception as e:
+            asked = transient(e)
+            if wait is None or asked is None:
+                raise
+            time.sleep(max(wait, asked))
+    raise AssertionError("unreachable")
 
 
 def offline() -> bool:
@@ -190,8 +236,10 @@ def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -
     for attempt in range(2):
         with hub_errors(repo.repo_id, repo.commit):
             path = Path(
-                hf_hub_download(
-                    repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                retrying(
+                    lambda attempt=attempt: hf_hub_download(
+                        repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                    )
                 )
             )
         problem = check_file(repo, filename, path)
@@ -224,10 +272,26 @@ class ShardStreamer:
     """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
     needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
     one, so what is on disk is at most the inputs of those jobs, even when jobs finish out of order.
+
+    With a `budget` (output.budget.DiskBudget), a job's new shards and `extra[job]` (the bytes of
+    its output files) are reserved together before its first download, in job order, and a shard's
+    room is released when it is deleted; shards an earlier run left in `staging` are counted (or
+    deleted, where no job needs them). `busy`: a context for each download (the stage clock's).
     """
 
-    def __init__(self, repo: HubRepo, staging: Path, jobs: list[tuple[str, list[str]]], ahead: int = 1):
+    def __init__(
+        self,
+        repo: HubRepo,
+        staging: Path,
+        jobs: list[tuple[str, list[str]]],
+        ahead: int = 1,
+        *,
+        budget=None,
+        extra: dict[str, int] | None = None,
+        busy: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         self.repo, self.staging, self.jobs, self.ahead = repo, staging, jobs, ahead
+        self.budget, self.extra, self.busy = budget, extra or {}, busy or contextlib.nullcontext
         self.users: dict[str, int] = {}
         for _, files in jobs:
             for f in files:
@@ -237,11 +301,28 @@ class ShardStreamer:
         self.finished: set[str] = set()
         self.oldest_unfinished = 0  # index into jobs
         self.fetched: set[str] = set()
+        self.reserved: set[str] = set()  # shards whose room the budget holds
         self.on_disk = 0
         self.peak_on_disk = 0
         self.error: BaseException | None = None
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name=DOWNLOAD_THREAD_NAME, daemon=True)
+        if budget is not None:
+            self._count_leftovers()
+
+    def size(self, filename: str) -> int:
+        return self.repo.files[filename].size or 0
+
+    def _count_leftovers(self) -> None:
+        """What an earlier run left in `staging`: a shard a job needs is counted in the budget (its
+        download, whole or not, goes on); one none needs and partial downloads are deleted."""
+        for path in [*self.staging.rglob("*.safetensors"), *self.staging.rglob("*.incomplete")]:
+            rel = path.relative_to(self.staging).as_posix()
+            if rel in self.users:
+                self.budget.force(self.size(rel))
+                self.reserved.add(rel)
+            else:
+                path.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardStreamer:
         self.thread.start()
@@ -263,9 +344,14 @@ class ShardStreamer:
                     self.cond.wait_for(lambda k=k: self.stopping or k <= self.oldest_unfinished + self.ahead)
                     if self.stopping:
                         return
+                if self.budget is not None:
+                    new = sorted(set(files) - self.reserved)
+                    self.budget.reserve(sum(map(self.size, new)) + self.extra.get(job, 0))
+                    self.reserved |= set(new)
                 for f in files:
                     if f not in self.fetched:
-                        fetch_checked(self.repo, f, local_dir=self.staging)
+                        with self.busy():
+                            fetch_checked(self.repo, f, local_dir=self.staging)
                         with self.cond:
                             self.fetched.add(f)
                             self.on_disk += (self.staging / f).stat().st_size
@@ -284,7 +370,8 @@ class ShardStreamer:
         return ready
 
     def release(self, job: str, files: list[str]) -> None:
-        """`job` is durably written: delete the shards nothing pending needs, move the window."""
+        """`job` is durably written (and checked, where it is): delete the shards nothing pending
+        needs, give back their room, move the window."""
         with self.cond:
             for f in files:
                 self.users[f] -= 1
@@ -292,6 +379,9 @@ class ShardStreamer:
                     path = self.staging / f
                     self.on_disk -= path.stat().st_size
                     path.unlink()
+                if self.users[f] == 0 and f in self.reserved:
+                    self.reserved.discard(f)
+                    self.budget.release(self.size(f))
             self.finished.add(job)
             while self.oldest_unfinished < len(self.jobs) and self.jobs[self.oldest_unfinished][0] in self.finished:
                 self.oldest_unfinished += 1
