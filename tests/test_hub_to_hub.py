@@ -142,3 +142,185 @@ def test_a_budget_below_one_job_is_refused_before_the_first_byte_naming_the_smal
         convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True), max_disk=plan.disk_budget_min - 1)
     assert f"{-(-plan.disk_budget_min // 10**6)}MB" in str(e.value)
     assert not out.exists() and hub.count(kind="create") == 0
+
+
+SHARD3 = "model-00003-of-00008.safetensors"
+
+
+def puts(hub) -> list[str]:
+    """Every LFS body the fake Hub took whole (a basic transfer, or one part of a multipart one)."""
+    return [r.path for r in hub.requests if r.method == "PUT" and r.status == 200]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point",
+    [f"download:{SHARD3}", f"shard-write:{SHARD3}", f"check:{SHARD3}", f"preupload:{SHARD3}", "commit:1",
+     "last-commit", "commit:3"],
+)  # fmt: skip
+def test_killed_anywhere_then_resume_gives_the_same_tree_sending_nothing_twice(hub, eight, tmp_path, run_cli, point):
+    hub.add_repo(SOURCE, eight)
+    out = tmp_path / "out"
+    plan = convert(SOURCE, out, upload=REPO, upload_options=UploadOptions(create=True), dry_run=True)
+    budget = plan.disk_budget_min + 3_000_000  # about two jobs at once: a commit holds a few files
+    args = ("convert", SOURCE, "--out", out, "--upload", REPO, "--create", "--max-disk", budget, "--quiet")
+    r = run_cli(*args, crash_at=point)
+    assert r.returncode == -9, r.stderr
+    with contextlib.suppress(KeyError):  # no repo yet: killed before --create made it
+        assert "config.json" not in hub.tree(REPO)  # killed anywhere: the branch never loads as a model
+    r = run_cli(*args[:-1], "--resume", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["disk_peak"] <= budget and summary["status"] == "complete"
+    sent = puts(hub)
+    assert len(sent) == len(set(sent)) and len(hub.lfs_uploads) == len(set(hub.lfs_uploads))  # nothing twice
+    shards = sorted(p.name for p in eight.glob("*.safetensors"))
+    assert all(fetches(hub, SOURCE, s) == 1 for s in shards)  # nor downloaded twice
+    commits = [c for c in hub.commits if c.repo_id == REPO and c.summary != "initial commit"]
+    assert "config.json" in commits[-1].added and all("config.json" not in c.added for c in commits[:-1])
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+# --- faults of the Hub and the network: tried again where transient, else one line and resumable ----
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The waits between tries, in tenths of seconds rather than seconds."""
+    from mla_convert.source import hub as source_hub
+
+    monkeypatch.setattr(source_hub, "RETRY_WAITS", (0.1, 0.2, 0.4, 0.8))
+
+
+def upload_to(src, out, **kw):
+    return convert(src, out, upload=REPO, upload_options=UploadOptions(create=True), **kw)
+
+
+def one_line_exit_2(args: list) -> str:
+    from typer.testing import CliRunner
+
+    from mla_convert.cli.app import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("fault", ["503 twice", "cut mid-body", "stall"])
+def test_a_download_fault_that_passes_is_tried_again(hub, eight, tmp_path, quick_retries, monkeypatch, fault):
+    import huggingface_hub.constants
+
+    hub.add_repo(SOURCE, eight)
+    if fault == "503 twice":
+        hub.fail(SOURCE, SHARD3, status=503, times=2)
+    elif fault == "cut mid-body":
+        hub.truncate(SOURCE, SHARD3)
+    else:
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)
+        hub.stall(SOURCE, SHARD3)
+    result = upload_to(SOURCE, tmp_path / "out")
+    assert result.status == "complete"
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+def test_a_download_refused_is_one_line_and_resumable(hub, eight, tmp_path, quick_retries, monkeypatch):
+    from mla_convert.source import hub as source_hub
+
+    hub.add_repo(SOURCE, eight)
+    out = tmp_path / "out"
+    planned = source_hub.prepare_staging
+
+    def refused_once_planned(*args, **kwargs):  # the shard's header was read; its download is refused
+        headers = planned(*args, **kwargs)
+        hub.fail(SOURCE, SHARD3, status=403, times=100, message="Access to this file is restricted")
+        return headers
+
+    budget = upload_to(SOURCE, out, dry_run=True).disk_budget_min  # one job at a time: a commit each
+    monkeypatch.setattr(source_hub, "prepare_staging", refused_once_planned)
+    args = ["convert", SOURCE, "--out", out, "--upload", REPO, "--create", "--max-disk", budget, "--quiet"]
+    line = one_line_exit_2(args)
+    assert SHARD3 in line and "403" in line and "Access to this file is restricted" in line
+    assert "config.json" not in hub.tree(REPO)
+    monkeypatch.setattr(source_hub, "prepare_staging", planned)
+    hub.clear_faults()
+    hub.reset_requests()
+    result = upload_to(SOURCE, out, resume=True, max_disk=budget)
+    assert result.skipped_files > 0  # the branch held some already: not sent again
+    assert len(puts(hub)) == len(set(puts(hub)))
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+@pytest.mark.parametrize("fault", ["500 on three posts", "commit answer lost", "lfs batch answer lost"])
+def test_an_upload_fault_that_passes_is_tried_again_and_nothing_is_committed_twice(
+    hub, eight, tmp_path, quick_retries, fault
+):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    if fault == "500 on three posts":
+        hub.fail(REPO, status=500, method="POST", times=3)
+    elif fault == "commit answer lost":
+        hub.drop("commit")
+    else:
+        hub.drop("lfs-batch")
+    result = upload_to(eight, tmp_path / "out")
+    commits = [c for c in hub.commits if c.repo_id == REPO and c.summary != "initial commit"]
+    assert len(commits) == len(result.commits) == len(set(result.commits))
+    added = [p for c in commits for p in c.added]
+    assert len(added) == len(set(added))  # each file in one commit
+    assert len(puts(hub)) == len(set(puts(hub)))
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+def test_an_upload_refused_is_one_line_and_resumable(hub, eight, tmp_path, quick_retries):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    out = tmp_path / "out"
+    plan = upload_to(eight, out, dry_run=True)
+    hub.fail(REPO, status=403, method="POST", times=100, message="Your token lacks the repo.write permission")
+    line = one_line_exit_2(
+        ["convert", eight, "--out", out, "--upload", REPO, "--max-disk", plan.disk_budget_min, "--quiet"]
+    )
+    assert "may not write to this repo (403: Your token lacks" in line
+    hub.clear_faults()
+    result = upload_to(eight, out, resume=True, max_disk=plan.disk_budget_min)
+    assert result.status == "complete" and result.disk_peak <= plan.disk_budget_min
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+def test_the_command_line_prints_the_budget_and_what_went_up(hub, eight, tmp_path):
+    from typer.testing import CliRunner
+
+    from mla_convert.cli.app import app
+
+    out = tmp_path / "out"
+    plan = CliRunner().invoke(
+        app, ["deepseek-r1", str(eight), "--out", str(out), "--upload", REPO, "--create", "--dry-run"]
+    )
+    assert plan.exit_code == 0, plan.stderr
+    assert "--max-disk" in plan.stdout and "peak on disk, at most" in plan.stdout and not out.exists()
+    r = CliRunner().invoke(app, ["deepseek-r1", str(eight), "--out", str(out), "--upload", REPO, "--create"])
+    assert r.exit_code == 0, r.stderr
+    assert "uploaded" in r.stdout and "stages busy" in r.stdout and f"{REPO}" in r.stdout
+    alone = CliRunner().invoke(app, ["convert", str(eight), "--out", str(tmp_path / "x"), "--max-disk", "1GB"])
+    assert alone.exit_code == 2 and "go with --upload" in alone.stderr
+
+
+def test_a_slow_check_still_has_its_source_shards_when_the_conversion_is_done(hub, eight, tmp_path, monkeypatch):
+    """The checker may lag the converter: the last jobs' source shards stay until their check is done
+    (they were deleted with the staging directory as the conversion finished, under load)."""
+    from mla_convert.publish import hub_to_hub
+
+    hub.add_repo(SOURCE, eight)
+    checked = hub_to_hub._check
+
+    def slow(*args):
+        time.sleep(0.5)
+        return checked(*args)
+
+    monkeypatch.setattr(hub_to_hub, "_check", slow)
+    result = upload_to(SOURCE, tmp_path / "out")
+    assert result.checked_files == 12 and result.stage_seconds["check"] >= 8 * 0.5
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)

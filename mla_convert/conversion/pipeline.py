@@ -288,12 +288,12 @@ class _Conversion:
         if self.sink.active:
             self.sink.finishing()
         self.origin = finalize(self.plan, self.out_dir, self.files, self.origin)
-        if self.streaming:
-            hub.remove_staging(src.root)
-        if self.sink.active:  # the journal stays: where each file went
+        if self.sink.active:  # the last jobs' checks may still read the source; the journal stays
             self.record(**self.sink.finished(self.files))
         else:
             Journal(self.out_dir).remove()
+        if self.streaming:
+            hub.remove_staging(src.root)
         seconds = time.perf_counter() - self.t0
         self.record(
             status="complete",

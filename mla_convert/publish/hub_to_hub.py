@@ -382,7 +382,9 @@ class HubSink(Sink):
                 if batch:
                     self._commit(batch, "data")
                     batch = []
-                self._commit([self._send(f) for f in item[1]], "last", self.deletions)
+                last = [self._send(f) for f in item[1]]
+                crash_point("last-commit")
+                self._commit(last, "last", self.deletions)
                 self.done.set()
                 continue
             for f in item or ():

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mla_convert.errors import UploadError, network_errors
-from mla_convert.source.hub import RETRY_WAITS, http_error_line, retrying, transient
+from mla_convert.source import hub as source_hub
+from mla_convert.source.hub import http_error_line, retrying, transient
 
 RESUMES = "run the same command again: what is on the Hub already is not sent again"
 QUOTA_WORDS = ("storage", "quota", "limit reached", "exceeded")
@@ -133,7 +134,7 @@ class Remote:
 
         operations = [*ops, *(CommitOperationDelete(p) for p in deletions)]
         with hub_errors(self.repo_id, WRITE):
-            for wait in (*RETRY_WAITS, None):
+            for wait in (*source_hub.RETRY_WAITS, None):
                 try:
                     info = self.api.create_commit(
                         self.repo_id, operations=operations, commit_message=message, revision=self.revision

@@ -22,6 +22,7 @@ from pathlib import Path
 from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
+from mla_convert.process.interrupts import crash_point
 from mla_runtime.safetensors_file import ShardHeader, file_digest
 
 
@@ -78,6 +79,10 @@ def http_error_line(e) -> str:
     own message, and the request id the Hub's support asks for, whichever lines carried them."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     line = lines[0] if lines else type(e).__name__
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and str(status) not in line:
+        line = f"{status}: {line}"
     server = getattr(e, "server_message", None)
     if server and server.strip() not in line:
         line += f": {' '.join(server.split())}"
@@ -189,9 +194,13 @@ def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader
     headers = build_hf_headers()
 
     def get_range(start: int, end: int) -> bytes:
-        with hub_errors(repo.repo_id, repo.commit):
+        def once():
             r = get_session().get(url, headers={**headers, "range": f"bytes={start}-{end}"}, follow_redirects=True)
             hf_raise_for_status(r)
+            return r
+
+        with hub_errors(repo.repo_id, repo.commit):
+            r = retrying(once)
         return r.content[: end - start + 1]
 
     n = header_length(local_path, get_range(0, 7), size)
@@ -234,7 +243,7 @@ def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -
     from huggingface_hub import hf_hub_download
 
     for attempt in range(2):
-        with hub_errors(repo.repo_id, repo.commit):
+        with hub_errors(repo.label(filename), repo.commit):
             path = Path(
                 retrying(
                     lambda attempt=attempt: hf_hub_download(
@@ -352,6 +361,7 @@ class ShardStreamer:
                     if f not in self.fetched:
                         with self.busy():
                             fetch_checked(self.repo, f, local_dir=self.staging)
+                        crash_point(f"download:{f}")
                         with self.cond:
                             self.fetched.add(f)
                             self.on_disk += (self.staging / f).stat().st_size
