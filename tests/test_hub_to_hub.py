@@ -215,12 +215,17 @@ def test_a_download_fault_that_passes_is_tried_again(hub, eight, tmp_path, quick
     if fault == "503 twice":
         hub.fail(SOURCE, SHARD3, status=503, times=2)
     elif fault == "cut mid-body":
-        hub.truncate(SOURCE, SHARD3)
+        hub.truncate(SOURCE, SHARD3, at=300_000, times=3)  # its two header reads are shorter: whole
     else:
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)
         hub.stall(SOURCE, SHARD3)
     result = upload_to(SOURCE, tmp_path / "out")
     assert result.status == "complete"
+    if fault == "cut mid-body":  # continued from the byte it stopped at, not fetched again whole
+        assert [r.range for r in hub.requests if r.filename == SHARD3 and r.range and r.range.endswith("-")] == [
+            "bytes=300000-"
+        ]
+        assert fetches(hub, SOURCE, SHARD3) == 1
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
 
 

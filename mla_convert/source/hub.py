@@ -23,7 +23,7 @@ from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
 from mla_convert.process.interrupts import crash_point
-from mla_runtime.safetensors_file import ShardHeader, file_digest
+from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, file_digest
 
 
 @dataclass(frozen=True)
@@ -239,15 +239,18 @@ def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
 
 def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -> Path:
     """Download (or take from the cache) and check size + sha256; a bad copy is fetched once more,
-    a second bad copy is refused, never converted."""
+    a second bad copy is refused, never converted. Into `local_dir` (--stream's staging) the bytes
+    are hashed as they arrive (`_receive`), not read again."""
     from huggingface_hub import hf_hub_download
 
+    if local_dir is not None:
+        return _fetch_into(repo, filename, Path(local_dir))
     for attempt in range(2):
         with hub_errors(repo.label(filename), repo.commit):
             path = Path(
                 retrying(
                     lambda attempt=attempt: hf_hub_download(
-                        repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                        repo.repo_id, filename, revision=repo.commit, force_download=attempt > 0
                     )
                 )
             )
@@ -256,6 +259,90 @@ def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -
             return path
         _discard(path)
     raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+DOWNLOAD_SUFFIX = ".download"  # a shard being downloaded into the staging directory: .NAME.download
+
+
+def download_name(path: Path) -> Path:
+    """Where `path` is downloaded to until it is whole and checked."""
+    return path.with_name(f".{path.name}{DOWNLOAD_SUFFIX}")
+
+
+def _fetch_into(repo: HubRepo, filename: str, staging: Path) -> Path:
+    """`filename` into `staging`, checked as it arrives; a whole copy an earlier run left is checked
+    (read once), a partial one continued."""
+    dest = staging / filename
+    expected = repo.files.get(filename)
+    if expected is None:
+        raise SourceError(f"{repo.label(filename)}: not in the repository's file list")
+    if dest.exists():
+        if check_file(repo, filename, dest) is None:
+            return dest
+        dest.unlink()
+    for attempt in range(2):
+        with hub_errors(repo.label(filename), repo.commit):
+            size, sha = _receive(repo, filename, dest, fresh=attempt > 0)
+        problem = _differs(expected, size, sha)
+        if problem is None:
+            os.replace(download_name(dest), dest)
+            return dest
+    download_name(dest).unlink(missing_ok=True)
+    raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
+    if expected.size is not None and size != expected.size:
+        return f"size {size}, the Hub lists {expected.size}"
+    if expected.sha256 and sha != expected.sha256:
+        return f"sha256 {sha[:16]}..., the Hub lists {expected.sha256[:16]}..."
+    return None
+
+
+def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
+    """Download `filename` to download_name(dest), hashing each block as it arrives: its (size,
+    sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
+    there, by a range request, after a wait (`retrying`); an earlier run's partial download too
+    (its bytes hashed first), unless `fresh`."""
+    import hashlib
+
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
+    headers = build_hf_headers()
+    partial = download_name(dest)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    state = {"sha256": hashlib.sha256()}
+    with open(partial, "wb+" if fresh else "ab+") as f:
+        f.seek(0)
+        while chunk := f.read(HASH_CHUNK):
+            state["sha256"].update(chunk)
+
+        def once() -> None:
+            start = f.tell()
+            wanted = repo.files[filename].size
+            if wanted is not None and start >= wanted:
+                return
+            ranged = {"range": f"bytes={start}-"} if start else {}
+            with get_session().stream(
+                "GET", url, headers={**headers, **ranged}, follow_redirects=True,
+                timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+            ) as r:  # fmt: skip
+                if r.status_code >= 400:
+                    r.read()  # the server's message, for the error
+                hf_raise_for_status(r)
+                if start and r.status_code != 206:  # the range was not taken: from the start
+                    f.seek(0)
+                    f.truncate()
+                    state["sha256"] = hashlib.sha256()
+                for block in r.iter_bytes():
+                    state["sha256"].update(block)
+                    f.write(block)
+
+        retrying(once)
+        size = f.tell()
+    return size, state["sha256"].hexdigest()
 
 
 def _discard(path: Path) -> None:
@@ -324,10 +411,12 @@ class ShardStreamer:
 
     def _count_leftovers(self) -> None:
         """What an earlier run left in `staging`: a shard a job needs is counted in the budget (its
-        download, whole or not, goes on); one none needs and partial downloads are deleted."""
-        for path in [*self.staging.rglob("*.safetensors"), *self.staging.rglob("*.incomplete")]:
+        download, whole or not, goes on); one none needs is deleted."""
+        for path in [*self.staging.rglob("*.safetensors"), *self.staging.rglob(f".*{DOWNLOAD_SUFFIX}")]:
             rel = path.relative_to(self.staging).as_posix()
-            if rel in self.users:
+            if path.name.endswith(DOWNLOAD_SUFFIX):  # a download cut short: its shard's
+                rel = path.with_name(path.name[1 : -len(DOWNLOAD_SUFFIX)]).relative_to(self.staging).as_posix()
+            if rel in self.users and rel not in self.reserved:
                 self.budget.force(self.size(rel))
                 self.reserved.add(rel)
             else:
