@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import huggingface_hub.lfs
 import pytest
 
 from mla_convert import convert, upload
@@ -60,6 +61,10 @@ def assert_plain_convert_and_upload_give_the_same_tree(hub, src: Path, tmp_path:
     )
 
 
+def hashed_again(fileobj) -> bytes:
+    raise AssertionError("huggingface_hub hashed a file the converter had hashed")
+
+
 def fetches(hub, repo: str, filename: str) -> int:
     """How many whole copies of a file the server sent (header range reads are a few KB)."""
     sent = sum(
@@ -99,7 +104,8 @@ def test_a_budget_below_the_output_keeps_the_peak_under_it_and_gives_the_plain_t
     plan = convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True), dry_run=True)
     budget = plan.disk_budget_min + 1_000_000  # one job at a time, about
     assert plan.disk_budget_min < plan.bytes_out and not out.exists()
-    with DiskWatch(out) as watch:
+    with DiskWatch(out) as watch, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub.lfs, "sha_fileobj", hashed_again)  # one hash per byte: the converter's
         result = convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True), max_disk=budget)
     assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
     expected = repo_tree(hub, REPO)
@@ -120,14 +126,17 @@ def test_a_budget_below_the_output_keeps_the_peak_under_it_and_gives_the_plain_t
 SOURCE = "deepseek-ai/Tiny-R1-eight"
 
 
-def test_a_hub_source_streamed_within_the_budget(hub, eight, tmp_path):
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_hub_source_streamed_within_the_budget(hub, eight, tmp_path, workers):
     hub.add_repo(SOURCE, eight)
     out = tmp_path / "out"
     plan = convert(SOURCE, out, upload=REPO, upload_options=UploadOptions(create=True), dry_run=True)
     assert plan.disk_budget_min > plan.bytes_out / 8  # a job's source shards count now
-    budget = plan.disk_budget_min + 500_000
+    budget = plan.disk_budget_min + 500_000 * workers
     with DiskWatch(out) as watch:
-        result = convert(SOURCE, out, upload=REPO, upload_options=UploadOptions(create=True), max_disk=budget)
+        result = convert(
+            SOURCE, out, upload=REPO, upload_options=UploadOptions(create=True), max_disk=budget, workers=workers
+        )
     assert 0 < watch.peak <= result.disk_peak <= budget
     assert result.source.startswith(SOURCE + "@")
     shards = sorted(p.name for p in eight.glob("*.safetensors"))
