@@ -338,3 +338,40 @@ def test_a_slow_check_still_has_its_source_shards_when_the_conversion_is_done(hu
     result = upload_to(SOURCE, tmp_path / "out")
     assert result.checked_files == 12 and result.stage_seconds["check"] >= 8 * 0.5
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+# --- what upload refuses before the first byte, refused here too ------------------------------------
+
+
+def nothing_started(hub, out: Path) -> None:
+    assert not out.exists() and hub.count(method="PUT") == 0 and hub.count(kind="commit") == 0
+
+
+def test_another_model_in_the_repo_is_refused_unless_overwrite(hub, eight, tiny_src, tmp_path):
+    hub.add_repo(REPO, tiny_src)  # the source itself: another model's files
+    out = tmp_path / "out"
+    with pytest.raises(ConvertError, match=r"holds another model .*--overwrite"):
+        upload_to(eight, out)
+    nothing_started(hub, out)
+    before = set(hub.tree(REPO))
+    result = upload_to(eight, out, overwrite=True)
+    assert result.deleted and set(result.deleted) == before - set(hub.tree(REPO))  # what this model lacks
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+def test_no_token_and_no_hub_are_refused_before_the_first_byte(hub, eight, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.delenv("HF_TOKEN")
+    hub.set_offline()
+    with pytest.raises(ConvertError, match=r"no Hugging Face token.*; also, HF_HUB_OFFLINE=1 is set"):
+        upload_to(eight, out)
+    nothing_started(hub, out)
+
+
+def test_a_card_the_hub_refuses_is_refused_before_the_first_byte(hub, src_copy, tmp_path):
+    card = (src_copy / "README.md").read_text().replace("license: mit", "license: MIT License")
+    (src_copy / "README.md").write_text(card)  # a source card's license the Hub does not take
+    out = tmp_path / "out"
+    with pytest.raises(ConvertError, match=r"the Hub refuses this model card.s metadata .*license"):
+        upload_to(src_copy, out)
+    nothing_started(hub, out)

@@ -61,7 +61,7 @@ COMMITS_PER_HOUR = 100  # the Hub answers 429 past about 128 commits an hour
 CHECK_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "check"
 UPLOAD_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "hub-upload"
 POLL = 0.2  # seconds: how often a waiting stage looks at the others' state
-_FLUSH, _STOP = "flush", "stop"
+_STOP = "stop"  # tells a stage thread to end
 
 
 class CheckFailed(ConvertError):
@@ -121,6 +121,7 @@ class HubSink(Sink):
         self.commit_times: collections.deque[float] = collections.deque()
         self.commits: list[str] = []
         self.counts = collections.Counter()  # checked, sent and skipped files and bytes
+        self._head: str | None = None
 
     # --- before the first byte --------------------------------------------------------------------
 
@@ -409,9 +410,8 @@ class HubSink(Sink):
             and rf.size == size
             and (rf.sha256 == sha or (rf.sha256 is None and rf.blob_id == _blob(path)))
         ):
-            self.journal.advance(
-                [rel], COMMITTED, repo=self.t.repo_id, revision=self.t.revision, commit=self.remote.head()
-            )
+            self._head = self._head or self.remote.head()  # a commit of the branch holds it
+            self.journal.advance([rel], COMMITTED, repo=self.t.repo_id, revision=self.t.revision, commit=self._head)
             self._delete(_Local(rel, size, sha, self._room(rel, size)), lfs=rf.sha256 is not None)
             self.counts["skipped_files"] += 1
             self.counts["skipped_bytes"] += size
