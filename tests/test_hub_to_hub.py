@@ -375,3 +375,28 @@ def test_a_card_the_hub_refuses_is_refused_before_the_first_byte(hub, src_copy, 
     with pytest.raises(ConvertError, match=r"the Hub refuses this model card.s metadata .*license"):
         upload_to(src_copy, out)
     nothing_started(hub, out)
+
+
+def test_commits_keep_under_the_hubs_rate(hub, eight, tmp_path, monkeypatch):
+    """At most COMMITS_PER_HOUR commits in any RATE_WINDOW (here 4 in 3 s): a tight budget, which
+    asks for a commit after each job, waits for the window and commits more at once."""
+    from mla_convert.publish import hub_to_hub
+    from mla_convert.publish.remote import Remote
+
+    monkeypatch.setattr(hub_to_hub, "COMMITS_PER_HOUR", 4)
+    monkeypatch.setattr(hub_to_hub, "RATE_WINDOW", 3.0)
+    times = []
+    commit = Remote.commit
+
+    def timed(self, *args):
+        oid = commit(self, *args)
+        times.append(time.monotonic())
+        return oid
+
+    monkeypatch.setattr(Remote, "commit", timed)
+    out = tmp_path / "out"
+    budget = upload_to(eight, out, dry_run=True).disk_budget_min
+    result = upload_to(eight, out, max_disk=budget)
+    assert len(result.commits) == len(times) >= 5
+    assert all(later - first >= 3.0 for first, later in zip(times, times[4:], strict=False))
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)

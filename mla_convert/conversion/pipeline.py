@@ -74,7 +74,7 @@ def convert(
     (conversion.sink; default: they stay in `out_dir`).
     """
     options.check_new_conversion()
-    run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes), sink or Sink())
+    run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes), sink)
     # The run's scope owns what it allocates for its own use (staging buffers, the shard jobs'
     # buffers, the native kernels' threads: every run gets its own), closed after the cleanup.
     with resources.run_scope(), contextlib.ExitStack() as cleanup:
@@ -106,9 +106,9 @@ def _quiet(message: str) -> None:
 class _Conversion:
     """One conversion's state, as the stages build it up."""
 
-    def __init__(self, source: str, out_dir: Path, options: Options, settings: RunSettings, sink: Sink):
+    def __init__(self, source: str, out_dir: Path, options: Options, settings: RunSettings, sink: Sink | None = None):
         self.source, self.out_dir, self.options, self.settings = source, out_dir, options, settings
-        self.sink = sink
+        self.sink = sink or Sink()
         self.status = settings.status or _quiet
         self.t0 = time.perf_counter()
         self.src: SourceCheckpoint | None = None
