@@ -28,7 +28,9 @@ again after a wait (source.hub.retrying); anything else is one line, exit 2, the
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -48,7 +50,7 @@ from mla_convert.output.manifest import readable_manifest
 from mla_convert.plan.planner import Plan
 from mla_convert.process.interrupts import crash_point
 from mla_convert.publish import remote as R
-from mla_convert.publish.contents import LAST, git_blob_sha1
+from mla_convert.publish.contents import git_blob_sha1
 from mla_convert.publish.disk_plan import DiskPlan, default_budget, disk_plan, file_sizes, parse_size
 from mla_convert.publish.upload import hub_state
 from mla_convert.results import ConversionResult
@@ -93,7 +95,6 @@ class _Local:
     sha256: str
     room: int  # bytes of the budget it holds until deleted
     op: object = None  # the client's CommitOperationAdd, once preuploaded
-    lfs: bool = True
 
 
 class HubSink(Sink):
@@ -388,6 +389,7 @@ class HubSink(Sink):
                 last = [self._send(f) for f in item[1]]
                 crash_point("last-commit")
                 self._commit(last, "last", self.deletions)
+                _remove_empty_dirs(self.out_dir)
                 self.done.set()
                 continue
             for f in item or ():
@@ -415,7 +417,7 @@ class HubSink(Sink):
         ):
             self._head = self._head or self.remote.head()  # a commit of the branch holds it
             self.journal.advance([rel], COMMITTED, repo=self.t.repo_id, revision=self.t.revision, commit=self._head)
-            self._delete(_Local(rel, size, sha, self._room(rel, size)), lfs=rf.sha256 is not None)
+            self._delete(_Local(rel, size, sha, self._room(rel, size)))
             self.counts["skipped_files"] += 1
             self.counts["skipped_bytes"] += size
             return None
@@ -425,11 +427,10 @@ class HubSink(Sink):
         op.upload_info.sha256 = bytes.fromhex(sha)  # the converter's: the client hashes nothing again
         with self.clock.busy(UPLOAD):
             self.remote.preupload([op])
-        lfs = op._upload_mode == "lfs"
         crash_point(f"preupload:{rel}")
-        if lfs:
+        if op._upload_mode == "lfs":  # its bytes are on the Hub (a small file's go with the commit)
             self.journal.advance([rel], SENT)
-        return _Local(rel, size, sha, self._room(rel, size), op, lfs)
+        return _Local(rel, size, sha, self._room(rel, size), op)
 
     def _room(self, rel: str, size: int) -> int:
         return self.sizes.get(rel, size)
@@ -454,12 +455,12 @@ class HubSink(Sink):
         self.counts["sent_files"] += len(batch)
         self.counts["sent_bytes"] += size
         for f in batch:
-            self._delete(f, f.lfs)
+            self._delete(f)
 
-    def _delete(self, f: _Local, lfs: bool) -> None:
-        """A committed file: deleted here where the Hub keeps its sha256 (an LFS file), its room
-        given back; a small file kept in git stays."""
-        if lfs and f.rel not in LAST:
+    def _delete(self, f: _Local) -> None:
+        """A committed file: deleted here, its room given back; the manifest stays, with the journal
+        (what was converted, and where each file went)."""
+        if f.rel != MANIFEST_NAME:
             (self.out_dir / f.rel).unlink(missing_ok=True)
             self.budget.release(f.room)
 
@@ -487,6 +488,14 @@ def _check(plan: Plan, out_dir: Path, files: JobFiles) -> list:
     from mla_convert.verification.written import check_job_files
 
     return check_job_files(plan, out_dir, files)
+
+
+def _remove_empty_dirs(root: Path) -> None:
+    """The directories the deleted files leave empty (mla/, a side file's), deepest first."""
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        if Path(dirpath) != root:
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)  # only if empty
 
 
 def _blob(path: Path) -> str | None:

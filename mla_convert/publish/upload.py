@@ -205,7 +205,7 @@ def _compare_with_hub(
             continue
         if f is None:
             foreign.append(path)
-        elif _same(job.contents.root / path, f, rf):
+        elif _same(job, f, rf):
             on_hub.add(path)
         else:
             differ.append(path)
@@ -227,7 +227,7 @@ def _check_sent(job: UploadJob, held: dict[str, R.RemoteFile], where: str) -> No
     committed: it cannot be sent again from here."""
     for f in job.contents.sent:
         rf = held.get(f.rel)
-        if (job.contents.root / f.rel).exists() or (rf is not None and rf.size == f.size and rf.sha256 == f.sha256):
+        if (job.contents.root / f.rel).exists() or (rf is not None and _same_sent(job, f, rf)):
             continue
         to = f.sent_to
         raise UploadError(
@@ -236,14 +236,30 @@ def _check_sent(job: UploadJob, held: dict[str, R.RemoteFile], where: str) -> No
         )
 
 
-def _same(path: Path, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+def _same(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+    """Whether the branch's `rf` is this upload's `f`: the same size and sha256 (an LFS file), or
+    git object id (a file kept in git, from its bytes here, or, where `convert --upload` committed
+    it to this branch and deleted it here, the commit the journal records)."""
+    path = job.contents.root / f.rel
     if rf.size != f.size:
         return False
     if rf.sha256 is not None:
         return rf.sha256 == f.sha256
-    if rf.blob_id is None or not (f.data is not None or path.is_file()):
+    if f.data is None and not path.is_file():
+        return f.sent_to is not None and _same_sent(job, f, rf)
+    return rf.blob_id is not None and C.git_blob_sha1(path, f.data) == rf.blob_id
+
+
+def _same_sent(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+    """A file `convert --upload` committed and deleted here, and the branch's `rf`: the same, where
+    the branch keeps its sha256; where it does not (a small file kept in git), where the journal
+    says it was committed to this repo and branch, at this size."""
+    to = f.sent_to
+    if rf.size != f.size:
         return False
-    return C.git_blob_sha1(path, f.data) == rf.blob_id
+    if rf.sha256 is not None:
+        return rf.sha256 == f.sha256
+    return (to.repo, to.revision) == (job.repo_id, job.revision)
 
 
 def _verify(root: Path, progress: ProgressFactory | None) -> str:
