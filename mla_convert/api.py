@@ -32,6 +32,9 @@ def convert(
     *,
     options: Options | None = None,
     settings: RunSettings | None = None,
+    upload: str | None = None,
+    upload_options: UploadOptions | None = None,
+    max_disk: int | str | None = None,
     **fields,
 ) -> ConversionResult:
     """Convert the checkpoint `source` (a directory or a Hub repo id) into `out_dir`.
@@ -42,8 +45,15 @@ def convert(
     instead be given by name, replacing the field of the object given (or of the default):
     `convert(src, out, format="bf16", workers=2)`.
 
-    Raises ConvertError (SourceError, OutputError) with a one-line message for anything the caller
-    can act on, its cause chained; after KeyboardInterrupt, `resume=True` finishes the output.
+    `upload="OWNER/NAME"` publishes the conversion on the Hub as it goes (publish.hub_to_hub):
+    each file checked, sent, and deleted from `out_dir` once committed, within `max_disk` (bytes,
+    or a size such as "40GB"; default: publish.disk_plan.default_budget); `upload_options`
+    (UploadOptions: revision, the branch; create; private; overwrite) as for `upload`. A Hub source
+    is then streamed.
+
+    Raises ConvertError (SourceError, OutputError, UploadError) with a one-line message for anything
+    the caller can act on, its cause chained; after KeyboardInterrupt, `resume=True` finishes the
+    output (and the upload).
     """
     unknown = sorted(set(fields) - _OPTION_FIELDS - _SETTING_FIELDS)
     if unknown:
@@ -53,9 +63,15 @@ def convert(
         settings or RunSettings(), **{k: v for k, v in fields.items() if k in _SETTING_FIELDS}
     )
     _workers_can_start(settings.workers)
-    from mla_convert.conversion.pipeline import convert as run
+    if upload is None:
+        if upload_options is not None or max_disk is not None:
+            raise TypeError("convert(): upload_options and max_disk go with upload=OWNER/NAME")
+        from mla_convert.conversion.pipeline import convert as run
 
-    return run(source, out_dir, options, settings)
+        return run(source, out_dir, options, settings)
+    from mla_convert.publish.hub_to_hub import convert_and_upload
+
+    return convert_and_upload(source, out_dir, upload, options, settings, upload_options or UploadOptions(), max_disk)
 
 
 def verify(

@@ -36,7 +36,7 @@ class ConversionResult:
     bytes_in: int
     bytes_out_model: int
     bytes_out_mla: int
-    disk_needed: int  # output shards, artifacts and side files
+    bytes_out: int  # the whole output: shards, artifacts and side files
     ignored_modules: int  # the linears the output config's ignore list leaves in 16 bits (by pattern or name)
     # Each --ignore pattern -> the linears it left unquantized (plan.ignore); None without --ignore.
     # Keyword-only, so that it sits with the plan's fields in to_json and still has a default.
@@ -48,9 +48,9 @@ class ConversionResult:
     # A Hub source.
     hub_commit: str | None = None
     download_bytes: int | None = None
-    disk_needed_download_then_convert: int | None = None
-    disk_needed_stream: int | None = None
-    # Free space (output.preflight.space).
+    disk_required_download_then_convert: int | None = None  # on --out's filesystem, each way
+    disk_required_stream: int | None = None
+    # Free space (output.preflight.space): what this run needs on --out's filesystem, and has.
     disk_required: int | None = None
     disk_free: int | None = None
     disk_freed_by_overwrite: int | None = None
@@ -74,6 +74,23 @@ class ConversionResult:
     source_fingerprint: str | None = None
     base_model: str | None = None  # the card's base_model (a Hub model id); None: none, or no card
     base_model_hint: str | None = None  # a card without base_model: how to set it, one line
+    # convert --upload (publish.hub_to_hub): where, within which disk budget, and how each stage went.
+    upload_repo: str | None = None
+    upload_revision: str | None = None  # the branch
+    upload_url: str | None = None
+    disk_budget: int | None = None  # --max-disk (or its default): source shards and output files at once
+    disk_budget_min: int | None = None  # the smallest budget that works (one job at a time)
+    disk_peak_planned: int | None = None  # the most the run may hold at once: the budget, or all of it if less
+    disk_peak: int | None = None  # the most it held (reserved) at once; never above disk_budget
+    checked_files: int | None = None  # files checked as verify --source checks them, before they were sent
+    uploaded_files: int | None = None  # committed by this run
+    uploaded_bytes: int | None = None
+    skipped_files: int | None = None  # on the branch already at their sha256 (a --resume): not sent
+    skipped_bytes: int | None = None
+    commits: tuple[str, ...] | None = None  # the commit ids this run made, in order; the last holds the config
+    created: tuple[str, ...] | None = None  # "repo", "branch": what --create made
+    deleted: tuple[str, ...] | None = None  # another model's files the last commit removed (--overwrite)
+    stage_seconds: dict[str, float] | None = None  # download, convert, check, upload: each stage's busy seconds
 
     def to_json(self) -> dict:
         return _present(self)
@@ -191,7 +208,7 @@ class UploadResult:
     dry_run: bool
     files: int  # the manifest's files and the manifest: what the branch holds once done
     bytes: int
-    uploaded_files: int  # sent by this run (a dry run: to send, nothing being known of the Hub)
+    uploaded_files: int  # sent by this run (a dry run: none)
     uploaded_bytes: int
     skipped_files: int  # on the branch already, with the same sha256
     skipped_bytes: int
@@ -203,6 +220,8 @@ class UploadResult:
     plan: tuple[dict, ...] = ()  # each commit's files, {"commit": n, "path", "size"}, in upload order
     card: str | None = None  # "written for REPO_ID", "already written for REPO_ID"; None: no card of its own
     base_model_hint: str | None = None  # the card names no base model: how to set it, one line
+    would_upload_files: int | None = None  # a dry run: what it would send, nothing being known of the Hub
+    would_upload_bytes: int | None = None
 
     def to_json(self) -> dict:
         out = _present(self)

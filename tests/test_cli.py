@@ -49,7 +49,7 @@ def test_dry_run_writes_nothing(tiny_src, tmp_path):
     r = run("deepseek-r1", tiny_src, "--out", out, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
     plan = json.loads(r.stdout)
-    assert plan["dry_run"] is True and plan["disk_needed"] > plan["bytes_out_model"] > 0
+    assert plan["dry_run"] is True and plan["bytes_out"] > plan["bytes_out_model"] > 0 and "disk_needed" not in plan
     assert not out.exists()
 
 

@@ -186,7 +186,7 @@ def test_a_small_filesystem_is_refused_before_the_first_byte(tiny_src, converted
         out = small / "out"
         r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--json", "--ignore-free-space")
         plan = json.loads(r.stdout)
-        assert plan["disk_required"] == plan["disk_needed"] > plan["disk_free"] > 3_000_000
+        assert plan["disk_required"] == plan["bytes_out"] > plan["disk_free"] > 3_000_000
         r = run_cli("convert", tiny_src, "--out", out, "--dry-run", "--ignore-free-space")
         assert r.returncode == 0 and "needed of 4.19 MB free: NOT ENOUGH" in r.stdout
         r = run_cli("convert", tiny_src, "--out", out)
@@ -243,8 +243,8 @@ def test_stream_counts_the_shards_in_flight(hub, tmp_path, free_space):
     out = tmp_path / "out"
     r = runner.invoke(app, ["convert", REPO, "--out", str(out), "--stream", "--dry-run", "--json"])
     plan = json.loads(r.stdout)
-    assert plan["disk_required"] == plan["disk_needed_stream"] > plan["disk_needed"]
-    free_space.bytes = (plan["disk_needed"] + plan["disk_needed_stream"]) // 2  # enough for the output alone
+    assert plan["disk_required"] == plan["disk_required_stream"] > plan["bytes_out"]
+    free_space.bytes = (plan["bytes_out"] + plan["disk_required_stream"]) // 2  # enough for the output alone
     r = runner.invoke(app, ["convert", REPO, "--out", str(out), "--stream"])
     assert r.exit_code == 2 and "not enough free space" in one_error_line(r.stderr)
     assert not out.exists() and shard_bytes_sent(hub) < 100_000  # shard headers only

@@ -94,8 +94,8 @@ def test_dry_run_prices_both_modes_without_downloading_shards(hub, tiny_src, tmp
     assert not (tmp_path / "out").exists()
     assert all(fetches(hub, s) == 0 for s in shards(tiny_src))
     source_bytes = sum((tiny_src / s).stat().st_size for s in shards(tiny_src))
-    assert summary.disk_needed_download_then_convert >= summary.disk_needed + source_bytes
-    assert summary.disk_needed < summary.disk_needed_stream < summary.disk_needed_download_then_convert
+    assert summary.disk_required_download_then_convert >= summary.bytes_out + source_bytes
+    assert summary.bytes_out < summary.disk_required_stream < summary.disk_required_download_then_convert
     assert summary.fp8_weights_converted == 104 and summary.source.startswith(REPO + "@")
 
 

@@ -1,6 +1,7 @@
-"""mla_convert.output.journal: the journal of finished shard jobs (a torn last line ignored), the
-removal of an interrupted run's hidden partial files, the refusals of a --resume, and which
-journaled or manifested jobs a resume may keep, deleting nothing."""
+"""mla_convert.output.journal: the journal of finished shard jobs and of each output file's
+lifecycle (a torn last line ignored), the removal of an interrupted run's hidden partial files,
+the refusals of a --resume, and which journaled or manifested jobs a resume may keep (on disk, or
+on the Hub's branch), deleting nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import pytest
 
 from mla_convert.constants import JOURNAL_NAME, MANIFEST_NAME
 from mla_convert.errors import OutputError
-from mla_convert.output.journal import Journal, check_resumable, remove_partials, resumable_jobs
+from mla_convert.output.journal import (
+    CHECKED,
+    COMMITTED,
+    HASHED,
+    SENT,
+    FileRecord,
+    Journal,
+    check_resumable,
+    remove_partials,
+    resumable_jobs,
+)
 from mla_convert.plan.planner import make_plan
 from mla_convert.settings import Options
 from mla_convert.source.checkpoint import open_source
@@ -239,3 +250,72 @@ def test_a_record_after_a_torn_last_line_is_a_line_of_its_own(tmp_path):
 def test_a_journal_that_cannot_be_read_records_nothing(tmp_path):
     (tmp_path / ".mla-convert-journal.jsonl").mkdir()
     assert Journal(tmp_path).entries() == {}
+
+
+# ---- the output file's lifecycle -------------------------------------------------------------------
+
+
+def test_each_file_goes_through_its_states_in_order_and_a_commit_is_recorded_with_where(tmp_path):
+    journal = Journal(tmp_path)
+    a, b = ("model-1.safetensors", 10, "a" * 64), ("mla/layer-000.safetensors", 20, "b" * 64)
+    journal.record("model-1.safetensors", [a, b])
+    assert {r.state for r in journal.files().values()} == {HASHED}
+    journal.advance([a[0], b[0]], CHECKED)
+    journal.advance([a[0]], SENT)
+    journal.advance([a[0]], COMMITTED, repo="org/x", revision="main", commit="c" * 40)
+    files = Journal(tmp_path).files()
+    assert files[a[0]] == FileRecord(*a, COMMITTED, "model-1.safetensors", "org/x", "main", "c" * 40)
+    assert files[b[0]] == FileRecord(*b, CHECKED, "model-1.safetensors")
+    assert files[a[0]].on_hub and not files[b[0]].on_hub
+    assert files[b[0]].reached(HASHED) and files[b[0]].reached(CHECKED) and not files[b[0]].reached(SENT)
+    # The job view is what it always was: a job and its files.
+    assert journal.entries() == {"model-1.safetensors": [a, b]}
+
+
+def test_a_file_written_again_starts_over_and_a_state_of_a_file_never_written_is_ignored(tmp_path):
+    journal = Journal(tmp_path)
+    journal.record("j", [("j", 1, "old")])
+    journal.advance(["j"], CHECKED)
+    journal.advance(["nowhere"], SENT)
+    journal.record("j", [("j", 2, "new")])  # the job redone: its file is another one now
+    assert journal.files() == {"j": FileRecord("j", 2, "new", HASHED, "j")}
+    journal.record(None, [("config.json", 3, "c")])  # the last stage's files belong to no job
+    assert journal.files()["config.json"].job is None and "config.json" not in journal.entries()
+
+
+def test_a_torn_state_line_is_ignored_and_the_next_record_is_a_line_of_its_own(tmp_path):
+    journal = Journal(tmp_path)
+    journal.record("j", [("j", 1, "x")])
+    with open(journal.path, "a") as f:
+        f.write('{"state": "committed", "paths": ["j"], "rep')  # killed mid-append
+    journal.advance(["j"], CHECKED)
+    with open(journal.path, "a") as f:
+        f.write('{"state": "bogus", "paths": ["j"]}\n{"state": "sent", "paths": "j"}\n')
+    assert journal.files()["j"].state == CHECKED
+
+
+def test_only_checked_sent_and_committed_are_states_a_file_advances_to(tmp_path):
+    with pytest.raises(ValueError, match="hashed"):
+        Journal(tmp_path).advance(["j"], HASHED)
+    assert not (tmp_path / JOURNAL_NAME).exists()
+
+
+def test_a_job_whose_files_are_on_the_hub_is_kept_without_them_on_disk(out, load_json, jobs):
+    edit_json(out / MANIFEST_NAME, lambda m: m.update(status="incomplete"))
+    manifest = load_json(out / MANIFEST_NAME)
+    recorded = files_of(out, *jobs[SHARD1])
+    Journal(out).record(SHARD1, recorded)
+    for rel, _, _ in recorded:
+        (out / rel).unlink()  # committed, then deleted here
+    held = {rel: (size, sha) for rel, size, sha in recorded}
+    assert resumable_jobs(out, manifest, jobs) == {}
+    assert resumable_jobs(out, manifest, jobs, held=held) == {SHARD1: recorded}
+    # On the Hub at another sha256 (or size): not this run's file, redone.
+    other = held | {recorded[0][0]: (recorded[0][1], "0" * 64)}
+    assert resumable_jobs(out, manifest, jobs, held=other) == {}
+    # Half on the Hub, half on disk, both as recorded: kept.
+    Journal(out).record(SHARD2, files_of(out, *jobs[SHARD2]))
+    half = files_of(out, *jobs[SHARD2])
+    (out / half[0][0]).unlink()
+    kept = resumable_jobs(out, manifest, jobs, held=held | {half[0][0]: half[0][1:]})
+    assert kept == {SHARD1: recorded, SHARD2: half}

@@ -244,7 +244,7 @@ def test_summary_byte_counts_are_the_planned_tensors_bytes(tiny, tiny_src, conve
         assert summary["bytes_out_mla"] == sum(data_bytes(p) for p in (out / "mla").glob("layer-*.safetensors"))
         # all of it, within the headers and the small JSON files (tens of kB here)
         total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-        assert 0.99 * total <= summary["disk_needed"] <= total
+        assert 0.99 * total <= summary["bytes_out"] <= total
 
 
 def test_summary_counts_what_is_converted(tiny, family_checkpoints):

@@ -140,7 +140,7 @@ def test_out_that_is_a_file_is_refused(conversion, tmp_path):
 
 # ---- space ----------------------------------------------------------------------------------------
 
-SUMMARY = {"disk_needed": 7_000, "disk_needed_stream": 9_000}
+SUMMARY = {"bytes_out": 7_000, "disk_required_stream": 9_000}
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_inspect_then_space_then_check_room_on_a_real_filesystem(conversion, tmp
     summary = make_plan(open_source(tiny_src), Options()).summary()
     state = inspect_output(conversion, out, RunSettings())
     numbers = space(summary, out, RunSettings(), state, None, None)
-    assert numbers["disk_required"] == summary["disk_needed"] and numbers["disk_free"] > summary["disk_needed"]
+    assert numbers["disk_required"] == summary["bytes_out"] and numbers["disk_free"] > summary["bytes_out"]
     check_room(numbers, out, RunSettings())
     with pytest.raises(OutputError, match="not enough free space"):
         check_room(numbers | {"disk_required": 10**15}, out, RunSettings())

@@ -150,8 +150,12 @@ def test_dry_run_lists_files_and_bytes_and_asks_the_hub_nothing(hub, out):
     r = cli(out, REPO, "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["card"] == f"to be written for {REPO}" and (out / "README.md").read_bytes() == card
-    plan = json.loads(r.stdout)["plan"]
+    summary = json.loads(r.stdout)
+    plan = summary["plan"]
     assert {p["path"] for p in plan} == set(expected_tree(out))
+    # Nothing was sent; what would be is said under its own name.
+    assert summary["uploaded_files"] == 0 and summary["uploaded_bytes"] == 0 and summary["commits"] == []
+    assert summary["would_upload_files"] == len(plan) and summary["would_upload_bytes"] == sum(p["size"] for p in plan)
     assert all(p["size"] == (out / p["path"]).stat().st_size for p in plan)
     assert plan[-1]["path"] == MANIFEST_NAME and plan[0]["path"].startswith("model-0000")
     assert hub.requests == []
@@ -350,6 +354,43 @@ def test_no_network_is_one_line(hub, out):
     r = cli(out, REPO, "--create")
     line = one_line(r)
     assert r.exit_code == 2 and f"cannot reach the Hub at {endpoint}" in line
+
+
+def directory_bytes(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("token", [True, False])
+@pytest.mark.parametrize("hub_down", ["offline", "closed port"])
+def test_a_hub_out_of_reach_is_refused_before_the_directory_is_written_with_every_problem_at_once(
+    hub, out, monkeypatch, token, hub_down
+):
+    """The card names the repo it is written for: an upload refused before its first byte must not
+    have rewritten it (nor the manifest) for a repo it never reached. No token and no Hub are two
+    problems, both named in the one line."""
+    before = directory_bytes(out)
+    if not token:
+        monkeypatch.delenv("HF_TOKEN")
+    endpoint = hub.endpoint
+    if hub_down == "offline":
+        hub.set_offline()
+    else:
+        hub.stop()  # the port is closed: connections are refused
+    r = cli(out, "my-org/x", "--create")
+    line = one_line(r)
+    assert r.exit_code == 2
+    assert ("no Hugging Face token" in line) == (not token), line
+    reach = "HF_HUB_OFFLINE=1 is set" if hub_down == "offline" else f"cannot reach the Hub at {endpoint}"
+    assert reach in line, line
+    assert directory_bytes(out) == before
+
+
+def test_no_token_with_the_hub_in_reach_names_only_the_token(hub, out, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN")
+    before = directory_bytes(out)
+    line = one_line(cli(out, REPO))  # no such repo either: not said, the token may be what hides it
+    assert "no Hugging Face token" in line and "no such model repo" not in line and "--create" not in line
+    assert directory_bytes(out) == before
 
 
 @pytest.mark.slow

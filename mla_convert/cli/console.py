@@ -149,12 +149,12 @@ def print_summary(result: ConversionResult | DemoResult, title: str, source_arg:
         ("MLA layers (W_UK_T / W_UV)", str(r.mla_layers)),
         ("bytes in", gb(r.bytes_in)),
         ("bytes out (model + mla)", f"{gb(r.bytes_out_model)} + {gb(r.bytes_out_mla)}"),
-        ("disk needed", gb(r.disk_needed)),
+        ("bytes out, in all", gb(r.bytes_out)),
     ]
-    if r.disk_needed_stream is not None:
+    if r.disk_required_stream is not None:
         rows += [
-            ("disk needed, download then convert", gb(r.disk_needed_download_then_convert)),
-            ("disk needed, --stream", gb(r.disk_needed_stream)),
+            ("disk needed, download then convert", gb(r.disk_required_download_then_convert)),
+            ("disk needed, --stream", gb(r.disk_required_stream)),
         ]
     if r.disk_free is not None:
         rows.append(("free space", _space_row(r)))

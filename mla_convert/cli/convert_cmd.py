@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -35,14 +36,41 @@ from mla_convert.cli.options import (
     WriteIoOpt,
 )
 from mla_convert.cli.startup import start_heavy_process
+from mla_convert.cli.upload_cmd import CreateOpt, PrivateOpt
 from mla_convert.constants import COMPLETE, INCOMPLETE, MANIFEST_NAME
 from mla_convert.errors import network_errors
 from mla_convert.output.manifest import readable_manifest
 from mla_convert.results import ConversionResult, DemoResult
-from mla_convert.settings import Options, RunSettings
+from mla_convert.settings import Options, RunSettings, UploadOptions
 from mla_convert.source.family import architectures_help
+from mla_convert.units import gb
 
 DEFAULT_R1 = "deepseek-ai/DeepSeek-R1"
+UploadToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--upload",
+        metavar="OWNER/NAME",
+        help="Publish to this Hub model repo as it converts: each file checked as verify --source checks it, sent, "
+        "and deleted from --out once committed; what makes the repo a model goes in the last commit. A Hub "
+        "source is streamed. Token: huggingface_hub's (HF_TOKEN). --overwrite also replaces another model's "
+        "files in the branch; --resume finishes an interrupted run, sending nothing the branch holds.",
+    ),
+]
+UploadBranchOpt = Annotated[
+    str | None,
+    typer.Option("--upload-branch", metavar="BRANCH", help="With --upload: the branch to commit to (default: main)."),
+]
+MaxDiskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-disk",
+        metavar="SIZE",
+        help="With --upload: the most --out may hold at once, source shards and output files (e.g. 40GB, 37GiB; "
+        "default: 40 GB, or less where the run needs less or the disk has less free). --dry-run prints the "
+        "smallest that works; a smaller one is refused before anything starts.",
+    ),
+]
 EPILOG = (
     "Supported architectures (detected from config.json, or from a member's own config file):\n\n"
     + architectures_help()
@@ -75,6 +103,11 @@ def convert(
     device: DeviceOpt = RunSettings.device,
     kernels: KernelsOpt = RunSettings.kernels,
     write_io: WriteIoOpt = RunSettings.write_io,
+    upload: UploadToOpt = None,
+    upload_branch: UploadBranchOpt = None,
+    create: CreateOpt = UploadOptions.create,
+    private: PrivateOpt = UploadOptions.private,
+    max_disk: MaxDiskOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -102,8 +135,36 @@ def convert(
             disable_progress_bars()
             if quiet:  # its retry warnings too: errors only
                 logging.set_verbosity_error()
-        result = api.convert(source, out, options=options, settings=settings)
+        hub = {}
+        if upload is not None:
+            hub = {"upload": upload, "max_disk": max_disk,
+                   "upload_options": UploadOptions(revision=upload_branch, create=create, private=private)}  # fmt: skip
+        elif upload_branch is not None or create or private or max_disk is not None:
+            from mla_convert.errors import ConvertError
+
+            raise ConvertError("--upload-branch, --create, --private and --max-disk go with --upload OWNER/NAME")
+        result = api.convert(source, out, options=options, settings=settings, **hub)
     report_summary(result, json_out, quiet, "Plan (dry run: nothing written)" if dry_run else "Converted", source)
+    if upload is not None and not (json_out or quiet):
+        print_published(result)
+
+
+def print_published(r: ConversionResult) -> None:
+    """`convert --upload`: the disk it held and where the files went, after the conversion's summary."""
+    budget = f"{gb(r.disk_budget)} (at least {gb(r.disk_budget_min)})"
+    if r.dry_run:
+        rows = [("--max-disk", budget), ("peak on disk, at most", gb(r.disk_peak_planned)), ("to", r.upload_repo)]
+    else:
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in (r.stage_seconds or {}).items())
+        rows = [
+            ("--max-disk", f"{budget}; peak {gb(r.disk_peak)}"),
+            ("uploaded", f"{r.uploaded_files} files, {gb(r.uploaded_bytes)}, in {len(r.commits or ())} commits"),
+            ("on the Hub already", f"{r.skipped_files} files, {gb(r.skipped_bytes)}"),
+            ("checked first", f"{r.checked_files} files, as verify --source checks them"),
+            ("stages busy", f"{stages} (wall {r.seconds:.1f} s)"),
+            ("repo", r.upload_url),
+        ]
+    console.print_lines(console.rich_console(), rows)
 
 
 def _interrupted(out: Path) -> str:

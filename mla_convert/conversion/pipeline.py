@@ -10,6 +10,10 @@
 7. the shard jobs, journaled (with --stream, each job's shards downloaded just in time);
 8. finalize: side files, config, index, MLA manifest, then the manifest 'complete'.
 
+A sink (conversion.sink; `convert --upload`: publish.hub_to_hub) takes each job's files further
+once journaled, within its disk budget, and is asked at each stage: its refusals come with the
+plan's, before anything is written.
+
 What can refuse a run from headers alone runs before anything is downloaded or written, and a
 dry run runs all of it (the lock of --out only checked) and stops there, as the real run would
 refuse. The run holds --out's lock (output.lock) from the preflight, or from when it creates --out,
@@ -30,6 +34,8 @@ from mla_convert.conversion.finalize import finalize, unmake_model
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
 from mla_convert.conversion.shard_job import job_specs
+from mla_convert.conversion.sink import Run, Sink
+from mla_convert.conversion.stages import CONVERT
 from mla_convert.errors import OutputError, SourceError
 from mla_convert.io import disk_write
 from mla_convert.kernels.modes import check_request
@@ -56,6 +62,8 @@ def convert(
     out_dir: str | Path,
     options: Options = Options(),  # noqa: B008 (frozen: one shared default is safe)
     settings: RunSettings = RunSettings(),  # noqa: B008 (frozen, as options)
+    *,
+    sink: Sink | None = None,
     **changes,
 ) -> ConversionResult:
     """Convert `source` into `out_dir`. Returns what was planned and done (`to_json()`: the CLI's
@@ -63,26 +71,33 @@ def convert(
 
     `options` says what to produce, `settings` how (RunSettings); keyword arguments replace fields
     of `settings`: `convert(src, out, options, workers=2)`. With `settings.stream`, shards are
-    downloaded just in time and deleted once converted.
+    downloaded just in time and deleted once converted. `sink`: where the files go once written
+    (conversion.sink; default: they stay in `out_dir`).
     """
     options.check_new_conversion()
-    run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes))
+    run = _Conversion(str(source), Path(out_dir), options, dataclasses.replace(settings, **changes), sink)
     # The run's scope owns what it allocates for its own use (staging buffers, the shard jobs'
     # buffers, the native kernels' threads: every run gets its own), closed after the cleanup.
     with resources.run_scope(), contextlib.ExitStack() as cleanup:
         run.cleanup = cleanup
-        run.open_source(cleanup)
-        run.make_plan()
-        run.preflight()
-        if run.settings.dry_run:  # every check above ran, as in the real run; nothing is written
-            check_device(run.settings.device)
-            check_request(run.settings.kernels)  # --kernels native that cannot build here
-            return run.result
-        run.download()
-        run.choose_kernels()
-        run.prepare_output()
-        run.convert_shards()
-        run.finalize()
+        try:
+            run.open_source(cleanup)
+            run.make_plan()
+            run.preflight()
+            if run.settings.dry_run:  # every check above ran, as in the real run; nothing is written
+                check_device(run.settings.device)
+                check_request(run.settings.kernels)  # --kernels native that cannot build here
+                run.sink.close(None)
+                return run.result
+            run.download()
+            run.choose_kernels()
+            run.prepare_output()
+            run.convert_shards()
+            run.finalize()
+        except BaseException as e:
+            run.sink.close(e)
+            raise
+        run.sink.close(None)
     return run.result
 
 
@@ -93,8 +108,9 @@ def _quiet(message: str) -> None:
 class _Conversion:
     """One conversion's state, as the stages build it up."""
 
-    def __init__(self, source: str, out_dir: Path, options: Options, settings: RunSettings):
+    def __init__(self, source: str, out_dir: Path, options: Options, settings: RunSettings, sink: Sink | None = None):
         self.source, self.out_dir, self.options, self.settings = source, out_dir, options, settings
+        self.sink = sink or Sink()
         self.status = settings.status or _quiet
         self.t0 = time.perf_counter()
         self.src: SourceCheckpoint | None = None
@@ -151,6 +167,7 @@ class _Conversion:
             self.record(**_hub_summary(repo, self.plan, s.workers), source=f"{repo.repo_id}@{repo.commit}")
             if not s.stream:
                 self.download_bytes, self.cache = hub.bytes_to_download(repo), hub.cache_dir()
+        self.record(**self.sink.planned(self.plan, repo, self.origin))
 
     # --- 3. preflight -----------------------------------------------------------------------------
 
@@ -169,9 +186,12 @@ class _Conversion:
             plan.options.as_dict(), self.src.fingerprint(), None if self.repo else self.src.root,
             plan.job_outputs(), plan.writes(),
         )  # fmt: skip
-        self.state = preflight.inspect_output(conversion, self.out_dir, s)
+        self.state = preflight.inspect_output(conversion, self.out_dir, s, self.sink.held)
+        budget = self.sink.budget.limit if self.sink.budget is not None else None
         self.record(
-            **preflight.space(self.result.to_json(), self.out_dir, s, self.state, self.download_bytes, self.cache)
+            **preflight.space(
+                self.result.to_json(), self.out_dir, s, self.state, self.download_bytes, self.cache, budget
+            )
         )
         preflight.check_room(self.result.to_json(), self.out_dir, s)
         if self.repo is not None and s.notice and not s.dry_run:
@@ -235,10 +255,31 @@ class _Conversion:
         progress = s.progress_factory(max(todo, 0)) if s.progress_factory else None
         self.files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
         specs = [sp for sp in job_specs(plan, self.out_dir, self.compute, self.write_io) if sp.job.file not in done]
+        sink = self.sink
+        if sink.active:
+            recheck = sink.to_check(done)
+            run = Run(plan, self.out_dir, journal, done, [sp.job.file for sp in specs])
         if self.streaming:
-            streamed, peak = execute_streaming(plan, specs, self.repo, s.workers, journal, progress)
+            streamed, peak = execute_streaming(
+                plan, specs, self.repo, s.workers, journal, progress, *((sink, run, recheck) if sink.active else ())
+            )
             self.files |= streamed
             self.record(peak_source_bytes_on_disk=peak)
+        elif sink.active:
+            sink.started(run, _OnDisk())
+
+            def written(job_file: str, results: list) -> None:
+                journal.record(job_file, results)
+                sink.clock.stop(CONVERT)
+                sink.written(job_file, results)
+
+            def admitted(spec, timeout: float | None) -> bool:
+                if not sink.admit(spec.job.file, timeout):
+                    return False
+                sink.clock.start(CONVERT)
+                return True
+
+            self.files |= execute(specs, s.workers, progress=progress, on_job_done=written, inputs_ready=admitted)
         else:
             self.files |= execute(specs, s.workers, progress=progress, on_job_done=journal.record)
 
@@ -246,8 +287,13 @@ class _Conversion:
 
     def finalize(self) -> None:
         src = self.plan.source
+        if self.sink.active:
+            self.sink.finishing()
         self.origin = finalize(self.plan, self.out_dir, self.files, self.origin)
-        Journal(self.out_dir).remove()
+        if self.sink.active:  # the last jobs' checks may still read the source; the journal stays
+            self.record(**self.sink.finished(self.files))
+        else:
+            Journal(self.out_dir).remove()
         if self.streaming:
             hub.remove_staging(src.root)
         seconds = time.perf_counter() - self.t0
@@ -263,16 +309,26 @@ class _Conversion:
         )
 
 
+class _OnDisk:
+    """A local source's shards, for a sink: always there, never deleted."""
+
+    def wait(self, job: str, timeout: float | None = None) -> bool:
+        return True
+
+    def release(self, job: str) -> None:
+        pass
+
+
 def _hub_summary(repo: hub.HubRepo, plan: Plan, workers: int) -> dict:
     shard_sizes = sorted((f.size or 0 for p, f in repo.files.items() if p.endswith(".safetensors")), reverse=True)
-    out = plan.summary()["disk_needed"]
+    out = plan.summary()["bytes_out"]
     return {
         "hub_commit": repo.commit,
         "download_bytes": sum(f.size or 0 for f in repo.files.values()),
         # Download then convert: the whole source and the output side by side.
-        "disk_needed_download_then_convert": out + sum(shard_sizes),
+        "disk_required_download_then_convert": out + sum(shard_sizes),
         # --stream: the output plus the shards of the jobs in flight and prefetched (and a partner).
-        "disk_needed_stream": out + sum(shard_sizes[: workers + 2]),
+        "disk_required_stream": out + sum(shard_sizes[: workers + 2]),
     }
 
 

@@ -1,6 +1,7 @@
 """Run the shard jobs of a conversion: one at a time in this process (each job's commits overlapping
 the next job), or up to N at once in worker processes; with --stream, each job's source shards
-downloaded just before it and deleted once it is recorded."""
+downloaded just before it and deleted once it is recorded (with a sink, once the sink is done with
+them: conversion.sink)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, run_reported_shard_job, start_shard_job
+from mla_convert.conversion.sink import Run, Sink
+from mla_convert.conversion.stages import CONVERT, DOWNLOAD
 from mla_convert.errors import ConvertError
 from mla_convert.io.shard_writer import BackgroundCommits
 from mla_convert.output.journal import Journal, remove_partials
@@ -117,19 +120,56 @@ def execute_streaming(
     workers: int,
     journal: Journal,
     progress: ProgressFn | None,
+    sink: Sink | None = None,
+    run: Run | None = None,
+    recheck: list[str] = (),
 ) -> tuple[dict[str, dict], int]:
     """execute(), each job's source shards downloaded just before it and deleted once it is
-    recorded; also returns the peak bytes of source shards on disk."""
-    todo = [(s.job.file, sorted(set(plan.inputs_of(s.job).values()))) for s in specs]
-    with hub.ShardStreamer(repo, plan.source.root, todo, ahead=workers) as streamer:
+    recorded; also returns the peak bytes of source shards on disk.
+
+    With a `sink` (conversion.sink), the shards of the kept jobs in `recheck` are downloaded first,
+    each job's shards and its output files are reserved together in the sink's budget before the
+    download, a recorded job goes to the sink, and the sink releases its shards (once checked)."""
+    by_file = {job.file: job for job in plan.shards}
+    jobs = [*recheck, *(s.job.file for s in specs)]
+    todo = [(j, sorted(set(plan.inputs_of(by_file[j]).values()))) for j in jobs]
+    extra = {s.job.file: sink.extra(s.job.file) for s in specs} if sink else None
+    busy = (lambda: sink.clock.busy(DOWNLOAD)) if sink else None
+    ahead = workers + 1 if sink else workers  # with a sink, a job's shards stay until it is checked
+    budget = sink.budget if sink else None
+    with hub.ShardStreamer(repo, plan.source.root, todo, ahead, budget=budget, extra=extra, busy=busy) as streamer:
         needs = dict(todo)
+        if sink:
+            sink.started(run, _Streamed(streamer, needs))
 
         def job_done(job_file, results):
             journal.record(job_file, results)
-            streamer.release(job_file, needs[job_file])
+            if sink:
+                sink.clock.stop(CONVERT)
+                sink.written(job_file, results)
+            else:
+                streamer.release(job_file, needs[job_file])
 
         def inputs_ready(spec, timeout):
-            return streamer.wait_for(spec.job.file, timeout)
+            ready = streamer.wait_for(spec.job.file, timeout)
+            if sink:
+                sink.raise_error()
+                if ready:
+                    sink.clock.start(CONVERT)
+            return ready
 
         files = execute(specs, workers, progress=progress, on_job_done=job_done, inputs_ready=inputs_ready)
     return files, streamer.peak_on_disk
+
+
+class _Streamed:
+    """The streamer as a sink's Sources (conversion.sink)."""
+
+    def __init__(self, streamer: hub.ShardStreamer, needs: dict[str, list[str]]):
+        self.streamer, self.needs = streamer, needs
+
+    def wait(self, job: str, timeout: float | None = None) -> bool:
+        return self.streamer.wait_for(job, timeout)
+
+    def release(self, job: str) -> None:
+        self.streamer.release(job, self.needs[job])

@@ -17,6 +17,7 @@ name, which downloads) and never validated against the Hub (`ModelCard.validate`
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from mla_convert.errors import OutputError, SourceError, with_flags
 from mla_convert.io.files import WrittenFile, write_bytes_atomic
 from mla_convert.output import card_text
 from mla_convert.output.card_facts import CardFacts, SourceRef
-from mla_convert.output.manifest import is_conversion_manifest, read_manifest, rewrite_manifest
+from mla_convert.output.manifest import is_conversion_manifest, manifest_doc_bytes, read_manifest
 from mla_convert.results import VerifyReport
 from mla_convert.settings import is_repo_id
 
@@ -198,8 +199,13 @@ def record_verification(out_dir: Path, report: VerifyReport) -> WrittenFile | No
 
 
 def _record_card(out_dir: Path, manifest: dict, written: WrittenFile, **changes) -> None:
+    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, _with_card(manifest, written, **changes))
+
+
+def _with_card(manifest: dict, written: WrittenFile, **changes) -> bytes:
+    """The manifest's bytes with the card `written` recorded, and `changes` to its other entries."""
     files = dict(manifest["files"]) | {CARD_NAME: {"size": written.size, "sha256": written.sha256}}
-    rewrite_manifest(out_dir, manifest, files=files, **changes)
+    return manifest_doc_bytes(manifest | changes | {"files": files})
 
 
 # --- the card written again, without the source (mla-convert card, upload) ------------------------
@@ -211,17 +217,25 @@ class RenderedCard:
     changed: bool  # False: the card was already this one (nothing written)
     base_model: str | None
     repo_id: str | None
+    text: str = ""  # the card
+    manifest: bytes | None = None  # the manifest recording it, where it changes
 
 
 def render_card(
-    out_dir: Path, *, base_model: str | None = None, repo_id: str | None = None, revision: str | None = None
+    out_dir: Path,
+    *,
+    base_model: str | None = None,
+    repo_id: str | None = None,
+    revision: str | None = None,
+    write: bool = True,
 ) -> RenderedCard:
     """Write `out_dir`'s card again from what its manifest records (CardFacts.record, the source)
     and what the card holds of the source (its metadata and card text) and of verify (the result):
     with `base_model` and `repo_id` (and its branch, `revision`) when given, else the recorded ones. The card, then the manifest
     with the card's size and sha256 (and the base model, the repo), each atomically; interrupted
     between the two, the same call writes both again. Nothing is written when the card is already
-    the one it would write. OutputError when `out_dir` is not a finished conversion with a card."""
+    the one it would write (nor with `write` False: what would be written is returned). OutputError
+    when `out_dir` is not a finished conversion with a card."""
     out_dir = Path(out_dir)
     for name, value in (("base_model", base_model), ("repo_id", repo_id)):
         if value is not None and not is_repo_id(value):
@@ -241,10 +255,15 @@ def render_card(
     text = build_card(facts, _source_in(old), _verify_result_in(old))
     recorded = manifest["files"].get(CARD_NAME) or {}
     if text == old and recorded.get("size") == len(text.encode()):
-        return RenderedCard(path, False, facts.source.base_model, facts.repo_id)
+        return RenderedCard(path, False, facts.source.base_model, facts.repo_id, text)
+    changes = {"source": facts.source.as_dict(), "card": facts.record()}
+    if not write:
+        data = text.encode()
+        new = _with_card(manifest, WrittenFile(path, len(data), hashlib.sha256(data).hexdigest()), **changes)
+        return RenderedCard(path, True, facts.source.base_model, facts.repo_id, text, new)
     written = write_bytes_atomic(path, text.encode())
-    _record_card(out_dir, manifest, written, source=facts.source.as_dict(), card=facts.record())
-    return RenderedCard(path, True, facts.source.base_model, facts.repo_id)
+    _record_card(out_dir, manifest, written, **changes)
+    return RenderedCard(path, True, facts.source.base_model, facts.repo_id, text)
 
 
 def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:

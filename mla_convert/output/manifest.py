@@ -37,10 +37,11 @@ def manifest_bytes(
         doc["source"] = source
     if card is not None:
         doc["card"] = card
-    return _doc_bytes(doc)
+    return manifest_doc_bytes(doc)
 
 
-def _doc_bytes(doc: dict) -> bytes:
+def manifest_doc_bytes(doc: dict) -> bytes:
+    """A manifest document's bytes, as written."""
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -55,12 +56,6 @@ def write_manifest(
 ) -> None:
     data = manifest_bytes(status, options, fingerprint, files, source, card)
     write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, data)
-
-
-def rewrite_manifest(out_dir: Path, manifest: dict, **changes) -> None:
-    """The manifest as read, with `changes` to its top-level entries, written atomically; every
-    other entry (its version, status, options) as it was."""
-    write_bytes_atomic(Path(out_dir) / MANIFEST_NAME, _doc_bytes(manifest | changes))
 
 
 def read_manifest(out_dir: Path) -> dict | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from mla_convert.constants import COMPLETE, LOCK_NAME, MANIFEST_NAME, STAGING_DIR_NAME
 from mla_convert.errors import OutputError
 from mla_convert.output import out_dir as out
-from mla_convert.output.journal import JobFiles, check_resumable, remove_partials, resumable_jobs
+from mla_convert.output.journal import Held, JobFiles, check_resumable, remove_partials, resumable_jobs
 from mla_convert.output.manifest import readable_manifest
 from mla_convert.settings import RunSettings
 from mla_convert.units import gb
@@ -44,10 +44,14 @@ class Conversion:
     writes: set[str]
 
 
-def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings) -> OutputState:
+def inspect_output(
+    conversion: Conversion, out_dir: Path, settings: RunSettings, held: Held | None = None
+) -> OutputState:
     """Refuse an --out that cannot be used, before anything is written (a --resume only removes
     the partial files an interrupted run left). A dry run refuses the same, and changes nothing:
-    a --resume's partial files stay, and its journaled files are counted by size, not re-hashed."""
+    a --resume's partial files stay, and its journaled files are counted by size, not re-hashed.
+    `held`: what the Hub's branch holds (path -> size, sha256), where the run uploads: a journaled
+    file there at its recorded size and sha256 is kept though gone from --out."""
     out.check_writable(out_dir)
     if conversion.src_root is not None:
         out.check_location(out_dir, conversion.src_root)
@@ -57,7 +61,7 @@ def inspect_output(conversion: Conversion, out_dir: Path, settings: RunSettings)
         manifest = check_resumable(out_dir, conversion.options, conversion.fingerprint)
         if not settings.dry_run:
             remove_partials(out_dir)
-        kept = resumable_jobs(out_dir, manifest, conversion.job_outputs, rehash=not settings.dry_run)
+        kept = resumable_jobs(out_dir, manifest, conversion.job_outputs, rehash=not settings.dry_run, held=held)
         return OutputState(kept)
     if out.is_empty(out_dir) or (settings.resume and _only_staging(out_dir)):
         return OutputState({})
@@ -91,15 +95,23 @@ def prepare(out_dir: Path, state: OutputState) -> None:
 
 
 def space(
-    summary: dict, out_dir: Path, settings: RunSettings, state: OutputState, download: int | None, cache: Path | None
+    summary: dict,
+    out_dir: Path,
+    settings: RunSettings,
+    state: OutputState,
+    download: int | None,
+    cache: Path | None,
+    budget: int | None = None,
 ) -> dict:
     """The free-space numbers of this run (summary entries): `disk_required` of `disk_free` on
     --out's filesystem (what --resume keeps is not needed again; with --stream, the source shards
     in flight count; a download to a Hub cache on the same filesystem counts), what --overwrite
     frees there first, and a download's own numbers when the cache is elsewhere. `download`: the
-    bytes of a Hub source not yet in the cache `cache` (None: nothing is downloaded up front)."""
-    needed = summary["disk_needed_stream"] if settings.stream else summary["disk_needed"]
-    numbers = {"disk_required": max(0, needed - state.kept_bytes), "disk_free": out.disk_free(out_dir)}
+    bytes of a Hub source not yet in the cache `cache` (None: nothing is downloaded up front).
+    `budget`: the most a `convert --upload` run holds there (what it keeps included)."""
+    needed = summary["disk_required_stream"] if settings.stream else summary["bytes_out"]
+    needed = max(0, needed - state.kept_bytes) if budget is None else budget
+    numbers = {"disk_required": needed, "disk_free": out.disk_free(out_dir)}
     if state.earlier is not None:
         numbers["disk_freed_by_overwrite"] = state.earlier.nbytes
     if download is not None and cache is not None:
@@ -116,6 +128,12 @@ def check_room(numbers: dict, out_dir: Path, settings: RunSettings) -> None:
         return
     freed = numbers.get("disk_freed_by_overwrite", 0)
     available = numbers["disk_free"] + freed
+    if numbers["disk_required"] > available and numbers.get("disk_budget") is not None:
+        raise OutputError(
+            f"{out_dir}: --max-disk {gb(numbers['disk_budget'])} is more than its filesystem has free "
+            f"({gb(available)}); give a smaller --max-disk (this conversion needs at least "
+            f"{gb(numbers['disk_budget_min'])}), or free some space"
+        )
     if numbers["disk_required"] > available:
         freed = f" (with the {gb(freed)} that --overwrite frees)" if freed else ""
         raise OutputError(

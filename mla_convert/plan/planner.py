@@ -133,7 +133,7 @@ class Plan:
             "bytes_in": self.source.total_bytes(),
             "bytes_out_model": out_shards,
             "bytes_out_mla": mla,
-            "disk_needed": out_shards + mla + side,
+            "bytes_out": out_shards + mla + side,
             "ignored_modules": len(self.ignored_modules),
         }
 

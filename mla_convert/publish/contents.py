@@ -9,7 +9,9 @@ manifest. Until that call lands the repo holds no config, so nothing loads a hal
 `read_contents` refuses a directory whose manifest is not a finished conversion's, that lacks a
 file it lists (or holds it at another size), or that holds any file it does not list, hidden
 ones too (a `.partial` file, a journal, a staging directory): the directory is not what was
-converted. It reads sizes only; verify's checks (publish.upload) read the bytes.
+converted. A file `convert --upload` committed to a repo and then deleted here is not lacking: the
+journal (output.journal) records where it is, and the directory keeps that journal. It reads sizes
+only; verify's checks (publish.upload) read the bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mla_convert.constants import (
@@ -27,6 +29,7 @@ from mla_convert.constants import (
     CONFIG_NAME,
     CONSOLIDATED_INDEX_NAME,
     INDEX_NAME,
+    JOURNAL_NAME,
     LOCK_NAME,
     MANIFEST_NAME,
     MLA_DIR_NAME,
@@ -34,6 +37,7 @@ from mla_convert.constants import (
     PARAMS_JSON_NAME,
 )
 from mla_convert.errors import UploadError
+from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.output.manifest import manifest_problem
 from mla_convert.output.out_dir import some
 from mla_runtime.safetensors_file import HASH_CHUNK
@@ -51,6 +55,8 @@ class UploadFile:
     rel: str  # relative to the directory, "/"-separated: also its path in the repo
     size: int
     sha256: str  # as the manifest records it (for the manifest itself: computed here)
+    sent_to: FileRecord | None = None  # committed by `convert --upload` (its repo, branch, commit): maybe deleted here
+    data: bytes | None = field(default=None, repr=False, compare=False)  # its bytes, where not yet written (rewritten)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,11 @@ class Contents:
 
     def by_rel(self) -> dict[str, UploadFile]:
         return {f.rel: f for f in self.files}
+
+    @property
+    def sent(self) -> tuple[UploadFile, ...]:
+        """The files `convert --upload` committed (and may have deleted here)."""
+        return tuple(f for f in self.files if f.sent_to is not None)
 
 
 def read_contents(out_dir: Path) -> Contents:
@@ -88,10 +99,23 @@ def read_contents(out_dir: Path) -> Contents:
             f"{root}: the conversion did not finish (manifest status {manifest.get('status')!r}); finish it with "
             "`mla-convert convert ... --resume` first"
         )
-    listed = _listed(root, manifest["files"])
+    listed = _with_lifecycle(_listed(root, manifest["files"]), Journal(root).files())
     _check_directory(root, listed)
     own = UploadFile(MANIFEST_NAME, path.stat().st_size, _sha256(path))
     return Contents(root, manifest, (*upload_order(listed), own))
+
+
+def rewritten(contents: Contents, card: str, manifest: bytes) -> Contents:
+    """`contents` as they will be once the card (README.md) and the manifest recording it are
+    written with these bytes (each file's `data`): nothing is written here."""
+    data = {CARD_NAME: card.encode(), MANIFEST_NAME: manifest}
+    files = tuple(
+        replace(f, size=len(data[f.rel]), sha256=hashlib.sha256(data[f.rel]).hexdigest(), data=data[f.rel])
+        if f.rel in data
+        else f
+        for f in contents.files
+    )
+    return Contents(contents.root, json.loads(manifest), files)
 
 
 def _listed(root: Path, files: dict) -> list[UploadFile]:
@@ -109,8 +133,20 @@ def _listed(root: Path, files: dict) -> list[UploadFile]:
     return out
 
 
+def _with_lifecycle(listed: list[UploadFile], lifecycle: dict[str, FileRecord]) -> list[UploadFile]:
+    """The listed files, those the journal records as committed at the manifest's size and sha256
+    marked as sent (where to is in the record)."""
+    out = []
+    for f in listed:
+        record = lifecycle.get(f.rel)
+        sent = record is not None and record.on_hub and (record.size, record.sha256) == (f.size, f.sha256)
+        out.append(UploadFile(f.rel, f.size, f.sha256, record) if sent else f)
+    return out
+
+
 def _check_directory(root: Path, listed: list[UploadFile]) -> None:
-    """Every listed file there at its size, and nothing else (hidden files included)."""
+    """Every listed file there at its size (but those sent and deleted here), and nothing else
+    (hidden files included; the journal where it records files sent)."""
     on_disk = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -118,12 +154,15 @@ def _check_directory(root: Path, listed: list[UploadFile]) -> None:
             full = os.path.join(dirpath, name)
             on_disk[os.path.relpath(full, root).replace(os.sep, "/")] = os.lstat(full).st_size
     expected = {f.rel: f.size for f in listed}
-    unlisted = sorted(set(on_disk) - set(expected) - {MANIFEST_NAME, LOCK_NAME})  # LOCK_NAME: this upload's own
+    sent = {f.rel for f in listed if f.sent_to is not None}
+    own = {MANIFEST_NAME, LOCK_NAME} | ({JOURNAL_NAME} if sent else set())
+    unlisted = sorted(set(on_disk) - set(expected) - own)  # LOCK_NAME: this upload's own
     if unlisted:
         raise UploadError(
             f"{root}: holds {some(unlisted)} that its manifest does not list; not uploaded: move "
             f"{'it' if len(unlisted) == 1 else 'them'} out of the directory (it must be what was converted)"
         )
+    expected = {rel: size for rel, size in expected.items() if not (rel in sent and rel not in on_disk)}
     missing = [rel for rel in expected if rel not in on_disk]
     if missing:
         raise UploadError(f"{root}: lacks {some(missing)} that its manifest lists; not uploaded")
@@ -168,8 +207,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def git_blob_sha1(path: Path) -> str:
-    """The git object id of a file's bytes: how the Hub names a file it does not keep in LFS."""
+def git_blob_sha1(path: Path, data: bytes | None = None) -> str:
+    """The git object id of a file's bytes (`data`, where given): how the Hub names a file it does
+    not keep in LFS."""
+    if data is not None:
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):

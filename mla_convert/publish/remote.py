@@ -12,11 +12,14 @@ over its LFS transfer.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mla_convert.errors import UploadError, network_errors
-from mla_convert.source.hub import http_error_line
+from mla_convert.source import hub as source_hub
+from mla_convert.source.hub import http_error_line, retrying, transient
 
 RESUMES = "run the same command again: what is on the Hub already is not sent again"
 QUOTA_WORDS = ("storage", "quota", "limit reached", "exceeded")
@@ -34,14 +37,20 @@ class RemoteFile:
     blob_id: str | None  # the git object id of a file kept in git
 
 
-def check_token() -> None:
+class Unreachable(UploadError):
+    """The Hub cannot be reached at all (offline mode, no network, a refused connection)."""
+
+
+def token_problem() -> str | None:
+    """Why there is no token to upload with, or None."""
     from huggingface_hub import get_token
 
     if get_token() is None:
-        raise UploadError(
+        return (
             "no Hugging Face token: set HF_TOKEN, or log in with `hf auth login`; uploading needs a token with "
             "write access to the repo"
         )
+    return None
 
 
 def endpoint() -> str:
@@ -93,17 +102,52 @@ class Remote:
         with hub_errors(self.repo_id, WRITE):
             self.api.create_branch(self.repo_id, branch=self.revision, exist_ok=True)
 
-    def validate_card(self, path: Path) -> None:
-        """The card's metadata as the Hub's own validation sees it, before any byte goes up."""
+    def validate_card(self, path: Path, text: str) -> None:
+        """The card's metadata (`text`, to be written at `path`) as the Hub's own validation sees
+        it, before any byte goes up."""
         from huggingface_hub import ModelCard, errors
 
         with hub_errors(self.repo_id, READ):
             try:
-                ModelCard.load(path).validate()
+                ModelCard(text).validate()
             except ValueError as e:  # the Hub's 400: its answer is the message
                 if isinstance(e, errors.HfHubHTTPError):
                     raise
                 raise UploadError(f"{path}: the Hub refuses this model card's metadata ({_card_errors(e)})") from e
+
+    def head(self) -> str:
+        """The branch's last commit."""
+        with hub_errors(self.repo_id, READ):
+            return retrying(lambda: self.api.repo_info(self.repo_id, revision=self.revision).sha)
+
+    def preupload(self, ops: list) -> None:
+        """The client's preupload of `ops` (CommitOperationAdd, each with its sha256 set: nothing is
+        hashed again): an LFS file's bytes into the Hub's storage, not yet in a commit; a small file
+        only told apart (its bytes go with the commit). Tried again while it fails transiently."""
+        with hub_errors(self.repo_id, WRITE):
+            retrying(lambda: self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=self.revision))
+
+    def commit(self, ops: list, deletions: list[str], message: str, landed: Callable[[], bool]) -> str:
+        """One commit of `ops` (preuploaded) and `deletions`; its id. Tried again while it fails
+        transiently, unless `landed()` says the branch holds it already (its answer was lost)."""
+        from huggingface_hub import CommitOperationDelete
+
+        operations = [*ops, *(CommitOperationDelete(p) for p in deletions)]
+        with hub_errors(self.repo_id, WRITE):
+            for wait in (*source_hub.RETRY_WAITS, None):
+                try:
+                    info = self.api.create_commit(
+                        self.repo_id, operations=operations, commit_message=message, revision=self.revision
+                    )
+                    return info.oid
+                except Exception as e:
+                    asked = transient(e)
+                    if wait is None or asked is None:
+                        raise
+                    time.sleep(max(wait, asked))
+                    if landed():
+                        return self.api.repo_info(self.repo_id, revision=self.revision).sha
+        raise AssertionError("unreachable")
 
     def upload_files(self, root: Path, rels: list[str], deletions: list[str], message: str) -> str:
         """`rels` (paths relative to `root`, as in the repo) sent and committed by the client's
@@ -130,7 +174,22 @@ def hub_errors(repo_id: str, doing: str):
         line = classify(e, repo_id, doing)
         if line is None:
             raise
-        raise UploadError(line) from e
+        raise (Unreachable if _unreachable(e) else UploadError)(line) from e
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether `e` (or a cause) says the Hub is not there: offline mode, the transport's errors."""
+    from huggingface_hub import errors
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+            return False  # the Hub answered
+        if isinstance(e, (errors.OfflineModeIsEnabled, ConnectionError, TimeoutError, *network_errors())):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def classify(e: BaseException, repo_id: str, doing: str) -> str | None:

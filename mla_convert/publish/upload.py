@@ -3,11 +3,14 @@
     job = prepare("/data/R1-channel-fp8", "org/R1-channel-fp8", UploadOptions(create=True))  # every check
     result = run(job)                                                                        # the commits
 
-`prepare` does everything that can refuse the upload before any byte goes up: the directory is
-exactly what its manifest lists (publish.contents); the Hub has the repo and branch (or --create
-will make them), and what the branch holds is either this upload's files already (a resume: they
-are skipped) or another model's (refused unless --overwrite); the Hub accepts the card's
-metadata; and verify's structure and integrity checks pass (every file hashed; --skip-verify).
+`prepare` does everything that can refuse the upload before any byte goes up, and before it
+writes anything: the directory is exactly what its manifest lists (publish.contents); there is a
+token and the Hub answers (both named at once when neither holds); the Hub has the repo and branch
+(or --create will make them), and what the branch holds is either this upload's files already (a
+resume: they are skipped) or another model's (refused unless --overwrite); the Hub accepts the
+card's metadata; and verify's structure and integrity checks pass (every file hashed;
+--skip-verify). Only then is the card written for the repo (and recorded in the manifest), as it
+was compared with the branch.
 
 `run` makes the repo and the branch if asked, then hands the files the branch does not hold at the
 same sha256 to the client's own upload_folder, in two calls (publish.contents): the data, then
@@ -81,7 +84,7 @@ def prepare(
     for verify's reading of every file."""
     status = status or (lambda message: None)
     options = options or UploadOptions()
-    revision = _check_names(repo_id, options.revision)
+    revision = check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
     contents = C.read_contents(Path(out_dir))
     if options.dry_run:
@@ -89,28 +92,63 @@ def prepare(
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
         job.card, job.base_model_hint = _card_state(contents, repo_id, written=False)
         return job
-    R.check_token()
-    if (contents.manifest.get("options") or {}).get("card"):
-        # The card names the repo (download and serve lines), recorded in the directory before any
-        # byte goes up, so that the directory and the repo hold the same card.
-        written = render_card(contents.root, repo_id=repo_id, revision=revision).changed
-        contents = C.read_contents(Path(out_dir))
-    else:
-        written = False
-    commits = C.commits_of(list(contents.files))
-    job = UploadJob(contents, repo_id, revision, options.private, options.dry_run, commits)
-    job.card, job.base_model_hint = _card_state(contents, repo_id, written)
     status(f"asking the Hub about {repo_id}")
     remote = R.Remote(repo_id, revision)
-    _compare_with_hub(job, remote, options.create, options.overwrite)
-    if CARD_NAME in contents.by_rel():
-        remote.validate_card(contents.root / CARD_NAME)
+    private, held = hub_state(remote)
+    # The card names the repo (download and serve lines): the directory and the repo hold the same
+    # card, written here only once nothing can refuse the upload; until then, as it will be.
+    card = _card_for(contents, repo_id, revision)
+    planned = contents if card is None or not card.changed else C.rewritten(contents, card.text, card.manifest)
+    job = UploadJob(planned, repo_id, revision, options.private, False, C.commits_of(list(planned.files)))
+    job.card, job.base_model_hint = _card_state(planned, repo_id, card is not None and card.changed)
+    _compare_with_hub(job, private, held, options.create, options.overwrite)
+    if card is not None:
+        remote.validate_card(contents.root / CARD_NAME, card.text)
+    gone = [f.rel for f in contents.sent if not (contents.root / f.rel).exists()]
     if options.skip_verify:
         job.verified = "skipped (--skip-verify)"
+    elif gone:  # the directory is not all here: its files were checked one by one before they were sent
+        job.verified = f"by `convert --upload`, each file before it was sent ({len(gone)} sent and deleted here)"
     else:
         status(f"checking {out_dir}: structure and integrity")
         job.verified = _verify(contents.root, check_progress)
+    if card is not None and card.changed:
+        render_card(contents.root, repo_id=repo_id, revision=revision)
+        job.contents = C.read_contents(contents.root)
+        if _listing(job.contents) != _listing(planned):
+            raise UploadError(f"{contents.root}: changed while it was checked; run the command again")
     return job
+
+
+def _listing(contents: C.Contents) -> list[tuple[str, int, str]]:
+    return [(f.rel, f.size, f.sha256) for f in contents.files]
+
+
+def hub_state(remote: R.Remote) -> tuple[bool | None, dict[str, R.RemoteFile] | None]:
+    """(whether the repo is private, None: no such repo; what the branch holds, None: no such
+    branch). Without a token the Hub is only asked whether it answers (the repo may be one the
+    token would see): no token and no Hub are both said, in one line."""
+    token = R.token_problem()
+    try:
+        private = remote.visibility()
+        held = remote.files() if private is not None and token is None else None
+    except R.Unreachable as e:
+        raise UploadError("; also, ".join(x for x in (token, str(e)) if x)) from e
+    except UploadError:
+        if token is None:
+            raise
+        private, held = None, None
+    if token is not None:
+        raise UploadError(token)
+    return private, held
+
+
+def _card_for(contents: C.Contents, repo_id: str, revision: str):
+    """The card as it will be written for `repo_id` (output.card.RenderedCard, nothing written);
+    None for a conversion with --no-card (the source's README goes up as it is)."""
+    if not (contents.manifest.get("options") or {}).get("card"):
+        return None
+    return render_card(contents.root, repo_id=repo_id, revision=revision, write=False)
 
 
 def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
@@ -126,7 +164,7 @@ def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str 
     return card, None if base else BASE_MODEL_HINT.replace("DIR", str(contents.root), 1)
 
 
-def _check_names(repo_id: str, revision: str | None) -> str:
+def check_names(repo_id: str, revision: str | None) -> str:
     if not is_repo_id(repo_id):
         raise UploadError(f"REPO_ID {repo_id!r}: expected OWNER/NAME, a model repo on the Hub")
     revision = revision or "main"
@@ -135,15 +173,17 @@ def _check_names(repo_id: str, revision: str | None) -> str:
     return revision
 
 
-def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite: bool) -> None:
-    """What the branch holds: this upload's files (skipped), or another model's (refused unless
-    --overwrite, when the last commit deletes what the manifest does not list)."""
+def _compare_with_hub(
+    job: UploadJob, private: bool | None, held: dict[str, R.RemoteFile] | None, create: bool, overwrite: bool
+) -> None:
+    """What the branch holds (`hub_state`): this upload's files (skipped), or another model's
+    (refused unless --overwrite, when the last commit deletes what the manifest does not list)."""
     where = f"{job.repo_id} (branch {job.revision})"
-    private = remote.visibility()
     if private is None:
         if not create:
             raise UploadError(f"{job.repo_id}: no such model repo on the Hub (or the token cannot see it); "
                               "pass --create to make it")  # fmt: skip
+        _check_sent(job, {}, where)
         job.missing = ("repo",) if job.revision == "main" else ("repo", "branch")
         return
     if job.private and not private:
@@ -151,10 +191,10 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
             f"{job.repo_id} exists and is public; --private does not change that: make it private on the Hub "
             "first, or leave out --private"
         )
-    held = remote.files()
     if held is None:
         if not create:
             raise UploadError(f"{where}: no such branch; pass --create to make it (from main)")
+        _check_sent(job, {}, where)
         job.missing = ("branch",)
         return
     local = job.contents.by_rel()
@@ -165,10 +205,11 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
             continue
         if f is None:
             foreign.append(path)
-        elif _same(job.contents.root / path, f, rf):
+        elif _same(job, f, rf):
             on_hub.add(path)
         else:
             differ.append(path)
+    _check_sent(job, held, where)
     if (differ or foreign) and not overwrite:
         what = "; ".join(
             x for x in (f"{some(differ)} differ from this directory's" if differ else "",
@@ -181,12 +222,44 @@ def _compare_with_hub(job: UploadJob, remote: R.Remote, create: bool, overwrite:
     job.on_hub, job.deletions = frozenset(on_hub), tuple(foreign)
 
 
-def _same(path: Path, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+def _check_sent(job: UploadJob, held: dict[str, R.RemoteFile], where: str) -> None:
+    """Each file `convert --upload` committed and deleted here must be on this branch, as it was
+    committed: it cannot be sent again from here."""
+    for f in job.contents.sent:
+        rf = held.get(f.rel)
+        if (job.contents.root / f.rel).exists() or (rf is not None and _same_sent(job, f, rf)):
+            continue
+        to = f.sent_to
+        raise UploadError(
+            f"{job.contents.root / f.rel}: committed to {to.repo} (branch {to.revision}) by `convert --upload` and "
+            f"deleted here, and {where} does not hold it; upload to that repo, or convert again"
+        )
+
+
+def _same(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+    """Whether the branch's `rf` is this upload's `f`: the same size and sha256 (an LFS file), or
+    git object id (a file kept in git, from its bytes here, or, where `convert --upload` committed
+    it to this branch and deleted it here, the commit the journal records)."""
+    path = job.contents.root / f.rel
     if rf.size != f.size:
         return False
     if rf.sha256 is not None:
         return rf.sha256 == f.sha256
-    return rf.blob_id is not None and C.git_blob_sha1(path) == rf.blob_id
+    if f.data is None and not path.is_file():
+        return f.sent_to is not None and _same_sent(job, f, rf)
+    return rf.blob_id is not None and C.git_blob_sha1(path, f.data) == rf.blob_id
+
+
+def _same_sent(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+    """A file `convert --upload` committed and deleted here, and the branch's `rf`: the same, where
+    the branch keeps its sha256; where it does not (a small file kept in git), where the journal
+    says it was committed to this repo and branch, at this size."""
+    to = f.sent_to
+    if rf.size != f.size:
+        return False
+    if rf.sha256 is not None:
+        return rf.sha256 == f.sha256
+    return (to.repo, to.revision) == (job.repo_id, job.revision)
 
 
 def _verify(root: Path, progress: ProgressFactory | None) -> str:
@@ -280,10 +353,10 @@ def _result(job: UploadJob, seconds: float | None) -> UploadResult:
     return UploadResult(
         dir=str(job.contents.root), repo=job.repo_id, revision=job.revision, url=url, dry_run=job.dry_run,
         files=len(files), bytes=job.contents.bytes,
-        uploaded_files=len(sent) if job.dry_run else job.sent_files,
-        uploaded_bytes=sum(f.size for f in sent) if job.dry_run else job.sent_bytes,
+        uploaded_files=job.sent_files, uploaded_bytes=job.sent_bytes,
         skipped_files=len(skipped), skipped_bytes=sum(f.size for f in skipped), commits=tuple(job.done),
         deleted=job.deleted, created=job.missing if not job.dry_run else (),
         verified=job.verified, seconds=seconds, plan=plan if job.dry_run else (), card=job.card,
-        base_model_hint=job.base_model_hint,
+        base_model_hint=job.base_model_hint, would_upload_files=len(sent) if job.dry_run else None,
+        would_upload_bytes=sum(f.size for f in sent) if job.dry_run else None,
     )  # fmt: skip

@@ -1,6 +1,8 @@
 """Hub sources through huggingface_hub: resolve a repo id to one commit, list its files with size
 and sha256, read shard headers by range request, download shards and check their sha256, and
-stream shards for --stream (fetch in plan order, delete each once nothing pending needs it).
+stream shards for --stream (fetch in plan order, delete each once nothing pending needs it, within
+a disk budget where one is given). A download that fails for the network, a 5xx or a 429 is tried
+again after a wait (`RETRY_WAITS`, or the Hub's Retry-After); anything else is one line.
 
 Token, cache, endpoint and offline mode are huggingface_hub's own (HF_TOKEN, HF_HOME,
 HF_ENDPOINT, HF_HUB_OFFLINE).
@@ -12,13 +14,16 @@ import contextlib
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
-from mla_runtime.safetensors_file import ShardHeader, file_digest
+from mla_convert.process.interrupts import crash_point
+from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, file_digest
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,10 @@ def http_error_line(e) -> str:
     own message, and the request id the Hub's support asks for, whichever lines carried them."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     line = lines[0] if lines else type(e).__name__
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and str(status) not in line:
+        line = f"{status}: {line}"
     server = getattr(e, "server_message", None)
     if server and server.strip() not in line:
         line += f": {' '.join(server.split())}"
@@ -81,6 +90,48 @@ def http_error_line(e) -> str:
     if request_id and request_id not in line:
         line += f" (request id {request_id})"
     return line
+
+
+RETRY_WAITS = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before each new try of a request that failed transiently
+TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
+
+
+def transient(e: BaseException | None) -> float | None:
+    """How long the Hub asks to wait before `e`'s request is tried again (0: no time given), or
+    None when trying again will not help: `e` or a cause is a timeout, a network error, a 5xx or a
+    429 (with its Retry-After)."""
+    from huggingface_hub import errors
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, errors.OfflineModeIsEnabled):
+            return None
+        if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+            if e.response.status_code not in TRANSIENT_STATUSES:
+                return None
+            try:
+                return float(e.response.headers.get("retry-after") or 0)
+            except ValueError:
+                return 0.0
+        if isinstance(e, (ConnectionError, TimeoutError, *network_errors())):
+            return 0.0
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def retrying(call: Callable[[], object], waits: tuple[float, ...] | None = None) -> object:
+    """`call()`, tried again after each wait of `waits` (default RETRY_WAITS) while it fails
+    transiently (`transient`); the last failure, or one that is not transient, is raised."""
+    for wait in (*(RETRY_WAITS if waits is None else waits), None):
+        try:
+            return call()
+        except Exception as e:
+            asked = transient(e)
+            if wait is None or asked is None:
+                raise
+            time.sleep(max(wait, asked))
+    raise AssertionError("unreachable")
 
 
 def offline() -> bool:
@@ -143,9 +194,13 @@ def remote_header(repo: HubRepo, filename: str, local_path: Path) -> ShardHeader
     headers = build_hf_headers()
 
     def get_range(start: int, end: int) -> bytes:
-        with hub_errors(repo.repo_id, repo.commit):
+        def once():
             r = get_session().get(url, headers={**headers, "range": f"bytes={start}-{end}"}, follow_redirects=True)
             hf_raise_for_status(r)
+            return r
+
+        with hub_errors(repo.repo_id, repo.commit):
+            r = retrying(once)
         return r.content[: end - start + 1]
 
     n = header_length(local_path, get_range(0, 7), size)
@@ -184,14 +239,19 @@ def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
 
 def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -> Path:
     """Download (or take from the cache) and check size + sha256; a bad copy is fetched once more,
-    a second bad copy is refused, never converted."""
+    a second bad copy is refused, never converted. Into `local_dir` (--stream's staging) the bytes
+    are hashed as they arrive (`_receive`), not read again."""
     from huggingface_hub import hf_hub_download
 
+    if local_dir is not None:
+        return _fetch_into(repo, filename, Path(local_dir))
     for attempt in range(2):
-        with hub_errors(repo.repo_id, repo.commit):
+        with hub_errors(repo.label(filename), repo.commit):
             path = Path(
-                hf_hub_download(
-                    repo.repo_id, filename, revision=repo.commit, local_dir=local_dir, force_download=attempt > 0
+                retrying(
+                    lambda attempt=attempt: hf_hub_download(
+                        repo.repo_id, filename, revision=repo.commit, force_download=attempt > 0
+                    )
                 )
             )
         problem = check_file(repo, filename, path)
@@ -199,6 +259,90 @@ def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -
             return path
         _discard(path)
     raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+DOWNLOAD_SUFFIX = ".download"  # a shard being downloaded into the staging directory: .NAME.download
+
+
+def download_name(path: Path) -> Path:
+    """Where `path` is downloaded to until it is whole and checked."""
+    return path.with_name(f".{path.name}{DOWNLOAD_SUFFIX}")
+
+
+def _fetch_into(repo: HubRepo, filename: str, staging: Path) -> Path:
+    """`filename` into `staging`, checked as it arrives; a whole copy an earlier run left is checked
+    (read once), a partial one continued."""
+    dest = staging / filename
+    expected = repo.files.get(filename)
+    if expected is None:
+        raise SourceError(f"{repo.label(filename)}: not in the repository's file list")
+    if dest.exists():
+        if check_file(repo, filename, dest) is None:
+            return dest
+        dest.unlink()
+    for attempt in range(2):
+        with hub_errors(repo.label(filename), repo.commit):
+            size, sha = _receive(repo, filename, dest, fresh=attempt > 0)
+        problem = _differs(expected, size, sha)
+        if problem is None:
+            os.replace(download_name(dest), dest)
+            return dest
+    download_name(dest).unlink(missing_ok=True)
+    raise SourceError(f"{repo.label(filename)}: downloaded twice and still corrupt ({problem}); not converted")
+
+
+def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
+    if expected.size is not None and size != expected.size:
+        return f"size {size}, the Hub lists {expected.size}"
+    if expected.sha256 and sha != expected.sha256:
+        return f"sha256 {sha[:16]}..., the Hub lists {expected.sha256[:16]}..."
+    return None
+
+
+def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
+    """Download `filename` to download_name(dest), hashing each block as it arrives: its (size,
+    sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
+    there, by a range request, after a wait (`retrying`); an earlier run's partial download too
+    (its bytes hashed first), unless `fresh`."""
+    import hashlib
+
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
+    headers = build_hf_headers()
+    partial = download_name(dest)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    state = {"sha256": hashlib.sha256()}
+    with open(partial, "wb+" if fresh else "ab+") as f:
+        f.seek(0)
+        while chunk := f.read(HASH_CHUNK):
+            state["sha256"].update(chunk)
+
+        def once() -> None:
+            start = f.tell()
+            wanted = repo.files[filename].size
+            if wanted is not None and start >= wanted:
+                return
+            ranged = {"range": f"bytes={start}-"} if start else {}
+            with get_session().stream(
+                "GET", url, headers={**headers, **ranged}, follow_redirects=True,
+                timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+            ) as r:  # fmt: skip
+                if r.status_code >= 400:
+                    r.read()  # the server's message, for the error
+                hf_raise_for_status(r)
+                if start and r.status_code != 206:  # the range was not taken: from the start
+                    f.seek(0)
+                    f.truncate()
+                    state["sha256"] = hashlib.sha256()
+                for block in r.iter_bytes():
+                    state["sha256"].update(block)
+                    f.write(block)
+
+        retrying(once)
+        size = f.tell()
+    return size, state["sha256"].hexdigest()
 
 
 def _discard(path: Path) -> None:
@@ -224,10 +368,26 @@ class ShardStreamer:
     """Downloads the shards each job needs, in job order, and deletes a shard once no pending job
     needs it. Downloads stay within a window of `ahead + 1` jobs starting at the oldest unfinished
     one, so what is on disk is at most the inputs of those jobs, even when jobs finish out of order.
+
+    With a `budget` (output.budget.DiskBudget), a job's new shards and `extra[job]` (the bytes of
+    its output files) are reserved together before its first download, in job order, and a shard's
+    room is released when it is deleted; shards an earlier run left in `staging` are counted (or
+    deleted, where no job needs them). `busy`: a context for each download (the stage clock's).
     """
 
-    def __init__(self, repo: HubRepo, staging: Path, jobs: list[tuple[str, list[str]]], ahead: int = 1):
+    def __init__(
+        self,
+        repo: HubRepo,
+        staging: Path,
+        jobs: list[tuple[str, list[str]]],
+        ahead: int = 1,
+        *,
+        budget=None,
+        extra: dict[str, int] | None = None,
+        busy: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         self.repo, self.staging, self.jobs, self.ahead = repo, staging, jobs, ahead
+        self.budget, self.extra, self.busy = budget, extra or {}, busy or contextlib.nullcontext
         self.users: dict[str, int] = {}
         for _, files in jobs:
             for f in files:
@@ -237,11 +397,30 @@ class ShardStreamer:
         self.finished: set[str] = set()
         self.oldest_unfinished = 0  # index into jobs
         self.fetched: set[str] = set()
+        self.reserved: set[str] = set()  # shards whose room the budget holds
         self.on_disk = 0
         self.peak_on_disk = 0
         self.error: BaseException | None = None
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name=DOWNLOAD_THREAD_NAME, daemon=True)
+        if budget is not None:
+            self._count_leftovers()
+
+    def size(self, filename: str) -> int:
+        return self.repo.files[filename].size or 0
+
+    def _count_leftovers(self) -> None:
+        """What an earlier run left in `staging`: a shard a job needs is counted in the budget (its
+        download, whole or not, goes on); one none needs is deleted."""
+        for path in [*self.staging.rglob("*.safetensors"), *self.staging.rglob(f".*{DOWNLOAD_SUFFIX}")]:
+            rel = path.relative_to(self.staging).as_posix()
+            if path.name.endswith(DOWNLOAD_SUFFIX):  # a download cut short: its shard's
+                rel = path.with_name(path.name[1 : -len(DOWNLOAD_SUFFIX)]).relative_to(self.staging).as_posix()
+            if rel in self.users and rel not in self.reserved:
+                self.budget.force(self.size(rel))
+                self.reserved.add(rel)
+            else:
+                path.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardStreamer:
         self.thread.start()
@@ -263,9 +442,15 @@ class ShardStreamer:
                     self.cond.wait_for(lambda k=k: self.stopping or k <= self.oldest_unfinished + self.ahead)
                     if self.stopping:
                         return
+                if self.budget is not None:
+                    new = sorted(set(files) - self.reserved)
+                    self.budget.reserve(sum(map(self.size, new)) + self.extra.get(job, 0))
+                    self.reserved |= set(new)
                 for f in files:
                     if f not in self.fetched:
-                        fetch_checked(self.repo, f, local_dir=self.staging)
+                        with self.busy():
+                            fetch_checked(self.repo, f, local_dir=self.staging)
+                        crash_point(f"download:{f}")
                         with self.cond:
                             self.fetched.add(f)
                             self.on_disk += (self.staging / f).stat().st_size
@@ -284,7 +469,8 @@ class ShardStreamer:
         return ready
 
     def release(self, job: str, files: list[str]) -> None:
-        """`job` is durably written: delete the shards nothing pending needs, move the window."""
+        """`job` is durably written (and checked, where it is): delete the shards nothing pending
+        needs, give back their room, move the window."""
         with self.cond:
             for f in files:
                 self.users[f] -= 1
@@ -292,6 +478,9 @@ class ShardStreamer:
                     path = self.staging / f
                     self.on_disk -= path.stat().st_size
                     path.unlink()
+                if self.users[f] == 0 and f in self.reserved:
+                    self.reserved.discard(f)
+                    self.budget.release(self.size(f))
             self.finished.add(job)
             while self.oldest_unfinished < len(self.jobs) and self.jobs[self.oldest_unfinished][0] in self.finished:
                 self.oldest_unfinished += 1

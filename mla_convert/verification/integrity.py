@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from mla_convert.constants import COMPLETE, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import SourceCheckpoint
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, Tally
@@ -70,11 +71,14 @@ def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[st
     ):
         return
     files: dict = manifest["files"]
-    _check_listed_files(files, results, tally)
+    sent = _sent(files, Journal(root).files())
+    _check_listed_files(files, results, sent, tally)
     _check_unlisted_files(root, files, tally)
     if lay.mla_manifest is not None:
         _check_against_mla_manifest(lay.mla_manifest, results, tally)
     for i in sorted(set(lay.mla_layers) - set(lay.mla_headers)):
+        if f"{MLA_DIR_NAME}/{layer_file_name(i)}" in sent:
+            continue
         tally.fail(
             MLA,
             "artifact",
@@ -85,11 +89,26 @@ def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[st
         )
 
 
-def _check_listed_files(files: dict, results: dict[str, FileResult], tally: Tally) -> None:
-    """Each file the conversion manifest lists is there, with the recorded size and sha256."""
+def _sent(files: dict, lifecycle: dict[str, FileRecord]) -> set[str]:
+    """The listed files committed to the Hub at the size and sha256 the manifest lists."""
+    return {
+        rel
+        for rel, meta in files.items()
+        if (r := lifecycle.get(rel)) is not None
+        and r.on_hub
+        and isinstance(meta, dict)
+        and (meta.get("size"), meta.get("sha256")) == (r.size, r.sha256)
+    }
+
+
+def _check_listed_files(files: dict, results: dict[str, FileResult], sent: set[str], tally: Tally) -> None:
+    """Each file the conversion manifest lists is there, with the recorded size and sha256 (or
+    committed to the Hub at those)."""
     for rel in sorted(files):
         meta, r = files[rel], results.get(rel)
-        if r is None or r.size is None:
+        if (r is None or r.size is None) and rel in sent:
+            tally.ok(INTEGRITY)
+        elif r is None or r.size is None:
             tally.fail(INTEGRITY, "missing-file", rel, expected=f"{meta.get('size')} bytes", found="missing")
         elif r.sha256 is not None:
             tally.expect(r.size == meta.get("size"), INTEGRITY, "size", rel, expected=meta.get("size"), found=r.size)

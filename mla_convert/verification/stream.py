@@ -43,10 +43,12 @@ if TYPE_CHECKING:
 READ_AHEAD_BYTES = 128 * 1024 * 1024  # asked of the kernel past the tensor being read
 
 
-def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None) -> FileResult:
-    """Hash one file and check every tensor in it; never raises for a bad file (records it)."""
+def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None, *, hashed: bool = True) -> FileResult:
+    """Hash one file and check every tensor in it; never raises for a bad file (records it).
+    `hashed` False: its sha256 is known (the converter hashed it as it wrote it), only the checks
+    run (FileResult.sha256 None)."""
     tally = Tally()
-    h = _BackgroundSha256()
+    h = _BackgroundSha256() if hashed else _Counted()
     checks = _FileChecks(task, tally, thread_buffers())
     try:
         with open(Path(task.root) / task.rel, "rb") as f:
@@ -113,6 +115,22 @@ class _BackgroundSha256:
             self._last.result()
             self._last = None
         self._pool.shutdown()
+
+
+class _Counted:
+    """_BackgroundSha256's place where the file is not hashed again: the bytes are only counted."""
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+
+    def update(self, data) -> None:
+        self.nbytes += len(data)
+
+    def hexdigest(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 class _FileChecks:
