@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from huggingface_hub import hf_hub_download
+from huggingface_hub import ModelCard, hf_hub_download
 from typer.testing import CliRunner
 
 import mla_convert
@@ -98,6 +98,19 @@ def test_card_keeps_the_users_text_and_records_it_so_verify_passes(out):
     assert has_user_text(text) and "vllm serve org/x" in text and '"$PWD"' not in text
     assert text.index(INTRO.strip()) < text.index("# x\n") and text.index(NOTE.strip()) < text.index("## Conversion")
     assert text.endswith(TAIL)
+    assert verify(out).ok
+
+
+def test_the_users_metadata_keys_and_tags_are_kept(out):
+    path = out / CARD
+    text = path.read_text()
+    assert text.startswith("---\n") and "\n- gaudi\n" in text
+    path.write_text(
+        text.replace("---\n", "---\nlanguage:\n- en\n", 1).replace("\n- gaudi\n", "\n- gaudi\n- reasoning\n", 1)
+    )
+    assert cli("card", out, "--repo-id", "org/x").exit_code == 0
+    meta = ModelCard.load(path).data.to_dict()
+    assert meta["language"] == ["en"] and "reasoning" in meta["tags"] and "fp8" in meta["tags"]
     assert verify(out).ok
 
 
