@@ -228,8 +228,6 @@ class RenderedCard:
     text: str = ""  # the card
     manifest: bytes | None = None  # the manifest recording it, where it changes
     user_text: bool = False  # it holds text its user wrote (kept)
-    kept: tuple[str, ...] = ()  # sections of mla-convert's kept as the user edited them
-    overwritten: tuple[str, ...] = ()  # sections and keys the user edited, written again (overwrite)
 
 
 def render_card(
@@ -277,10 +275,8 @@ def render_card(
     as_recorded = entry.get("sha256") == hashlib.sha256(data).hexdigest()
     was_edited = (manifest.get("card") or {}).get(EDITED) is True
     mode = card_edits.OVERWRITE if overwrite else card_edits.KEEP if keep or as_recorded else None
-    text, user_text, kept, overwritten = _rewritten(
-        out_dir, old.replace("\r\n", "\n"), recorded, facts, mode, as_recorded, was_edited
-    )
-    done = RenderedCard(path, True, facts.source.base_model, facts.repo_id, text, None, user_text, kept, overwritten)
+    text, user_text = _rewritten(out_dir, old.replace("\r\n", "\n"), recorded, facts, mode, as_recorded, was_edited)
+    done = RenderedCard(path, True, facts.source.base_model, facts.repo_id, text, None, user_text)
     if text == old and as_recorded and user_text == was_edited:
         return dataclasses.replace(done, changed=False)
     changes = {"source": facts.source.as_dict(), "card": facts.record() | ({EDITED: True} if user_text else {})}
@@ -295,12 +291,11 @@ def render_card(
 
 def _rewritten(
     out_dir: Path, old: str, recorded: CardFacts, facts: CardFacts, mode: str | None, as_recorded: bool, edited: bool
-) -> tuple[str, bool, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[str, bool]:
     """The card `old` written for `facts` (output.card_edits; `recorded`: the facts it was written
-    for): its text, whether it holds text its user wrote, the sections kept as the user edited them
-    and those written again over the edit. A card as recorded, recorded as holding nothing its user
-    wrote (not `edited`), where a section is not found, is another version's wording: written again
-    whole. OutputError for an edit not recorded that `mode` does not resolve: None refuses every one,
+    for): its text, and whether it holds text its user wrote. A card as recorded, recorded as
+    holding nothing its user wrote (not `edited`), where a section is not found, is another
+    version's wording: written again whole. OutputError for an edit not recorded that `mode` does not resolve: None refuses every one,
     KEEP one of what verify checks."""
     source, result = _source_in(old), _verify_result_in(old)
     metadata, body = card_edits.split(old)
@@ -310,12 +305,11 @@ def _rewritten(
     new = card_edits.rewrite(metadata, body, before, after, mode)
     built = build_card(facts, source, result)
     if new.edited and as_recorded and not edited:
-        return built, False, (), ()
+        return built, False
     if new.edited and not as_recorded and (mode is None or (new.identity and mode == card_edits.KEEP)):
         raise _edited_inside(out_dir, new)
     text = f"---\n{_yaml(new.metadata)}\n---\n{new.body}"
-    overwritten = new.edited if mode == card_edits.OVERWRITE else ()
-    return text, text != built, () if overwritten else new.edited, overwritten
+    return text, text != built
 
 
 def _sections(facts: CardFacts, with_source: bool, verify_result: str | None) -> list[str]:
