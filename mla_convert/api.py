@@ -172,19 +172,35 @@ def upload(
         return run(job, progress_factory, status)
 
 
-def card(out_dir: str | Path, *, base_model: str | None = None, repo_id: str | None = None) -> CardResult:
+def card(
+    out_dir: str | Path,
+    *,
+    base_model: str | None = None,
+    repo_id: str | None = None,
+    keep: bool = False,
+    overwrite: bool = False,
+) -> CardResult:
     """Write the model card of `out_dir` (a finished conversion) again, without the source: with
     `base_model` (a Hub model id) and `repo_id` (the repo its download and serve lines name) when
     given, else the recorded ones; the manifest records the new card. verify passes afterwards.
 
+    What its user wrote around mla-convert's sections (and their own metadata keys and tags) is
+    kept, and recorded. An edit inside a section mla-convert writes is refused (OutputError naming
+    README.md and the section) unless `keep` (kept as edited, and in later cards too) or
+    `overwrite` (written again from the facts).
+
     Holds `out_dir`'s lock while it writes, as `mla-convert card` does. Raises OutputError (a
-    ConvertError) with a one-line message when it cannot: another run holds the directory, not a
-    finished conversion, converted with --no-card, or a base model or repo that is not a Hub id.
+    ConvertError) with a one-line message when it cannot: no such directory, another run holds the
+    directory, not a finished conversion, converted with --no-card, an edit inside a section, or a
+    base model or repo that is not a Hub id.
     """
+    from mla_convert.errors import OutputError
     from mla_convert.output.card import BASE_MODEL_HINT, render_card
 
+    if not Path(out_dir).is_dir():  # before the lock, which would say that it cannot be taken
+        raise OutputError(f"{out_dir}: {'not a directory' if Path(out_dir).exists() else 'no such directory'}")
     with locked(Path(out_dir), "card", None):
-        done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id)
+        done = render_card(Path(out_dir), base_model=base_model, repo_id=repo_id, keep=keep, overwrite=overwrite)
     hint = None if done.base_model else BASE_MODEL_HINT.replace("DIR", str(out_dir), 1)
     return CardResult(str(out_dir), str(done.path), done.changed, done.base_model, done.repo_id, hint)
 

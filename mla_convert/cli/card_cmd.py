@@ -1,5 +1,5 @@
-"""`mla-convert card DIR [--base-model ID] [--repo-id ID]`: a converted directory's model card
-written again, without the source (mla_convert.card)."""
+"""`mla-convert card DIR [--base-model ID] [--repo-id ID] [--keep | --overwrite]`: a converted
+directory's model card written again, without the source, the user's edits kept (mla_convert.card)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import typer
 from mla_convert.cli import console
 from mla_convert.cli.errors import errors_to_exit
 from mla_convert.cli.options import JsonOpt, QuietOpt
-from mla_convert.errors import OutputError
 
 DirArg = Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by mla-convert convert.")]
 CardBaseOpt = Annotated[
@@ -32,25 +31,41 @@ RepoIdOpt = Annotated[
         "the recorded one.",
     ),
 ]
+KeepOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep",
+        help="Keep your edits inside the sections mla-convert writes, as you wrote them (later cards keep them too).",
+    ),
+]
+CardOverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Write the sections mla-convert writes again, over your edits inside them (your text around them "
+        "is kept).",
+    ),
+]
 
 
 def card(
     dir: DirArg,
     base_model: CardBaseOpt = None,
     repo_id: RepoIdOpt = None,
+    keep: KeepOpt = False,
+    overwrite: CardOverwriteOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Write a converted directory's model card (README.md) again, and its record in the manifest, from
-    what the manifest records: no source needed, and verify passes afterwards.
+    what the manifest records: no source needed, and verify passes afterwards. Your text around
+    its sections is kept and recorded; an edit inside them is refused unless --keep or --overwrite.
 
     Exit code 0: written (or already this card); 2: refused (one line says why)."""
     with errors_to_exit("interrupted; run the same command again to write the card"):
-        if not dir.is_dir():  # before the library's 'not an mla-convert output', which is not the problem
-            raise OutputError(f"{dir}: {'not a directory' if dir.exists() else 'no such directory'}")
         from mla_convert import api
 
-        result = api.card(dir, base_model=base_model, repo_id=repo_id)  # locked there
+        result = api.card(dir, base_model=base_model, repo_id=repo_id, keep=keep, overwrite=overwrite)  # locked there
     if json_out:
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif not quiet:

@@ -25,7 +25,7 @@ from mla_convert import formats
 from mla_convert.constants import CARD_METADATA_KEY, CARD_NAME, COMPLETE, MANIFEST_NAME, TOOL_NAME
 from mla_convert.errors import OutputError, SourceError, with_flags
 from mla_convert.io.files import WrittenFile, write_bytes_atomic
-from mla_convert.output import card_text
+from mla_convert.output import card_edits, card_text
 from mla_convert.output.card_facts import CardFacts, SourceRef
 from mla_convert.output.manifest import is_conversion_manifest, manifest_doc_bytes, read_manifest
 from mla_convert.results import VerifyReport
@@ -89,6 +89,9 @@ BASE_MODEL_HINT = (
     "the model card names no base model (the source is a local directory with no Hub id); set it with "
     "`mla-convert card DIR --base-model OWNER/NAME`"
 )
+
+# Where README.md is not the card the manifest records (verify, upload): how an edit of it is recorded.
+CARD_EDITED_HINT = "edited by hand? `mla-convert card DIR` records the edit, keeping your text"
 
 
 def format_tags(fmt: str) -> list[str]:
@@ -210,6 +213,11 @@ def _with_card(manifest: dict, written: WrittenFile, **changes) -> bytes:
 
 # --- the card written again, without the source (mla-convert card, upload) ------------------------
 
+# What the manifest's card record adds where the card it records holds text its user wrote: a section
+# of mla-convert's not found there is then the user's, kept (output.card_edits), not another
+# version's wording of it (a card of another version, as it wrote it, is written again whole).
+EDITED = "edited"
+
 
 @dataclass(frozen=True)
 class RenderedCard:
@@ -219,6 +227,7 @@ class RenderedCard:
     repo_id: str | None
     text: str = ""  # the card
     manifest: bytes | None = None  # the manifest recording it, where it changes
+    user_text: bool = False  # it holds text its user wrote (kept)
 
 
 def render_card(
@@ -228,42 +237,113 @@ def render_card(
     repo_id: str | None = None,
     revision: str | None = None,
     write: bool = True,
+    keep: bool = False,
+    overwrite: bool = False,
 ) -> RenderedCard:
     """Write `out_dir`'s card again from what its manifest records (CardFacts.record, the source)
     and what the card holds of the source (its metadata and card text) and of verify (the result):
-    with `base_model` and `repo_id` (and its branch, `revision`) when given, else the recorded ones. The card, then the manifest
-    with the card's size and sha256 (and the base model, the repo), each atomically; interrupted
-    between the two, the same call writes both again. Nothing is written when the card is already
-    the one it would write (nor with `write` False: what would be written is returned). OutputError
-    when `out_dir` is not a finished conversion with a card."""
+    with `base_model` and `repo_id` (and its branch, `revision`) when given, else the recorded ones.
+    What its user wrote is kept (output.card_edits): text around mla-convert's sections, metadata
+    keys and tags. A section of mla-convert's the user edited since the card was recorded is refused
+    (OutputError naming it) unless `keep` (kept as edited) or `overwrite` (written again); one edited
+    in a card recorded so is kept. The card, then the manifest with the card's size and sha256 (and
+    the base model, the repo), each atomically; interrupted between the two, the same call writes
+    both again. Nothing is written when the card is already the one it would write (nor with `write`
+    False: what would be written is returned). OutputError when `out_dir` is not a finished
+    conversion with a card."""
     out_dir = Path(out_dir)
     for name, value in (("base_model", base_model), ("repo_id", repo_id)):
         if value is not None and not is_repo_id(value):
             why = "expected a Hub model id, OWNER/NAME, not a path or a URL"
             flag = "--" + name.replace("_", "-")
             raise with_flags(OutputError(f"{name}={value!r}: {why}"), f"{flag} {value!r}: {why}")
-    manifest, facts = _recorded_card(out_dir)
+    if keep and overwrite:
+        raise with_flags(OutputError("keep and overwrite: choose one"), "--keep and --overwrite: choose one")
+    manifest, recorded = _recorded_card(out_dir)
+    facts = recorded
     if base_model is not None:
         facts = dataclasses.replace(facts, source=dataclasses.replace(facts.source, base_model=base_model))
     if repo_id is not None:  # a branch other than main is named with it: `revision` (None: main)
         facts = dataclasses.replace(facts, repo_id=repo_id, repo_revision=revision if revision != "main" else None)
     path = out_dir / CARD_NAME
     try:
-        old = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        old = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise OutputError(f"{path}: cannot read the model card ({e})") from e
-    text = build_card(facts, _source_in(old), _verify_result_in(old))
-    recorded = manifest["files"].get(CARD_NAME) or {}
-    if text == old and recorded.get("size") == len(text.encode()):
-        return RenderedCard(path, False, facts.source.base_model, facts.repo_id, text)
-    changes = {"source": facts.source.as_dict(), "card": facts.record()}
+    entry = manifest["files"].get(CARD_NAME) or {}
+    as_recorded = entry.get("sha256") == hashlib.sha256(data).hexdigest()
+    was_edited = (manifest.get("card") or {}).get(EDITED) is True
+    mode = card_edits.OVERWRITE if overwrite else card_edits.KEEP if keep or as_recorded else None
+    text, user_text = _rewritten(out_dir, old.replace("\r\n", "\n"), recorded, facts, mode, as_recorded, was_edited)
+    done = RenderedCard(path, True, facts.source.base_model, facts.repo_id, text, None, user_text)
+    if text == old and as_recorded and user_text == was_edited:
+        return dataclasses.replace(done, changed=False)
+    changes = {"source": facts.source.as_dict(), "card": facts.record() | ({EDITED: True} if user_text else {})}
     if not write:
         data = text.encode()
-        new = _with_card(manifest, WrittenFile(path, len(data), hashlib.sha256(data).hexdigest()), **changes)
-        return RenderedCard(path, True, facts.source.base_model, facts.repo_id, text, new)
+        written = WrittenFile(path, len(data), hashlib.sha256(data).hexdigest())
+        return dataclasses.replace(done, manifest=_with_card(manifest, written, **changes))
     written = write_bytes_atomic(path, text.encode())
     _record_card(out_dir, manifest, written, **changes)
-    return RenderedCard(path, True, facts.source.base_model, facts.repo_id, text)
+    return done
+
+
+def _rewritten(
+    out_dir: Path, old: str, recorded: CardFacts, facts: CardFacts, mode: str | None, as_recorded: bool, edited: bool
+) -> tuple[str, bool]:
+    """The card `old` written for `facts` (output.card_edits; `recorded`: the facts it was written
+    for): its text, and whether it holds text its user wrote. A card as recorded, recorded as
+    holding nothing its user wrote (not `edited`), where a section is not found, is another
+    version's wording: written again whole. OutputError for an edit not recorded that `mode` does not resolve: None refuses every one,
+    KEEP one of what verify checks."""
+    source, result = _source_in(old), _verify_result_in(old)
+    metadata, body = card_edits.split(old)
+    with_source = source is not None
+    before = card_edits.Generated(card_metadata(recorded, source).to_dict(), _sections(recorded, with_source, result))
+    after = card_edits.Generated(card_metadata(facts, source).to_dict(), _sections(facts, with_source, result))
+    new = card_edits.rewrite(metadata, body, before, after, mode)
+    built = build_card(facts, source, result)
+    if new.edited and as_recorded and not edited:
+        return built, False
+    if new.edited and not as_recorded and (mode is None or (new.identity and mode == card_edits.KEEP)):
+        raise _edited_inside(out_dir, new)
+    text = f"---\n{_yaml(new.metadata)}\n---\n{new.body}"
+    return text, text != built
+
+
+def _sections(facts: CardFacts, with_source: bool, verify_result: str | None) -> list[str]:
+    sections = card_text.sections(facts, with_source)
+    if verify_result is None:
+        return sections
+    return [_with_verify_result(s, verify_result) if _verify_span(s) else s for s in sections]
+
+
+def _yaml(metadata: dict) -> str:
+    """The front matter, as ModelCardData.to_yaml writes it."""
+    from huggingface_hub.utils import yaml_dump
+
+    return yaml_dump({k: v for k, v in metadata.items() if v is not None}, sort_keys=False).strip()
+
+
+def _edited_inside(out_dir: Path, new: card_edits.Rewritten) -> OutputError:
+    """The refusal of an edit where mla-convert writes, each way it can be resolved worded for the
+    library and for the command line."""
+    path, what = out_dir / CARD_NAME, ", ".join(new.edited)
+    command = f"`mla-convert card {out_dir}"
+    if new.identity:
+        why = f"{path}: edited where mla-convert writes what verify checks against {MANIFEST_NAME} ({what})"
+        base = " (a base model is set with base_model=)"
+        return with_flags(
+            OutputError(f"{why}; card(..., overwrite=True) writes it again{base}"),
+            f"{why}; {command} --overwrite` writes it again (a base model is set with --base-model)",
+        )
+    why = f"{path}: edited inside what mla-convert writes ({what})"
+    either = "your text around it is kept either way"
+    return with_flags(
+        OutputError(f"{why}; card(..., keep=True) keeps it as you wrote it, overwrite=True writes it again ({either})"),
+        f"{why}; {command} --keep` keeps it as you wrote it, {command} --overwrite` writes it again ({either})",
+    )
 
 
 def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:
@@ -297,16 +377,10 @@ def _recorded_card(out_dir: Path) -> tuple[dict, CardFacts]:
 def _source_in(card: str) -> SourceCard | None:
     """What the card holds of the source's card: its metadata (the fields SOURCE_METADATA takes)
     and its text, below SOURCE_BEGIN."""
-    import yaml
-    from huggingface_hub import ModelCard
-
     at = card.find(card_text.SOURCE_BEGIN)
     if at < 0:
         return None
-    try:
-        metadata = ModelCard(card, ignore_metadata_errors=True).data.to_dict()
-    except (ValueError, yaml.YAMLError):  # a damaged front matter: no metadata kept from it
-        metadata = {}
+    metadata = card_edits.split(card)[0] or {}  # a damaged front matter: no metadata kept from it
     return SourceCard(metadata, card[at + len(card_text.SOURCE_BEGIN) :].strip("\n"))
 
 

@@ -36,8 +36,17 @@ ACCURACY_ROWS = (
 
 def body(facts: CardFacts, source_text: str | None) -> str:
     """Every section, then the source's card (when the source has one) under SOURCE_HEADING."""
+    text = "\n\n".join(sections(facts, source_text is not None))
+    source_text = (source_text or "").strip("\n")
+    return f"{text}\n\n{source_text}\n" if source_text else f"{text}\n"
+
+
+def sections(facts: CardFacts, with_source_card: bool) -> list[str]:
+    """What mla-convert writes of the body, section by section (no newline around each): the last,
+    with a source card, is its heading down to SOURCE_BEGIN; the source's card follows it. The
+    user's text around them is kept when the card is written again (output.card_edits)."""
     parts = [
-        _title(facts, source_text is not None),
+        _title(facts, with_source_card),
         _conversion(facts),
         _weights(facts),
         _artifacts(facts),
@@ -45,9 +54,14 @@ def body(facts: CardFacts, source_text: str | None) -> str:
         _verification(facts),
         _not_verified(facts),
     ]
-    if source_text is not None:
-        parts.append(_source_card(facts, source_text))
-    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+    if with_source_card:
+        parts.append(_source_heading(facts))
+    return [p.strip("\n") for p in parts]
+
+
+def section_name(section: str) -> str:
+    """A section as a message names it: its heading line."""
+    return next((ln for ln in section.splitlines() if ln.startswith("#")), section.split("\n", 1)[0])
 
 
 def _format(facts: CardFacts) -> formats.Format:
@@ -254,11 +268,10 @@ def _not_verified(facts: CardFacts) -> str:
     )
 
 
-def _source_card(facts: CardFacts, source_text: str) -> str:
+def _source_heading(facts: CardFacts) -> str:
     name = facts.source.repo_id or facts.source.base_model
     return (
         f"---\n\n{SOURCE_HEADING}\n\n"
         f"Below, unchanged, is the model card of the source{f', `{name}`' if name else ''}. It describes the "
-        f"source's weights, not the converted ones above.\n\n{SOURCE_BEGIN}\n\n"
-        f"{source_text.strip(chr(10))}"
+        f"source's weights, not the converted ones above.\n\n{SOURCE_BEGIN}"
     )

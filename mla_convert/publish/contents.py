@@ -37,6 +37,7 @@ from mla_convert.constants import (
     PARAMS_JSON_NAME,
 )
 from mla_convert.errors import UploadError
+from mla_convert.output.card import CARD_EDITED_HINT
 from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.output.manifest import manifest_problem
 from mla_convert.output.out_dir import some
@@ -100,7 +101,7 @@ def read_contents(out_dir: Path) -> Contents:
             "`mla-convert convert ... --resume` first"
         )
     listed = _with_lifecycle(_listed(root, manifest["files"]), Journal(root).files())
-    _check_directory(root, listed)
+    _check_directory(root, listed, card=bool((manifest.get("options") or {}).get("card")))
     own = UploadFile(MANIFEST_NAME, path.stat().st_size, _sha256(path))
     return Contents(root, manifest, (*upload_order(listed), own))
 
@@ -144,9 +145,10 @@ def _with_lifecycle(listed: list[UploadFile], lifecycle: dict[str, FileRecord]) 
     return out
 
 
-def _check_directory(root: Path, listed: list[UploadFile]) -> None:
+def _check_directory(root: Path, listed: list[UploadFile], card: bool = False) -> None:
     """Every listed file there at its size (but those sent and deleted here), and nothing else
-    (hidden files included; the journal where it records files sent)."""
+    (hidden files included; the journal where it records files sent). `card`: README.md is
+    mla-convert's card, which its user may edit (and record)."""
     on_disk = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -169,9 +171,11 @@ def _check_directory(root: Path, listed: list[UploadFile]) -> None:
     resized = [rel for rel, size in expected.items() if on_disk[rel] != size]
     if resized:
         rel = resized[0]
+        why = "the file changed after the conversion"
+        if card and rel == CARD_NAME:
+            why = CARD_EDITED_HINT.replace("DIR", str(root), 1)
         raise UploadError(
-            f"{root / rel}: {on_disk[rel]} bytes, the manifest records {expected[rel]}; not uploaded (the file "
-            "changed after the conversion)"
+            f"{root / rel}: {on_disk[rel]} bytes, the manifest records {expected[rel]}; not uploaded ({why})"
         )
 
 

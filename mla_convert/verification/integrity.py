@@ -9,7 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from mla_convert.constants import COMPLETE, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.constants import CARD_NAME, COMPLETE, MANIFEST_NAME, MLA_DIR_NAME
+from mla_convert.output.card import CARD_EDITED_HINT
 from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.plan.planner import Plan
 from mla_convert.source.checkpoint import SourceCheckpoint
@@ -72,7 +73,8 @@ def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[st
         return
     files: dict = manifest["files"]
     sent = _sent(files, Journal(root).files())
-    _check_listed_files(files, results, sent, tally)
+    card = bool((manifest.get("options") or {}).get("card"))
+    _check_listed_files(files, results, sent, tally, card)
     _check_unlisted_files(root, files, tally)
     if lay.mla_manifest is not None:
         _check_against_mla_manifest(lay.mla_manifest, results, tally)
@@ -101,9 +103,9 @@ def _sent(files: dict, lifecycle: dict[str, FileRecord]) -> set[str]:
     }
 
 
-def _check_listed_files(files: dict, results: dict[str, FileResult], sent: set[str], tally: Tally) -> None:
+def _check_listed_files(files: dict, results: dict[str, FileResult], sent: set[str], tally: Tally, card: bool) -> None:
     """Each file the conversion manifest lists is there, with the recorded size and sha256 (or
-    committed to the Hub at those)."""
+    committed to the Hub at those); `card`: README.md is mla-convert's card, which its user may edit."""
     for rel in sorted(files):
         meta, r = files[rel], results.get(rel)
         if (r is None or r.size is None) and rel in sent:
@@ -112,8 +114,9 @@ def _check_listed_files(files: dict, results: dict[str, FileResult], sent: set[s
             tally.fail(INTEGRITY, "missing-file", rel, expected=f"{meta.get('size')} bytes", found="missing")
         elif r.sha256 is not None:
             tally.expect(r.size == meta.get("size"), INTEGRITY, "size", rel, expected=meta.get("size"), found=r.size)
+            found = f"{r.sha256} ({CARD_EDITED_HINT})" if card and rel == CARD_NAME else r.sha256
             tally.expect(
-                r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel, expected=meta.get("sha256"), found=r.sha256
+                r.sha256 == meta.get("sha256"), INTEGRITY, "sha256", rel, expected=meta.get("sha256"), found=found
             )
 
 
