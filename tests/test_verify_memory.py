@@ -1,0 +1,181 @@
+"""verify's memory (issue 42 item 11). A tensor larger than stream.BY_ROWS_BYTES (an embedding,
+lm_head: 1.85 GB each in DeepSeek-R1) is checked as it is read, a run of rows at a time in the
+reused read buffers, rather than read whole into memory of its own; the report is the same,
+failures included. And what the header pass and the task building hold per tensor stays small
+(docs/benchmarks.md, "verify's memory", has the figures at R1's size)."""
+
+import importlib.util
+import json
+import shutil
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from mla_convert.constants import MANIFEST_NAME
+from mla_convert.verification import readers as readers_mod
+from mla_convert.verification import stream, verify
+from support.edits import fix_hash
+
+FP8 = "channel-fp8"
+NAN = {1: b"\x7f", 2: b"\xc0\x7f", 4: b"\x00\x00\xc0\x7f"}  # e4m3fn, bf16, f32 (little-endian)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _native_readers():
+    """The native pass decides by rows: these tests run it, and leave the choice as they found it."""
+    readers_mod.reset()
+    yield
+    readers_mod.reset()
+
+
+class _Seen:
+    """Which tensors went by rows and passed, and which were checked whole (stream._FileChecks.tensor)."""
+
+    def __init__(self, monkeypatch):
+        self.by_rows, self.whole = set(), set()
+        finish, tensor = stream._ByRows.finish, stream._FileChecks.tensor
+
+        def spy_finish(by_rows):
+            passed = finish(by_rows)
+            if passed:
+                self.by_rows.add(by_rows.info.name)
+            return passed
+
+        def spy_tensor(checks, info, buf):
+            self.whole.add(info.name)
+            return tensor(checks, info, buf)
+
+        monkeypatch.setattr(stream._ByRows, "finish", spy_finish)
+        monkeypatch.setattr(stream._FileChecks, "tensor", spy_tensor)
+
+
+def _report(out: Path, source, monkeypatch, by_rows: bool) -> str:
+    """verify's JSON report (less its time), every tensor that may go by rows going so (a few
+    rows at a time) or none; as text, where NaN equals NaN."""
+    with monkeypatch.context() as m:
+        m.setattr(stream, "BY_ROWS_BYTES", 0 if by_rows else 1 << 62)
+        m.setattr(stream, "ROWS_BYTES", 3000)
+        report = verify(out, source=source).to_json()
+    report.pop("seconds")
+    report.pop("readers_reason")  # the first verify of a session probes the readers, the next remembers
+    return json.dumps(report, indent=1, sort_keys=True)
+
+
+def _tensor_spans(path: Path) -> dict[str, tuple[int, int, str]]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    return {
+        name: (8 + n + t["data_offsets"][0], 8 + n + t["data_offsets"][1], t["dtype"])
+        for name, t in header.items()
+        if name != "__metadata__" and t["data_offsets"][1] > t["data_offsets"][0]
+    }
+
+
+def test_a_clean_output_checked_by_rows_reports_the_same_and_holds_no_tensor_whole(converted, tiny_src, monkeypatch):
+    for source in (None, tiny_src):
+        whole = _report(converted[FP8], source, monkeypatch, by_rows=False)
+        seen = _Seen(monkeypatch)
+        assert _report(converted[FP8], source, monkeypatch, by_rows=True) == whole
+        assert json.loads(whole)["ok"]
+        assert seen.by_rows and not seen.by_rows & seen.whole
+        embed = "model.embed_tokens.weight"
+        assert embed in seen.by_rows  # compared with its source by parts, with --source
+        # read whole: a scale, a weight compared with its scale (--source), an MLA artifact
+        assert any(n.endswith("weight_scale") for n in seen.whole) and any(n.endswith("W_UK_T") for n in seen.whole)
+        fp8_weights = {n for n in seen.by_rows | seen.whole if n.endswith("mlp.down_proj.weight")}
+        assert fp8_weights <= (seen.whole if source else seen.by_rows)
+
+
+@pytest.mark.parametrize("source", [False, True])
+def test_a_flipped_value_checked_by_rows_fails_as_when_read_whole(converted, tiny_src, tmp_path, monkeypatch, source):
+    """One element of one tensor of each dtype and role changed (the hashes made to agree): made
+    NaN, or off by orders of magnitude with --source. By rows, the run that holds it fails, the
+    tensor is read whole and checked as any other, and the report (failures, their words, the
+    counts) is the one of a verify that reads every tensor whole."""
+    out = Path(shutil.copytree(converted[FP8], tmp_path / "out"))
+    src = tiny_src if source else None
+    seen_kinds, cases = set(), []
+    for path in sorted(out.rglob("*.safetensors")):
+        for name, (begin, end, dtype) in _tensor_spans(path).items():
+            kind = (dtype, name.rsplit(".", 1)[-1], "mla" in path.parts)
+            size = {"F8_E4M3": 1, "BF16": 2, "F32": 4}.get(dtype)
+            if kind not in seen_kinds and size:
+                seen_kinds.add(kind)
+                cases.append((path, name, begin + (end - begin) // size * 3 // 4 * size, size))  # a later run
+    assert len(cases) >= 5
+    manifest, mla_manifest = (out / MANIFEST_NAME).read_text(), (out / "mla/manifest.json").read_text()
+    fell_back = 0
+    for path, name, at, size in cases:
+        data = path.read_bytes()
+        changed = bytearray(data)
+        if source:
+            changed[at + size - 1] ^= 0x40  # an exponent bit
+        else:
+            changed[at : at + size] = NAN[size]
+        path.write_bytes(changed)
+        fix_hash(out, str(path.relative_to(out)))
+        try:
+            whole = _report(out, src, monkeypatch, by_rows=False)
+            seen = _Seen(monkeypatch)
+            by_rows = _report(out, src, monkeypatch, by_rows=True)
+        finally:
+            path.write_bytes(data)
+            (out / MANIFEST_NAME).write_text(manifest)
+            (out / "mla/manifest.json").write_text(mla_manifest)
+        assert by_rows == whole and not json.loads(whole)["ok"], name
+        fell_back += name in seen.whole and name not in seen.by_rows
+    assert fell_back >= 3  # the flipped tensors that go by rows were read again, whole
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# What the header pass and the task building may hold per tensor of the output (bytes, as
+# tracemalloc counts them): at DeepSeek-R1's 91,991 tensors, BYTES_PER_TENSOR * 91,991 is the bound
+# (docs/benchmarks.md has the measured figures; the bounds leave room, not a regression).
+BYTES_PER_TENSOR = {"alone": 2_000, "with --source": 4_000}
+
+
+@pytest.mark.parametrize("with_source", [False, True], ids=["alone", "with --source"])
+def test_the_header_pass_and_the_tasks_hold_little_per_tensor(tmp_path_factory, with_source):
+    """A sparse R1-shaped output of a few thousand tensors (tiny dims, 128 experts): what the
+    structures verify builds before its data pass hold (the source opened and planned, the header
+    pass, every file's task), traced, stays under BYTES_PER_TENSOR per tensor."""
+    from mla_convert.verification import api
+    from mla_convert.verification.report import Tally
+    from mla_convert.verification.structure import check_structure
+    from mla_convert.verification.tasks import file_tasks
+
+    base = tmp_path_factory.mktemp("sparse")
+    r1, gen = _script("r1_sparse_source"), _script("r1_sparse_output")
+    r1.build(base / "src", r1.r1_spec(layers=8, experts=128, shards=4, tiny=True), jobs=1)
+    gen.build(base / "src", base / "out", jobs=1)
+    out = base / "out"
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        manifest = api._read_conversion_manifest(out)
+        options = api._recorded_options(out, manifest)
+        src = api._open_source(base / "src") if with_source else None
+        plan = api.make_plan(src, options) if with_source else None
+        tally = Tally()
+        layout = check_structure(out, options.format, manifest["source_fingerprint"], plan, tally)
+        tasks = file_tasks(out, layout, manifest, options, src)
+        held = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    tensors = sum(len(h.tensors) for h in layout.headers.values())
+    assert not tally.failures and len(tasks) > 10 and tensors > 4_000
+    per_tensor = held / tensors
+    bound = BYTES_PER_TENSOR["with --source" if with_source else "alone"]
+    print(f"PER_TENSOR {per_tensor:.0f}")
+    assert per_tensor < bound, f"{per_tensor:.0f} bytes per tensor held before the data pass (bound {bound})"
