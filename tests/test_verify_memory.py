@@ -7,6 +7,7 @@ failures included. And what the header pass and the task building hold per tenso
 import importlib.util
 import json
 import shutil
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -143,6 +144,8 @@ def _script(name: str):
 # tracemalloc counts them): at DeepSeek-R1's 91,991 tensors, BYTES_PER_TENSOR * 91,991 is the bound
 # (docs/benchmarks.md has the measured figures; the bounds leave room, not a regression).
 BYTES_PER_TENSOR = {"alone": 2_000, "with --source": 4_000}
+# What verify reads tensors into, whatever their size: two buffers of whole rows, the source's rows, room.
+READ_BYTES = 4 * stream.ROWS_BYTES
 
 
 @pytest.mark.parametrize("with_source", [False, True], ids=["alone", "with --source"])
@@ -179,3 +182,56 @@ def test_the_header_pass_and_the_tasks_hold_little_per_tensor(tmp_path_factory, 
     bound = BYTES_PER_TENSOR["with --source" if with_source else "alone"]
     print(f"PER_TENSOR {per_tensor:.0f}")
     assert per_tensor < bound, f"{per_tensor:.0f} bytes per tensor held before the data pass (bound {bound})"
+
+
+# ---- a whole verify's peak, in its own process (the kernel's ru_maxrss) ----------------------------
+
+
+# Run by a small launcher, which reports its child's peak: Linux counts in a child's ru_maxrss the
+# memory of the process that forked it (at exec), here a pytest process with torch loaded.
+_LAUNCHER = """import json, os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+report = p.stdout.read()
+_, status, usage = os.wait4(p.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, report.decode()]))"""
+
+
+def _peak_rss(out: Path, source: Path | None = None) -> int:
+    """`python -m mla_convert verify OUT [--source SRC] --json`, as a user runs it: it passes, and
+    its peak resident memory (bytes; ru_maxrss is in KB on Linux)."""
+    args = [sys.executable, "-m", "mla_convert", "verify", str(out), "--json"]
+    args += ["--source", str(source)] if source else []
+    launched = subprocess.run([sys.executable, "-c", _LAUNCHER, *args], capture_output=True, text=True, check=True)
+    exit_code, peak, report = json.loads(launched.stdout)
+    assert exit_code == 0 and json.loads(report)["ok"]
+    return peak
+
+
+@pytest.fixture(scope="module")
+def vocabularies(tmp_path_factory) -> dict[int, tuple[Path, Path]]:
+    """The same sparse R1-shaped output (tiny dims) at two vocabulary sizes: its four embedding-sized
+    tensors 256 KB, or 512 MB each (twice ReadBuffers.REUSE_BYTES): {vocab: (source, output)}."""
+    base = tmp_path_factory.mktemp("vocab")
+    r1, gen = _script("r1_sparse_source"), _script("r1_sparse_output")
+    made = {}
+    for vocab in (512, 1 << 20):
+        src, out = base / f"src-{vocab}", base / f"out-{vocab}"
+        r1.build(src, r1.r1_spec(layers=4, experts=8, shards=4, tiny=True, vocab=vocab), jobs=1)
+        gen.build(src, out, jobs=1)
+        made[vocab] = (src, out)
+    return made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_source", [False, True], ids=["alone", "with --source"])
+def test_verify_s_peak_does_not_grow_with_its_largest_tensor(vocabularies, with_source):
+    """The memory verify reads into is bounded, whatever the largest tensor: the peak with 512 MB
+    embeddings is within READ_BYTES of the peak with 256 KB ones. Before (24055df): an embedding over
+    REUSE_BYTES was read whole into memory of its own, +509 MB alone, +572 MB with --source (R1's
+    1.85 GB embed_tokens made its 2.35 GB peak)."""
+    # the native readers' pass probed and remembered here (the autouse fixture forgot it), as on a
+    # machine that has verified before: else each run probes with torch, whose import hides the rest
+    assert readers_mod.fp8_readers().name == "native"
+    peaks = [_peak_rss(out, src if with_source else None) for src, out in (vocabularies[512], vocabularies[1 << 20])]
+    grown = peaks[1] - peaks[0]
+    assert grown < READ_BYTES, f"the peak grew {grown / 1e6:.0f} MB with 512 MB tensors (bound {READ_BYTES / 1e6:.0f})"
