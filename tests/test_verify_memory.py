@@ -140,9 +140,13 @@ def _script(name: str):
     return module
 
 
-# What the header pass and the task building may hold per tensor of the output (bytes, as
-# tracemalloc counts them): at DeepSeek-R1's 91,991 tensors, BYTES_PER_TENSOR * 91,991 is the bound
-# (docs/benchmarks.md has the measured figures; the bounds leave room, not a regression).
+# verify's peak at DeepSeek-R1's size is held to at most 1 GB (issue 42 item 11): what every run holds
+# (~55 MB: the interpreter, the native library), what the header pass and the tasks hold per tensor,
+# and what tensors are read into, which does not grow with the largest one (READ_BYTES; at R1's dims
+# the two read buffers hold its dense layers' 132 MB MLP weights whole, and --source reads 64 MB of
+# the source at a time: 328 MB). That leaves (1 GB - 55 MB - 328 MB) / 91,991 = 6.7 KB of resident
+# memory per tensor, ~5.7 KB as tracemalloc counts it (resident runs 15-20 % above). The bounds below
+# hold today's figures (about 1,270 and 2,490 bytes) with room, well inside that.
 BYTES_PER_TENSOR = {"alone": 2_000, "with --source": 4_000}
 # What verify reads tensors into, whatever their size: two buffers of whole rows, the source's rows, room.
 READ_BYTES = 4 * stream.ROWS_BYTES
