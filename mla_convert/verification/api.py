@@ -111,6 +111,12 @@ def _verify(
     tasks = file_tasks(root, layout, manifest, options, src)
     if not data_checks:
         tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
+    # The data pass works from the tasks: what only the header pass and the task building read (the
+    # source's headers, its plan, each tensor's expectation) is let go before it, rather than held
+    # through it (at DeepSeek-R1's size, with --source, about half of what the structures take).
+    source_root = None if src is None else str(src.root)
+    del src, plan
+    layout = layout.after_tasks()
     # Chosen here for the report, and before the file threads need them (probed with torch only
     # where no pass is remembered on this machine); worker processes find the same record.
     readers = fp8_readers() if data_checks else None
@@ -125,12 +131,12 @@ def _verify(
         tally.merge(r.tally)
     check_integrity(root, manifest, layout, results, tally)
 
-    skipped = {} if src is not None else {SOURCE: "no --source given"}
+    skipped = {} if source_root is not None else {SOURCE: "no --source given"}
     if not data_checks:
         skipped |= dict.fromkeys((VALUES, SOURCE, MLA), "structure and integrity only")
     info = {
         "dir": label or str(root),
-        "source": None if src is None else str(src.root),
+        "source": source_root,
         "format": options.format,
         "target": options.target,
         "fp8_max": options.fp8_max,

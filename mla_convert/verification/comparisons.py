@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorJob"], None]
 # native(checks, info, bytes, the scale's bytes or None (then read by job.scale), job) -> every check passed
 NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorJob"], bool]
+# by_parts(checks, info, bytes [start, start + len) of the tensor, start, job) -> every check passed there
+PartForm = Callable[["NativePass", "TensorInfo", memoryview, int, "TensorJob"], bool]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class Comparison:
     torch: TorchForm
     native: NativeForm | None = None
     partners_scale: bool = False  # it takes the weight's scale (TensorJob.scale / scale_name)
+    # Its native form on a part of the tensor: where it passes on every part, `native` passes on the
+    # whole (a large tensor is then compared as it is read, rather than read whole: stream).
+    by_parts: PartForm | None = None
 
 
 class _Comparisons:
@@ -47,7 +52,8 @@ class _Comparisons:
 
 COMPARISONS = _Comparisons([
     Comparison("copy", ("copy-exact",), lambda s, info, t, _, job: s.copy(info, t, job),
-               lambda n, info, view, _, job: n.copy(info, view, job)),
+               lambda n, info, view, _, job: n.copy(info, view, job),
+               by_parts=lambda n, info, view, start, job: n.copy(info, view, job, start)),
     Comparison("channel_fp8", ("fp8-bound", "fp8-scale"), lambda s, info, q, sc, job: s.channel_fp8(info, q, sc, job),
                lambda n, info, q, sc, job: n.channel_fp8(info, q, sc, job), partners_scale=True),
     Comparison("bf16", ("bf16-exact",), lambda s, info, t, _, job: s.bf16(info, t, job)),

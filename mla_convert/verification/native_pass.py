@@ -128,8 +128,9 @@ class NativePass:
         self.out.stats(info.name, "fp8", stats)
         return True
 
-    def copy(self, info: TensorInfo, view: memoryview, job: TensorJob) -> bool:
-        """SourceComparisons.copy: the source tensor's dtype, shape and bytes."""
+    def copy(self, info: TensorInfo, view: memoryview, job: TensorJob, at: int = 0) -> bool:
+        """SourceComparisons.copy: the source tensor's dtype, shape and bytes (`view`: the tensor's
+        bytes from byte `at`, compared with the source's there)."""
         src = job.source
         if job.op not in COPY_OPS or src is None or src.dtype != info.dtype or tuple(src.shape) != tuple(info.shape):
             return False
@@ -140,7 +141,7 @@ class NativePass:
         addr = _addr(view)
         for start in range(0, nbytes, chunk):
             m = min(chunk, nbytes - start)
-            got = self._read_bytes(src, start, m, self.scratch.source)
+            got = self._read_bytes(src, at + start, m, self.scratch.source)
             if native.first_difference(addr + start, _addr(got), m) >= 0:
                 return False
         return True

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     import torch
 
 READ_AHEAD_BYTES = 128 * 1024 * 1024  # asked of the kernel past the tensor being read
+BY_ROWS_BYTES = ReadBuffers.REUSE_BYTES  # a larger tensor is checked as it is read, where its checks allow
+ROWS_BYTES = 64 * 1024 * 1024  # ... this much at a time, in whole rows
 
 
 def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None, *, hashed: bool = True) -> FileResult:
@@ -71,23 +73,51 @@ def run_file_task(task: FileTask, progress: Callable[[int], None] | None = None,
 
 def _hash_and_check_tensors(f, header: ShardHeader, h: _BackgroundSha256, checks: _FileChecks, progress) -> None:
     """The header and then each tensor of the open file `f`, in file order: read once, hashed and
-    checked from the same buffer; `f` is left after the last tensor."""
+    checked from the same buffer; `f` is left after the last tensor. A tensor over BY_ROWS_BYTES
+    whose checks can be decided a run of rows at a time is read, hashed and checked ROWS_BYTES at a
+    time in the reused buffers (an embedding is not held whole); where a run does not pass, the
+    tensor is read whole and checked as any other, which describes what failed."""
     h.update(f.read(header.data_start))
     end = header.data_start
     for info in sorted(header.tensors.values(), key=lambda t: t.begin):
-        # a cold file: this tensor and what follows are read in large requests, and the disk goes
-        # on reading while this one is hashed and checked
         offset = header.data_start + info.begin
-        will_need(f.fileno(), offset, info.nbytes + READ_AHEAD_BYTES)
-        buf = checks.buffers.take(info.nbytes)
-        read_exact(f.fileno(), offset, buf, f.name, info.name)
-        h.update(buf)
-        checks.tensor(info, buf)
-        del buf
+        by_rows = checks.by_rows(info) if info.nbytes > BY_ROWS_BYTES else None
+        hashed = _hash_and_check_rows(f, offset, info, h, checks.buffers, by_rows, progress) if by_rows else 0
+        if by_rows is None or not by_rows.finish():
+            # a cold file: this tensor and what follows are read in large requests, and the disk
+            # goes on reading while this one is hashed and checked
+            will_need(f.fileno(), offset, info.nbytes + READ_AHEAD_BYTES)
+            buf = checks.buffers.take(info.nbytes)
+            read_exact(f.fileno(), offset, buf, f.name, info.name)
+            h.update(buf[hashed:])
+            checks.tensor(info, buf)
+            del buf
+            if progress:
+                progress(info.nbytes - hashed)
         end = offset + info.nbytes
-        if progress:
-            progress(info.nbytes)
     f.seek(end)
+
+
+def _hash_and_check_rows(f, offset: int, info: TensorInfo, h, buffers: ReadBuffers, by_rows: _ByRows, progress) -> int:
+    """A tensor read, hashed and checked (`by_rows`) ROWS_BYTES at a time, in whole rows, until a
+    run does not pass or cannot be read; returns the bytes hashed (all of them where every run passed)."""
+    row_bytes = info.nbytes // info.shape[0]
+    step = max(1, ROWS_BYTES // row_bytes) * row_bytes
+    will_need(f.fileno(), offset, info.nbytes + READ_AHEAD_BYTES)
+    for start in range(0, info.nbytes, step):
+        nbytes = min(step, info.nbytes - start)
+        buf = buffers.take(nbytes)
+        try:
+            read_exact(f.fileno(), offset + start, buf, f.name, info.name)
+        except ReadFailed:
+            by_rows.passed = False  # read whole, which says where the file failed as it says of any tensor
+            return start
+        h.update(buf)
+        if progress:
+            progress(nbytes)
+        if not by_rows.rows(buf, start, nbytes // row_bytes):
+            return start + nbytes
+    return info.nbytes
 
 
 class _BackgroundSha256:
@@ -171,6 +201,22 @@ class _FileChecks:
         if kept:
             self.leases[info.name] = self.buffers.lease(buf, owner=info.name)
 
+    def by_rows(self, info: TensorInfo) -> _ByRows | None:
+        """The checks `tensor` would run on this tensor, decided a run of its rows at a time as it
+        is read, where their native forms allow it (values.ValueCheck.by_rows,
+        comparisons.Comparison.by_parts): not an artifact file's tensor (kept for the MLA check), a
+        scale, or a weight compared with its scale. None: it is read whole."""
+        if self.native is None or self.task.mla is not None or not info.shape or not info.nbytes:
+            return None
+        job = self.task.tensors.get(info.name)
+        if (job is not None and job.op == FP8_SCALE) or not self.values.by_rows(info, False):
+            return None
+        t = PLAN_TRANSFORMS.get(job.op) if job is not None and job.source is not None else None
+        check = comparison(t.verify) if t is not None else None
+        if check is not None and (check.by_parts is None or check.native is None or check.partners_scale):
+            return None
+        return _ByRows(self, info, job, check)
+
     def finish(self) -> None:
         """The checks that wait for the whole file: an artifact file's MLA check."""
         if self.task.mla is not None:
@@ -247,6 +293,34 @@ class _FileChecks:
     def _drop(self, name: str) -> None:
         """A kept tensor is no longer needed: its buffer may be read into again."""
         self.leases.pop(name).release()
+
+
+class _ByRows:
+    """One tensor's checks (_FileChecks.by_rows), their native forms run on each run of its rows
+    as it is read; where every run passed, `finish` counts them as `_FileChecks.tensor` would."""
+
+    def __init__(self, checks: _FileChecks, info: TensorInfo, job: TensorJob | None, check: Comparison | None):
+        self.checks, self.info, self.job, self.check = checks, info, job, check
+        self.passed = True
+
+    def rows(self, view: memoryview, start: int, rows: int) -> bool:
+        """`rows` rows of the tensor, its bytes from `start`: whether every check passed there."""
+        c = self.checks
+        try:
+            self.passed = c.values.rows_pass(self.info, view, rows, False) and (
+                self.check is None or self.check.by_parts(c.native, self.info, view, start, self.job)
+            )
+        except ReadFailed:  # a source that will not read: the tensor is read whole, and that recorded
+            self.passed = False
+        return self.passed
+
+    def finish(self) -> bool:
+        """Whether every run passed (its checks then counted); False: check the tensor whole."""
+        if self.passed:
+            self.checks.values.count(self.info, False)
+            if self.check is not None:
+                self.checks.out.tally.ok(SOURCE, len(self.check.checks))
+        return self.passed
 
 
 def _tensor(info: TensorInfo, buf: memoryview) -> torch.Tensor:

@@ -4,7 +4,9 @@ returns (FileResult). Tasks are plain data, which a worker process gets pickled;
 builds them from what the header pass learned and the source.
 
 A tensor whose header does not match its expectation gets no job (its values are still checked):
-the structure checks have reported it.
+the structure checks have reported it. There is a job for each of DeepSeek-R1's 91,991 tensors,
+held through the data pass: they take slots, not a dict each, and the Refs of one file share its
+path's string.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mla_runtime.format import MlaDims, kv_b_name, layer_file_name
 from mla_runtime.safetensors_file import ShardHeader
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorJob:
     """What to check for one tensor beyond its values (absent: values only)."""
 
@@ -37,7 +39,7 @@ class TensorJob:
     group_size: int | None = None  # with --source, INT4_TO_BF16: columns per scale
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MlaJob:
     layer: int
     kv_b: Ref | None  # the converted model's kv_b_proj weight
@@ -46,7 +48,7 @@ class MlaJob:
     source_scale: Ref | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileTask:
     root: str
     rel: str
@@ -82,18 +84,20 @@ def file_tasks(
         "dims": lay.dims,
         "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
     }
+    paths = _Paths()
     mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
     rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
     tasks = []
     for rel in sorted(rels):
         if rel in lay.headers:
             header = lay.headers[rel]
-            jobs = {n: j for n, info in header.tensors.items() if (j := _tensor_job(n, info, lay, src, fmt))}
+            jobs = {n: j for n, info in header.tensors.items() if (j := _tensor_job(n, info, lay, src, fmt, paths))}
             tasks.append(FileTask(rel=rel, header=header, tensors=jobs, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
             at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src, fmt), **at))
+            mla = _mla_job(layer, lay, src, fmt, paths)
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=mla, **at))
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks
@@ -105,7 +109,19 @@ def _matches(lay: Structure, name: str, info) -> bool:
     return exp is not None and info is not None and exp.admits(info)
 
 
-def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> TensorJob | None:
+class _Paths:
+    """Each file's path as one string, shared by the Refs into it."""
+
+    def __init__(self) -> None:
+        self._strings: dict[Path, str] = {}
+
+    def __call__(self, path: Path) -> str:
+        return self._strings.setdefault(path, str(path))
+
+
+def _tensor_job(
+    name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths
+) -> TensorJob | None:
     """What to check for a tensor beyond its values; None for one that does not match its
     expectation (only its values are checked)."""
     if not _matches(lay, name, info):
@@ -115,35 +131,36 @@ def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, f
     scale_name = scale.name(name) if scale is not None else None
     source = source_scale = group = None
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
-        source = _src_ref(src, exp.source)
+        source = _src_ref(src, exp.source, paths)
         if "block_scale" in reads(exp.op):
-            source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
+            source_scale = _src_ref(src, src.fp8[exp.source].scale.name, paths)
         if "group_scale" in reads(exp.op):
             w = src.int4[exp.source.rsplit(".", 1)[0]]
-            source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
-    scale_ref = _out_ref(lay, scale_name) if scale_name else None
+            source_scale, group = _src_ref(src, w.scale.name, paths), src.quant.int4.columns_per_scale(w.cols)
+    scale_ref = _out_ref(lay, scale_name, paths) if scale_name else None
     return TensorJob(exp.op, scale_ref, scale_name, source, source_scale, group)
 
 
-def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaJob:
+def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths) -> MlaJob:
     kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
     if src is not None and kv_b in src.fp8:
-        source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
+        source, source_scale = _src_ref(src, kv_b, paths), _src_ref(src, src.fp8[kv_b].scale.name, paths)
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
-        source = _src_ref(src, kv_b)
+        source = _src_ref(src, kv_b, paths)
     scale = fmt.scale_name(kv_b)
-    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, scale) if scale else None, source, source_scale)
+    kv_b_scale = _out_ref(lay, scale, paths) if scale else None
+    return MlaJob(layer, _out_ref(lay, kv_b, paths), kv_b_scale, source, source_scale)
 
 
-def _out_ref(lay: Structure, name: str) -> Ref | None:
+def _out_ref(lay: Structure, name: str, paths: _Paths) -> Ref | None:
     """Where an output tensor lies, if its header matches what it should be."""
     hd = lay.headers.get(lay.weight_map.get(name, ""))
     if hd is None or not _matches(lay, name, hd.tensors.get(name)):
         return None
-    return Ref.of(hd.path, hd, name)
+    return Ref.of(paths(hd.path), hd, name)
 
 
-def _src_ref(src: SourceCheckpoint, name: str) -> Ref:
+def _src_ref(src: SourceCheckpoint, name: str, paths: _Paths) -> Ref:
     rel = src.weight_map[name]
-    return Ref.of(src.root / rel, src.headers[rel], name)
+    return Ref.of(paths(src.root / rel), src.headers[rel], name)

@@ -94,6 +94,10 @@ class ValueCheck:
     torch: Callable[[TorchValues], None]  # records its verdict, describing a failure
     native: Callable[[NativeValues], bool] | None = None  # True: it passes; False: ask torch
     for_target: Callable[[Target], bool] = lambda target: True
+    # Its native form passes on a tensor exactly where it passes on each run of the tensor's rows
+    # (a check of each element or each row): a large tensor is then checked as it is read, a chunk
+    # of rows at a time (stream), rather than read whole into memory of its own.
+    by_rows: bool = False
 
 
 # ---- the checks: each one's torch form, then its native form ----------------------------------
@@ -208,12 +212,13 @@ class _Checks:
 
 
 CHECKS = _Checks([
-    ValueCheck("nan-inf", _float, _nan_inf_torch, _nan_inf_native),
-    ValueCheck("fp8-range", _fp8, _range_torch, _range_native),
+    ValueCheck("nan-inf", _float, _nan_inf_torch, _nan_inf_native, by_rows=True),
+    ValueCheck("fp8-range", _fp8, _range_torch, _range_native, by_rows=True),
     ValueCheck("fp8-negative-zero", _fp8, _negative_zero_torch, _negative_zero_native,
-               for_target=lambda target: not target.signed_zero),
-    ValueCheck("fp8-row-max", lambda info, s: _fp8(info, s) and len(info.shape) == 2, _row_max_torch, _row_max_native),
-    ValueCheck("fp8-scale", lambda info, is_scale: is_scale, _scale_torch, _scale_native),
+               for_target=lambda target: not target.signed_zero, by_rows=True),
+    ValueCheck("fp8-row-max", lambda info, s: _fp8(info, s) and len(info.shape) == 2, _row_max_torch, _row_max_native,
+               by_rows=True),
+    ValueCheck("fp8-scale", lambda info, is_scale: is_scale, _scale_torch, _scale_native, by_rows=True),
 ])  # fmt: skip
 _BUILT_IN = frozenset(CHECKS.checks)
 
@@ -280,3 +285,21 @@ class ValueChecks:
         t = TorchValues(info, tensor(), self.out, self.fp8_max)
         for c in checks:
             c.torch(t)
+
+    def by_rows(self, info: TensorInfo, is_scale: bool) -> bool:
+        """Whether the native forms decide this tensor's checks a run of its rows at a time
+        (`rows_pass`, then `count`): every check that applies has a native form that is `by_rows`."""
+        return self.native is not None and all(c.native is not None and c.by_rows for c in self.of(info, is_scale))
+
+    def rows_pass(self, info: TensorInfo, view: memoryview, rows: int, is_scale: bool) -> bool:
+        """The native forms on `rows` whole rows of the tensor (`view`: their bytes): whether every
+        one passes there. Where they pass on every run, `count` counts the checks, as `run` would."""
+        part = TensorInfo(info.name, info.dtype, (rows, *info.shape[1:]), 0, len(view))
+        v = NativeValues(part, view, self.native)
+        return all(c.native(v) for c in self.of(info, is_scale))
+
+    def count(self, info: TensorInfo, is_scale: bool) -> None:
+        """The tensor's checks passed (every run of its rows passed `rows_pass`)."""
+        checks = self.of(info, is_scale)
+        if checks:
+            self.out.tally.ok(VALUES, len(checks))
