@@ -240,7 +240,7 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
     specs = {t.name: (t.dtype, t.shape) for t in tensors}
     try:
         out = Path(spec.out_dir) / spec.job.file
-        with ShardWriter(out, specs, background=True, write_mode=spec.write_io) as writer:
+        with ShardWriter(out, specs, write_mode=spec.write_io) as writer:
             job.writer = writer
             for i, t in enumerate(tensors):
                 if i == len(tensors) // 2:
