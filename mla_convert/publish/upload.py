@@ -35,7 +35,7 @@ from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, LEFT_RUNNING_TH
 from mla_convert.errors import UploadError
 from mla_convert.output.card import BASE_MODEL_HINT, render_card
 from mla_convert.output.card_facts import SourceRef
-from mla_convert.output.out_dir import some
+from mla_convert.output.out_dir import first_and_others
 from mla_convert.publish import contents as C
 from mla_convert.publish import remote as R
 from mla_convert.results import UploadResult
@@ -212,8 +212,8 @@ def _compare_with_hub(
     _check_sent(job, held, where)
     if (differ or foreign) and not overwrite:
         what = "; ".join(
-            x for x in (f"{some(differ)} differ from this directory's" if differ else "",
-                        f"{some(foreign)} not in its manifest" if foreign else "") if x
+            x for x in (f"{first_and_others(differ)} differ from this directory's" if differ else "",
+                        f"{first_and_others(foreign)} not in its manifest" if foreign else "") if x
         )  # fmt: skip
         raise UploadError(
             f"{where} holds another model ({what}); pass --overwrite to replace its files with this directory's "
