@@ -103,7 +103,7 @@ def shard_job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) 
         for name, rel in plan.inputs_of(shard).items():
             info = src.info(name)
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
-        scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
+        scales = {n: src.block_fp8[n].scale.name for n in sources if n in src.block_fp8}
         int4 = _int4_parts(src, shard)
         layer_dims = _layer_dims(plan, shard)
         specs.append(ShardJobSpec(str(src.root), str(out_dir), shard, sources, scales, src.dims, compute, write_io, int4,

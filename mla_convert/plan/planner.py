@@ -82,8 +82,8 @@ class Plan:
             if t.op == FP8_SCALE:
                 continue
             need[t.source] = src.weight_map[t.source]
-            if t.source in src.fp8:
-                pair = src.fp8[t.source]
+            if t.source in src.block_fp8:
+                pair = src.block_fp8[t.source]
                 need[pair.scale.name] = pair.scale_file
             if "group_scale" in reads(t.op):  # an INT4 weight converted
                 w = src.int4[module_of(t.source)]
@@ -129,7 +129,7 @@ class Plan:
             "shards": len(self.shards),
             "tensors_in": len(self.source.weight_map),
             "tensors_out": sum(len(j.tensors) for j in self.shards),
-            "fp8_weights_converted": len(self.source.fp8),
+            "fp8_weights_converted": len(self.source.block_fp8),
             "bf16_linears_quantized": sum(t.op == quantize for shard in self.shards for t in shard.tensors),
             "mla_layers": len(self.mla_layers),
             "bytes_in": self.source.total_bytes(),
@@ -173,7 +173,7 @@ class _Planner:
         self.left_16bit: set[str] = set()  # every linear written in 16 bits (config-module names)
         self.int4_packed = {w.packed.name: w for w in src.int4.values()}
         self.int4_shape = {w.shape.name: w for w in src.int4.values()}
-        self.skip = {p.scale.name for p in src.fp8.values()}  # consumed with their weight
+        self.skip = {p.scale.name for p in src.block_fp8.values()}  # consumed with their weight
         if self.fmt.int4 is not None:  # converted: each INT4 weight's partners are read with its weight_packed
             self.skip |= {p.name for w in src.int4.values() for p in w.tensors() if p is not w.packed}
 
@@ -187,7 +187,7 @@ class _Planner:
             self._int4(name, out, ignored)
         elif self.fmt.float_linear is not None and quantizable(src, name) and not ignored:
             self._converted(out, name, info.shape, self.fmt.float_linear, layer)
-        elif name not in src.fp8:
+        elif name not in src.block_fp8:
             out.append(OutTensor(name, info.dtype, info.shape, COPY, name, layer))
             if (
                 len(info.shape) == 2

@@ -117,7 +117,7 @@ def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, f
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
         source = _src_ref(src, exp.source)
         if "block_scale" in reads(exp.op):
-            source_scale = _src_ref(src, src.fp8[exp.source].scale.name)
+            source_scale = _src_ref(src, src.block_fp8[exp.source].scale.name)
         if "group_scale" in reads(exp.op):
             w = src.int4[exp.source.rsplit(".", 1)[0]]
             source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
@@ -128,8 +128,8 @@ def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, f
 def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaJob:
     kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
-    if src is not None and kv_b in src.fp8:
-        source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.fp8[kv_b].scale.name)
+    if src is not None and kv_b in src.block_fp8:
+        source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.block_fp8[kv_b].scale.name)
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
         source = _src_ref(src, kv_b)
     scale = fmt.scale_name(kv_b)
