@@ -22,7 +22,8 @@ from mla_convert.errors import VerificationError
 from mla_convert.kernels.numerics import quantize_channel_fp8
 from mla_convert.settings import Options
 from mla_convert.verification import verify
-from mla_convert.verification.bounds import fp8_allowed_error, functional_error
+from mla_convert.verification.bounds import fp8_allowed_error
+from mla_convert.verification.reference_mla import functional_error
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from support.edits import fix_hash
 

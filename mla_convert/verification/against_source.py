@@ -25,11 +25,10 @@ from mla_convert.verification.bounds import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
-    ErrorStats,
-    Mismatches,
     fp8_allowed_error,
     scale_limit,
 )
+from mla_convert.verification.error_stats import ErrorStats, Mismatches
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import SOURCE, FileTally
 from mla_convert.verification.rows import RowReader, row_chunks

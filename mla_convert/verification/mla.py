@@ -15,14 +15,10 @@ import torch
 from mla_convert.constants import FP8_E4M3
 from mla_convert.kernels.bits import same_bits
 from mla_convert.kernels.numerics import block_scale_f32, dequantize_block_fp8
-from mla_convert.verification.bounds import (
-    FUNCTIONAL_TOL_EXACT,
-    FUNCTIONAL_TOL_FP8,
-    Mismatches,
-    artifact_allowed_error,
-    functional_error,
-)
+from mla_convert.verification.bounds import FUNCTIONAL_TOL_EXACT, FUNCTIONAL_TOL_FP8, artifact_allowed_error
+from mla_convert.verification.error_stats import Mismatches
 from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.reference_mla import functional_error
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import RowReader
 from mla_convert.verification.tasks import MlaJob

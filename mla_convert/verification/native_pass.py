@@ -29,14 +29,13 @@ from mla_convert.verification.bounds import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
-    FUNCTIONAL_CACHE,
-    FUNCTIONAL_QUERIES,
     FUNCTIONAL_TOL_EXACT,
     FUNCTIONAL_TOL_FP8,
     SCALE_EPS,
     SCALE_REL,
-    ErrorStats,
 )
+from mla_convert.verification.error_stats import ErrorStats
+from mla_convert.verification.reference_mla import FUNCTIONAL_CACHE, FUNCTIONAL_QUERIES
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import CHUNK_ELEMS
 from mla_convert.verification.tasks import MlaJob, TensorJob

@@ -18,11 +18,10 @@ from mla_convert.verification.bounds import (
     FP8_SUBNORMAL_HALF_STEP,
     SCALE_EPS,
     SCALE_REL,
-    absorbed_mla_decode,
     artifact_allowed_error,
-    naive_mla_decode,
     scale_limit,
 )
+from mla_convert.verification.reference_mla import absorbed_mla_decode, naive_mla_decode
 from mla_runtime.format import MlaDims
 
 PROBE_DIMS = MlaDims(num_heads=3, qk_nope_head_dim=16, v_head_dim=8, kv_lora_rank=40)

@@ -26,7 +26,7 @@ from mla_convert.formats import Target
 from mla_convert.io.buffers import address_of
 from mla_convert.kernels import native
 from mla_convert.kernels.bits import NONFINITE
-from mla_convert.verification.bounds import Mismatches
+from mla_convert.verification.error_stats import Mismatches
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import VALUES, FileTally
 from mla_convert.verification.rows import row_chunks
