@@ -4,7 +4,7 @@ The reference is the exact value of the source's kv_b_proj (with --source), else
 kv_b_proj, else the stored FP8 one with its scale (one per row, or one for the tensor: each row's
 is taken). The artifacts must be its split bit for bit (within the artifact bound of an FP8
 reference), and random decode inputs through the absorbed path and
-the naive path must agree (bounds.functional_error). The split is compared a few heads at a time."""
+the naive path must agree (reference_mla.functional_error). The split is compared a few heads at a time."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def functional_inputs(dims: MlaDims, rope_dim: int, queries: int, cache: int, se
 
 
 def torch_functional_error(uk, uv, kv_b, dims: MlaDims, inputs) -> float:
-    """bounds.functional_error's formula in torch, on the given inputs."""
+    """reference_mla.functional_error's formula in torch, on the given inputs."""
     q_nope, q_pe, latent, k_pe = inputs
     ref, temperature = naive_mla_decode(kv_b, dims, q_nope, q_pe, latent, k_pe)
     out = absorbed_mla_decode(uk, uv, q_nope, q_pe, latent, k_pe, temperature)
