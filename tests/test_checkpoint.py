@@ -80,8 +80,8 @@ def test_a_config_that_is_not_a_json_object(src_copy, text, expect):
 
 
 def test_a_directory_without_a_config_is_not_a_checkpoint_said_once(src_copy, tmp_path):
-    """Issue 42, item 9: the directory named once (it read `DIR/config.json: config.json not found`),
-    saying what a checkpoint directory holds; the same for an empty directory."""
+    """The directory named once (it read `DIR/config.json: config.json not found`), saying what a
+    checkpoint directory holds; the same for an empty directory."""
     (src_copy / "config.json").unlink()
     (tmp_path / "empty").mkdir()
     for root in (src_copy, tmp_path / "empty"):

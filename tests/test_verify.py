@@ -605,8 +605,8 @@ def test_source_from_another_checkpoint(converted, other, tiny_src, tmp_path):
 
 
 def test_a_source_that_is_not_this_ones_is_one_line_not_the_outputs_failures(converted, family_checkpoints):
-    """Issue 42 item 2: another checkpoint as --source (its fingerprint is not the one recorded)
-    is said in one line, first; the comparisons that follow from it are not the output's failures."""
+    """Another checkpoint as --source (its fingerprint is not the one recorded) is said in one
+    line, first; the comparisons that follow from it are not the output's failures."""
     from mla_convert.source.checkpoint import open_source
 
     other = family_checkpoints.source("kimi-k2")
