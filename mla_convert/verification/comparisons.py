@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 
     from mla_convert.verification.against_source import SourceComparisons
     from mla_convert.verification.native_pass import NativePass
-    from mla_convert.verification.tasks import TensorJob
+    from mla_convert.verification.tasks import TensorTask
     from mla_runtime.safetensors_file import TensorInfo
 
 # torch(source, info, tensor, scale or None, job): records each of `checks`, describing a failure
-TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorJob"], None]
+TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorTask"], None]
 # native(checks, info, bytes, the scale's bytes or None (then read by job.scale), job) -> every check passed
-NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorJob"], bool]
+NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorTask"], bool]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Comparison:
     checks: tuple[str, ...]  # the checks it records, one each (what a native pass counts)
     torch: TorchForm
     native: NativeForm | None = None
-    partners_scale: bool = False  # it takes the weight's scale (TensorJob.scale / scale_name)
+    partners_scale: bool = False  # it takes the weight's scale (TensorTask.scale / scale_name)
 
 
 class _Comparisons:

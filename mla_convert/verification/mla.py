@@ -21,7 +21,7 @@ from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.reference_mla import functional_error
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import RowReader
-from mla_convert.verification.tasks import MlaJob
+from mla_convert.verification.tasks import MlaTask
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 
@@ -36,7 +36,7 @@ class MlaChecks:
         self.dims, self.rope_dim = dims, rope_dim
         self.block = block  # the source's block size (a block-FP8 source)
 
-    def layer(self, job: MlaJob, artifacts: dict[str, torch.Tensor]) -> None:
+    def layer(self, job: MlaTask, artifacts: dict[str, torch.Tensor]) -> None:
         """The layer's W_UK_T and W_UV (in `artifacts`, by name) against its kv_b_proj: split, and
         absorbed vs naive attention."""
         dims, layer = self.dims, job.layer
@@ -77,7 +77,7 @@ class MlaChecks:
             found=f"relative error {err:.3g}",
         )
 
-    def _reference(self, job: MlaJob) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+    def _reference(self, job: MlaTask) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
         """The kv_b_proj the artifacts are compared with, fp32: (x, its channel scale when x is the
         stored channel-FP8 kv_b_proj (the artifacts are then within a bound of it, else bit-exact
         splits of it), what it is); None when there is none to use."""

@@ -38,7 +38,7 @@ from mla_convert.verification.error_stats import ErrorStats
 from mla_convert.verification.reference_mla import FUNCTIONAL_CACHE, FUNCTIONAL_QUERIES
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import CHUNK_ELEMS
-from mla_convert.verification.tasks import MlaJob, TensorJob
+from mla_convert.verification.tasks import MlaTask, TensorTask
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.safetensors_file import TensorInfo
 
@@ -83,7 +83,7 @@ class NativePass:
 
     # ---- against the source ----------------------------------------------------------------------
 
-    def channel_fp8(self, info: TensorInfo, q: memoryview, scale: memoryview | None, job: TensorJob) -> bool:
+    def channel_fp8(self, info: TensorInfo, q: memoryview, scale: memoryview | None, job: TensorTask) -> bool:
         """SourceComparisons.channel_fp8 of a weight against its block-FP8 source (scale: its channel
         scale's bytes, or None to read it by job.scale)."""
         src, src_scale, block = job.source, job.source_scale, self.block
@@ -127,7 +127,7 @@ class NativePass:
         self.out.stats(info.name, "fp8", stats)
         return True
 
-    def copy(self, info: TensorInfo, view: memoryview, job: TensorJob) -> bool:
+    def copy(self, info: TensorInfo, view: memoryview, job: TensorTask) -> bool:
         """SourceComparisons.copy: the source tensor's dtype, shape and bytes."""
         src = job.source
         if job.op not in COPY_OPS or src is None or src.dtype != info.dtype or tuple(src.shape) != tuple(info.shape):
@@ -146,7 +146,7 @@ class NativePass:
 
     # ---- MLA -------------------------------------------------------------------------------------
 
-    def mla(self, job: MlaJob, artifacts: dict[str, tuple[TensorInfo, memoryview]]) -> bool:
+    def mla(self, job: MlaTask, artifacts: dict[str, tuple[TensorInfo, memoryview]]) -> bool:
         """MlaChecks.layer: the split (bit-exact against a block-FP8 source's dequant, within the
         artifact bound of a stored channel-FP8 kv_b_proj) and the functional check."""
         dims = self.dims

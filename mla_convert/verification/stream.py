@@ -33,7 +33,7 @@ from mla_convert.verification.native_pass import NativePass
 from mla_convert.verification.readers import fp8_readers
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, FileTally, Tally
 from mla_convert.verification.rows import RowReader
-from mla_convert.verification.tasks import FileResult, FileTask, TensorJob
+from mla_convert.verification.tasks import FileResult, FileTask, TensorTask
 from mla_convert.verification.values import ValueChecks
 from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, TensorInfo
 
@@ -205,7 +205,7 @@ class _FileChecks:
             self._torch_parts = (reader, source)
         return self._torch_parts
 
-    def _role(self, info: TensorInfo, buf: memoryview, job: TensorJob) -> bool:
+    def _role(self, info: TensorInfo, buf: memoryview, job: TensorTask) -> bool:
         """The checks of the tensor's role in the conversion: the comparison its transform names
         (Transform.verify, comparisons), a weight with its scale once both are read. Returns
         whether `buf` is kept for later."""
@@ -231,7 +231,7 @@ class _FileChecks:
         self._compare(check, info, buf, None, job)
         return False
 
-    def _compare(self, check: Comparison, info: TensorInfo, buf: memoryview, scale, job: TensorJob) -> None:
+    def _compare(self, check: Comparison, info: TensorInfo, buf: memoryview, scale, job: TensorTask) -> None:
         """A tensor against its source: natively where the comparison has a native form and it
         passes, else in torch; `scale`: its scale's (info, bytes) where read (else by job.scale)."""
         native = self.native

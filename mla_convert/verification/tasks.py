@@ -1,5 +1,5 @@
-"""verify, file tasks: what the data pass of one file is asked to check (FileTask, with a TensorJob
-for each tensor that has a role in the conversion and an MlaJob for an artifact file), and what it
+"""verify, file tasks: what the data pass of one file is asked to check (FileTask, with a TensorTask
+for each tensor that has a role in the conversion and an MlaTask for an artifact file), and what it
 returns (FileResult). Tasks are plain data, which a worker process gets pickled; `file_tasks`
 builds them from what the header pass learned and the source.
 
@@ -26,7 +26,7 @@ from mla_runtime.safetensors_file import ShardHeader
 
 
 @dataclass(frozen=True)
-class TensorJob:
+class TensorTask:
     """What to check for one tensor beyond its values (absent: values only)."""
 
     op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE, ...
@@ -38,7 +38,7 @@ class TensorJob:
 
 
 @dataclass(frozen=True)
-class MlaJob:
+class MlaTask:
     layer: int
     kv_b: Ref | None  # the converted model's kv_b_proj weight
     kv_b_scale: Ref | None  # ... and its scale (a format that quantizes it)
@@ -56,8 +56,8 @@ class FileTask:
     block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
     dims: MlaDims | None = None
     rope_dim: int = 0
-    tensors: dict[str, TensorJob] = field(default_factory=dict)
-    mla: MlaJob | None = None
+    tensors: dict[str, TensorTask] = field(default_factory=dict)
+    mla: MlaTask | None = None
 
 
 @dataclass
@@ -88,12 +88,12 @@ def file_tasks(
     for rel in sorted(rels):
         if rel in lay.headers:
             header = lay.headers[rel]
-            jobs = {n: j for n, info in header.tensors.items() if (j := _tensor_job(n, info, lay, src, fmt))}
-            tasks.append(FileTask(rel=rel, header=header, tensors=jobs, **common))
+            each = {n: t for n, info in header.tensors.items() if (t := _tensor_task(n, info, lay, src, fmt))}
+            tasks.append(FileTask(rel=rel, header=header, tensors=each, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
             at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_job(layer, lay, src, fmt), **at))
+            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_task(layer, lay, src, fmt), **at))
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks
@@ -105,7 +105,9 @@ def _matches(lay: Structure, name: str, info) -> bool:
     return exp is not None and info is not None and exp.admits(info)
 
 
-def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> TensorJob | None:
+def _tensor_task(
+    name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format
+) -> TensorTask | None:
     """What to check for a tensor beyond its values; None for one that does not match its
     expectation (only its values are checked)."""
     if not _matches(lay, name, info):
@@ -122,10 +124,10 @@ def _tensor_job(name: str, info, lay: Structure, src: SourceCheckpoint | None, f
             w = src.int4[exp.source.rsplit(".", 1)[0]]
             source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
     scale_ref = _out_ref(lay, scale_name) if scale_name else None
-    return TensorJob(exp.op, scale_ref, scale_name, source, source_scale, group)
+    return TensorTask(exp.op, scale_ref, scale_name, source, source_scale, group)
 
 
-def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaJob:
+def _mla_task(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaTask:
     kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
     if src is not None and kv_b in src.block_fp8:
@@ -133,7 +135,7 @@ def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: form
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
         source = _src_ref(src, kv_b)
     scale = fmt.scale_name(kv_b)
-    return MlaJob(layer, _out_ref(lay, kv_b), _out_ref(lay, scale) if scale else None, source, source_scale)
+    return MlaTask(layer, _out_ref(lay, kv_b), _out_ref(lay, scale) if scale else None, source, source_scale)
 
 
 def _out_ref(lay: Structure, name: str) -> Ref | None:
