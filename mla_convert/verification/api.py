@@ -12,7 +12,7 @@ the directory was converted from (its fingerprint is not the one recorded: one l
 every comparison that follows from it reported as the output's failure).
 
 Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first in this
-process. Then each file gets a task (tasks) and is read once, front to back (stream): hashed, and
+process. Then each file gets a task (tasks) and is read once, front to back (data_pass): hashed, and
 each tensor checked from the same buffer, in the native kernels where they cover the check and
 it passes (native_pass), else in torch; runners runs one file at a time on a 2-core host (two
 above) on threads, or in worker processes with workers > 1. Last, the per-file hashes are compared with the conversion

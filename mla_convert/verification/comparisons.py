@@ -5,7 +5,7 @@ and its native form (verification.native_pass, on the bytes read), side by side.
 one (a transform added from outside, docs/adding-a-format.md). No torch at import.
 
 A comparison that `partners` a scale is given the weight's scale too (the tensor written right
-after it, its layout the format's): stream holds the weight until its scale is read.
+after it, its layout the format's): data_pass holds the weight until its scale is read.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ source tensors and partner scales read by offset into this thread's reused buffe
 check passes it returns True, and the caller counts the checks the declaration names
 (verification.comparisons.Comparison.checks; the MLA check counts its own). Anything else (a check that fails, a case it does not
 cover: a bf16 output's comparison with its source, INT4, E8M0 block scales, a 16-bit kv_b_proj)
-returns False having recorded nothing: the caller then runs the torch path (stream), which
+returns False having recorded nothing: the caller then runs the torch path (data_pass), which
 describes the failure. So a failing tensor's report is the torch path's, word for word, and torch is
 imported only where one is met.
 
@@ -68,7 +68,7 @@ class NativePass:
         self.dims: MlaDims | None = dims
         self.rope_dim = rope_dim
         self.top = top_code(fp8_max)  # the code every non-zero row of a channel-FP8 weight reaches
-        self.reader = reader  # the file's (stream): source tensors and partner scales read by offset
+        self.reader = reader  # the file's (data_pass): source tensors and partner scales read by offset
         self.scratch = scratch()  # this thread's reused buffers (source, source_scale, partner, rows, ...)
 
     # ---- values (verification.values: each check's native form) ----------------------------------

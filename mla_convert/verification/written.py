@@ -4,7 +4,7 @@ were made from while those are still on disk, an artifact file's MLA check), rea
 bytes just written (the page cache), and not hashed again: the converter hashed them as it wrote
 them, and that sha256 is the one the manifest records and the upload sends.
 
-The tasks are verify's own (tasks.file_tasks, run by stream.run_file_task), built from the plan
+The tasks are verify's own (tasks.file_tasks, run by data_pass.run_file_task), built from the plan
 instead of the output's config, index and MLA manifest, which are written last.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.results import Failure
+from mla_convert.verification.data_pass import run_file_task
 from mla_convert.verification.expects import expects_from_plan
-from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.structure import Structure
 from mla_convert.verification.tasks import FileTask, file_tasks
 from mla_runtime.format import LayerEntry, MlaManifest
