@@ -106,9 +106,9 @@ def _verify(
     tally = Tally()
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
-    layout = check_structure(root, options.format, fingerprint, plan, tally)
+    structure = check_structure(root, options.format, fingerprint, plan, tally)
     check_card(root, manifest, tally)
-    tasks = file_tasks(root, layout, manifest, options, src)
+    tasks = file_tasks(root, structure, manifest, options, src)
     if not data_checks:
         tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
     # Chosen here for the report, and before the file threads need them (probed with torch only
@@ -123,7 +123,7 @@ def _verify(
             gc.enable()
     for r in results.values():
         tally.merge(r.tally)
-    check_integrity(root, manifest, layout, results, tally)
+    check_integrity(root, manifest, structure, results, tally)
 
     skipped = {} if src is not None else {SOURCE: "no --source given"}
     if not data_checks:
@@ -135,8 +135,8 @@ def _verify(
         "target": options.target,
         "fp8_max": options.fp8_max,
         "files": len(results),
-        "tensors": sum(len(h.tensors) for h in layout.headers.values()),
-        "mla_layers": len(layout.mla_headers),
+        "tensors": sum(len(h.tensors) for h in structure.headers.values()),
+        "mla_layers": len(structure.mla_headers),
         "workers": workers,
         "readers": readers.name if readers else "none",
         "readers_reason": readers.reason if readers else "no tensor values read",

@@ -69,7 +69,7 @@ class FileResult:
 
 
 def file_tasks(
-    root: Path, lay: Structure, manifest: dict, options: Options, src: SourceCheckpoint | None
+    root: Path, structure: Structure, manifest: dict, options: Options, src: SourceCheckpoint | None
 ) -> list[FileTask]:
     """One task for every file the conversion manifest or the index lists, and every artifact file
     whose header was read, sorted by path."""
@@ -79,40 +79,44 @@ def file_tasks(
         "fp8_max": options.fp8_max,
         "value_checks": selected(fmt.value_checks, formats.target(options.target)),
         "block": src.block if src else None,
-        "dims": lay.dims,
-        "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
+        "dims": structure.dims,
+        "rope_dim": int((structure.config or {}).get("qk_rope_head_dim") or 0),
     }
-    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
-    rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
+    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in structure.mla_headers}
+    rels = set(manifest["files"]) | set(structure.weight_map.values()) | set(mla_files)
     tasks = []
     for rel in sorted(rels):
-        if rel in lay.headers:
-            header = lay.headers[rel]
-            each = {n: t for n, info in header.tensors.items() if (t := _tensor_task(n, info, lay, src, fmt))}
+        if rel in structure.headers:
+            header = structure.headers[rel]
+            each = {n: t for n, info in header.tensors.items() if (t := _tensor_task(n, info, structure, src, fmt))}
             tasks.append(FileTask(rel=rel, header=header, tensors=each, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
-            at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=_mla_task(layer, lay, src, fmt), **at))
+            at = common | {
+                "dims": structure.mla_manifest.dims_of(layer)
+            }  # a layer's own dims (checked against the config)
+            tasks.append(
+                FileTask(rel=rel, header=structure.mla_headers[layer], mla=_mla_task(layer, structure, src, fmt), **at)
+            )
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks
 
 
-def _matches(lay: Structure, name: str, info) -> bool:
+def _matches(structure: Structure, name: str, info) -> bool:
     """The header agrees with the expectation (else the structure check failed already)."""
-    exp = lay.expects.get(name)
+    exp = structure.expects.get(name)
     return exp is not None and info is not None and exp.admits(info)
 
 
 def _tensor_task(
-    name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format
+    name: str, info, structure: Structure, src: SourceCheckpoint | None, fmt: formats.Format
 ) -> TensorTask | None:
     """What to check for a tensor beyond its values; None for one that does not match its
     expectation (only its values are checked)."""
-    if not _matches(lay, name, info):
+    if not _matches(structure, name, info):
         return None
-    exp = lay.expects[name]
+    exp = structure.expects[name]
     scale = fmt.scale_of(exp.op)
     scale_name = scale.name(name) if scale is not None else None
     source = source_scale = group = None
@@ -123,25 +127,27 @@ def _tensor_task(
         if "group_scale" in reads(exp.op):
             w = src.int4[exp.source.rsplit(".", 1)[0]]
             source_scale, group = _src_ref(src, w.scale.name), src.quant.int4.columns_per_scale(w.cols)
-    scale_ref = _out_ref(lay, scale_name) if scale_name else None
+    scale_ref = _out_ref(structure, scale_name) if scale_name else None
     return TensorTask(exp.op, scale_ref, scale_name, source, source_scale, group)
 
 
-def _mla_task(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaTask:
-    kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
+def _mla_task(layer: int, structure: Structure, src: SourceCheckpoint | None, fmt: formats.Format) -> MlaTask:
+    kv_b = structure.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
     if src is not None and kv_b in src.block_fp8:
         source, source_scale = _src_ref(src, kv_b), _src_ref(src, src.block_fp8[kv_b].scale.name)
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
         source = _src_ref(src, kv_b)
     scale = fmt.scale_name(kv_b)
-    return MlaTask(layer, _out_ref(lay, kv_b), _out_ref(lay, scale) if scale else None, source, source_scale)
+    return MlaTask(
+        layer, _out_ref(structure, kv_b), _out_ref(structure, scale) if scale else None, source, source_scale
+    )
 
 
-def _out_ref(lay: Structure, name: str) -> Ref | None:
+def _out_ref(structure: Structure, name: str) -> Ref | None:
     """Where an output tensor lies, if its header matches what it should be."""
-    hd = lay.headers.get(lay.weight_map.get(name, ""))
-    if hd is None or not _matches(lay, name, hd.tensors.get(name)):
+    hd = structure.headers.get(structure.weight_map.get(name, ""))
+    if hd is None or not _matches(structure, name, hd.tensors.get(name)):
         return None
     return Ref.of(hd.path, hd, name)
 

@@ -31,17 +31,19 @@ def job_tasks(plan: Plan, out_dir: Path, files: JobFiles) -> list[FileTask]:
     rels = {rel for rel, _, _ in files}
     layers = {mla_file_rel(i): i for job in plan.shards for i in job.mla_layers if mla_file_rel(i) in rels}
     shards = sorted(rels - set(layers))
-    lay = Structure(config=src.config, model=src.model, names=src.names, index_name=plan.index_name, dims=src.dims)
-    lay.expects = expects_from_plan(plan)
-    lay.weight_map = {t.name: job.file for job in plan.shards if job.file in rels for t in job.tensors}
-    lay.headers = {rel: read_header(out_dir / rel) for rel in shards}
-    lay.mla_layers = sorted(layers.values())
-    lay.mla_headers = {i: read_header(out_dir / rel) for rel, i in layers.items()}
+    structure = Structure(
+        config=src.config, model=src.model, names=src.names, index_name=plan.index_name, dims=src.dims
+    )
+    structure.expects = expects_from_plan(plan)
+    structure.weight_map = {t.name: job.file for job in plan.shards if job.file in rels for t in job.tensors}
+    structure.headers = {rel: read_header(out_dir / rel) for rel in shards}
+    structure.mla_layers = sorted(layers.values())
+    structure.mla_headers = {i: read_header(out_dir / rel) for rel, i in layers.items()}
     recorded = {rel: (size, sha) for rel, size, sha in files}
     entries = tuple(LayerEntry(i, Path(rel).name, *recorded[rel], src.own_dims(i)) for rel, i in sorted(layers.items()))
-    lay.mla_manifest = MlaManifest(dims=src.dims, layers=entries, source_fingerprint=src.fingerprint())
+    structure.mla_manifest = MlaManifest(dims=src.dims, layers=entries, source_fingerprint=src.fingerprint())
     manifest = {"files": {rel: {"size": size, "sha256": sha} for rel, (size, sha) in recorded.items()}}
-    return file_tasks(out_dir, lay, manifest, plan.options, src)
+    return file_tasks(out_dir, structure, manifest, plan.options, src)
 
 
 def check_job_files(plan: Plan, out_dir: Path, files: JobFiles) -> list[Failure]:
