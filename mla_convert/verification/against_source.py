@@ -29,7 +29,7 @@ from mla_convert.verification.bounds import (
     scale_limit,
 )
 from mla_convert.verification.error_stats import ErrorStats, Mismatches
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import SOURCE, FileTally
 from mla_convert.verification.rows import RowReader, row_chunks
 from mla_convert.verification.tasks import TensorTask
@@ -60,7 +60,7 @@ class SourceComparisons:
         if job.source is None:
             return
         findings = _Fp8Findings()
-        native_pass = fp8_readers().name == "native" and job.source_scale is not None
+        native_pass = reader_backend().name == "native" and job.source_scale is not None
         chunk = self._fp8_chunk_native if native_pass else self._fp8_chunk_torch
         for r0, r1 in row_chunks(q.shape[0], q.shape[1], self.row_align(job)):
             chunk(job, q, s, r0, r1, findings)
@@ -141,7 +141,7 @@ class SourceComparisons:
         """Rows [r0, r1) of channel_fp8, in torch."""
         x = self.source_values(job, r0, r1)
         sc = s[r0:r1]
-        found = fp8_readers().decode(q[r0:r1]) * sc
+        found = reader_backend().decode(q[r0:r1]) * sc
         abs_x = x.abs()
         ratio = findings.stats.add(found, x, fp8_allowed_error(abs_x, sc))
         if not findings.stats.chunk_bound_use <= 1:
@@ -188,4 +188,4 @@ class SourceComparisons:
         widening of a 16-bit one."""
         if job.source_scale is None:
             return self.reader.rows(job.source, r0, r1 - r0).float()
-        return dequantize_block_fp8(*self.source_rows(job, r0, r1), self.block, fp8_readers().decode)
+        return dequantize_block_fp8(*self.source_rows(job, r0, r1), self.block, reader_backend().decode)

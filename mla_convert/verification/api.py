@@ -40,7 +40,7 @@ from mla_convert.source.resolve import resolve_source
 from mla_convert.verification.bounds import TOLERANCES
 from mla_convert.verification.card import check_card
 from mla_convert.verification.integrity import check_integrity, check_source_identity
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_report
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
@@ -113,7 +113,7 @@ def _verify(
         tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
     # Chosen here for the report, and before the file threads need them (probed with torch only
     # where no pass is remembered on this machine); worker processes find the same record.
-    readers = fp8_readers() if data_checks else None
+    readers = reader_backend() if data_checks else None
     collecting = gc.isenabled()
     gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
     try:

@@ -30,7 +30,7 @@ from mla_convert.process.torch_import import import_torch
 from mla_convert.verification.buffers import Lease, ReadBuffers, thread_buffers
 from mla_convert.verification.comparisons import Comparison, comparison
 from mla_convert.verification.native_pass import NativePass
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, FileTally, Tally
 from mla_convert.verification.rows import RowReader
 from mla_convert.verification.tasks import FileResult, FileTask, TensorTask
@@ -145,7 +145,7 @@ class _FileChecks:
         self.buffers = buffers  # what the file's tensors are read into
         self.reader = Reader()  # the source tensors and partner scales, by offset
         self.native = None
-        if task.header is not None and fp8_readers().name == "native":
+        if task.header is not None and reader_backend().name == "native":
             self.native = NativePass(self.out, self.reader, fp8_max=task.fp8_max, block=task.block, dims=task.dims,
                                      rope_dim=task.rope_dim)  # fmt: skip
         self.values = ValueChecks(task.value_checks, self.out, task.fp8_max, self.native)

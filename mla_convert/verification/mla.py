@@ -17,7 +17,7 @@ from mla_convert.kernels.bits import same_bits
 from mla_convert.kernels.numerics import block_scale_f32, dequantize_block_fp8
 from mla_convert.verification.bounds import FUNCTIONAL_TOL_EXACT, FUNCTIONAL_TOL_FP8, artifact_allowed_error
 from mla_convert.verification.error_stats import Mismatches
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.reference_mla import functional_error
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import RowReader
@@ -95,7 +95,7 @@ class MlaChecks:
             if s.shape[0] not in (1, q.shape[0]):
                 return None  # not a scale per row or per tensor (the structure checks said so)
             s = s.expand(q.shape[0], 1).contiguous()
-            x = fp8_readers().decode(q).mul_(s)
+            x = reader_backend().decode(q).mul_(s)
             return x, s, "within the artifact bound of the stored FP8 kv_b_proj"
         return None
 

@@ -11,7 +11,7 @@ returns False having recorded nothing: the caller then runs the torch path (data
 describes the failure. So a failing tensor's report is the torch path's, word for word, and torch is
 imported only where one is met.
 
-Used only where the native readers passed their probes (readers.fp8_readers, reader_probes).
+Used only where the native readers passed their probes (readers.reader_backend, reader_probes).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ channel-scale limit, the MLA artifact bound (bit for bit, as counts), the per-ro
 channel-FP8 kv_b_proj, and the functional MLA check (the same inputs through torch's naive and
 absorbed decode; its value within a relative 1e-3, as the C sums run in another order).
 
-Run once per machine by readers.fp8_readers (with torch), the pass remembered (kernels.verdict).
+Run once per machine by readers.reader_backend (with torch), the pass remembered (kernels.verdict).
 """
 
 from __future__ import annotations
