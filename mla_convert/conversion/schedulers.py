@@ -136,7 +136,7 @@ def execute_streaming(
     With a `sink` (conversion.sink), the shards of the kept jobs in `recheck` are downloaded first,
     each job's shards and its output files are reserved together in the sink's budget before the
     download, a recorded job goes to the sink, and the sink releases its shards (once checked)."""
-    by_file = {job.file: job for job in plan.shards}
+    by_file = {shard.file: shard for shard in plan.shards}
     jobs = [*recheck, *(s.shard.file for s in specs)]
     todo = [(j, sorted(set(plan.inputs_of(by_file[j]).values()))) for j in jobs]
     extra = {s.shard.file: sink.extra(s.shard.file) for s in specs} if sink else None
