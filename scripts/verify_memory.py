@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""verify's memory (issue 42 item 11): the peak and the course of the resident memory of a run of
+"""verify's memory: the peak and the course of the resident memory of a run of
 `mla-convert verify`, and what the header pass and the task building hold.
 
     python scripts/verify_memory.py run OUT [--source SRC] [--workers N] [--timeline t.json]

@@ -66,7 +66,7 @@ def test_settings_and_options_objects_or_fields(tiny_src, tmp_path):
     )
     assert (a.format, a.workers, a.dry_run) == (b.format, b.workers, b.dry_run) == ("bf16", 2, True)
     assert (c.format, c.target) == ("channel-fp8", "gaudi2") and a.target == "gaudi3"
-    with pytest.raises(mla_convert.ConvertError, match="a bf16 output has no FP8 range"):  # issue 26
+    with pytest.raises(mla_convert.ConvertError, match="a bf16 output has no FP8 range"):  # bf16 takes no target
         mla_convert.convert(tiny_src, tmp_path / "d", options=opts, settings=settings, target="gaudi2")
     with pytest.raises(TypeError, match="worker"):
         mla_convert.convert(tiny_src, tmp_path / "d", worker=2)

@@ -1,4 +1,4 @@
-"""A model card its user edited (issue 42 item 3): `mla-convert card DIR` keeps the user's text
+"""A model card its user edited: `mla-convert card DIR` keeps the user's text
 around the sections mla-convert writes and records the new bytes, so that verify and upload pass;
 an edit inside those sections is refused, naming README.md, unless --keep or --overwrite says what
 to do with it; an edit not recorded fails verify with a hint saying how to record it; upload

@@ -43,11 +43,11 @@ def test_the_tiny_checkpoint_is_read_as_written(tiny_src, load_json):
     assert set(src.headers) == set(index.values())
     assert src.block == tuple(SPEC.block)
     fp8 = {name for name, kind, _ in SPEC.tensors() if kind == "fp8"}
-    assert set(src.fp8) == fp8
-    for name, pair in src.fp8.items():
+    assert set(src.block_fp8) == fp8
+    for name, pair in src.block_fp8.items():
         assert pair.scale.name == name + "_scale_inv" and pair.scale_file == index[name + "_scale_inv"]
     assert src.total_bytes() == sum(p.stat().st_size for p in tiny_src.glob("*.safetensors"))
-    split = src.fp8[SPEC.split_scale_of]  # the weight whose scale the synthetic writer put in the next shard
+    split = src.block_fp8[SPEC.split_scale_of]  # the weight whose scale the synthetic writer put in the next shard
     assert split.scale_file != src.weight_map[SPEC.split_scale_of]
     assert split.scale.name in src.headers[split.scale_file].tensors
 
@@ -60,7 +60,7 @@ def test_a_single_file_checkpoint_without_an_index(tiny_src, tmp_path, load_all)
     src = open_source(root)
     assert src.index_bytes == b"" and set(src.weight_map) == set(tensors)
     assert set(src.weight_map.values()) == {"model.safetensors"}
-    assert set(src.fp8) == set(open_source(tiny_src).fp8)
+    assert set(src.block_fp8) == set(open_source(tiny_src).block_fp8)
 
 
 # ---- refusals: one line, the file and the tensor named --------------------------------------------
@@ -80,8 +80,8 @@ def test_a_config_that_is_not_a_json_object(src_copy, text, expect):
 
 
 def test_a_directory_without_a_config_is_not_a_checkpoint_said_once(src_copy, tmp_path):
-    """Issue 42, item 9: the directory named once (it read `DIR/config.json: config.json not found`),
-    saying what a checkpoint directory holds; the same for an empty directory."""
+    """The directory named once (it read `DIR/config.json: config.json not found`), saying what a
+    checkpoint directory holds; the same for an empty directory."""
     (src_copy / "config.json").unlink()
     (tmp_path / "empty").mkdir()
     for root in (src_copy, tmp_path / "empty"):

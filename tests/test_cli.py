@@ -308,7 +308,7 @@ def test_help_into_a_closed_pipe_ends_quietly():
     assert "Traceback" not in stderr, stderr
 
 
-# ---- the help as a user types the command (issue 26) ----------------------------------------------
+# ---- the help as a user types the command --------------------------------------------------------
 
 
 def test_mla_convert_without_arguments_prints_the_help_once():
@@ -383,7 +383,8 @@ def test_demo_takes_deepseek_r1_as_the_readme_calls_it(tmp_path):
 
 
 def test_a_failure_of_the_environment_says_what_next_only_in_the_middle_of_a_run(tmp_path):
-    """Issue 26: 'write failed: No space left on device' said nothing of --resume."""
+    """A full disk mid-run says what to do next (--resume); before, 'write failed: No space left on
+    device' said nothing of it."""
     import errno
 
     from mla_convert.cli.convert_cmd import next_step

@@ -1,7 +1,7 @@
 """The output's quantization_config says what each linear is, for every member: every linear
 left in 16 bits is in `ignore`, every FP8 one is not (and a group targets it), as compressed-tensors'
-own matching reads the entries; and the card's count of the modules `ignore` names is that number
-(issue 42, items 5 and 6)."""
+own matching reads the entries; and the card's count of the modules `ignore` names is that
+number."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A config field the converter reads, of a type it cannot interpret, is refused before the first
-byte (issue 42, item 8): one line naming the field (as the member's config file spells it) and the
+byte: one line naming the field (as the member's config file spells it) and the
 type it expected, exit 2, nothing written. Every field the converter reads (source/family.py's
 ModelLayout and inventory, source/shapes.py, the members' own readings, the quantization_config,
 mla_runtime/model_configs.py for params.json) given each wrong type: a list, a string, a float, a

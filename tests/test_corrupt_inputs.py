@@ -1,4 +1,4 @@
-"""A damaged file is a clear line, never an internal error (issue 42, item 7): any byte of any file
+"""A damaged file is a clear line, never an internal error: any byte of any file
 that a command or the plugin reads (the configs, the index, the conversion manifest, the MLA
 manifest, the model card, safetensors headers, the demo marker, the lock, the kernel verdicts)
 changed, cut short, made non-UTF-8 or given JSON of the wrong type: `verify` fails naming the file

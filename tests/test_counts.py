@@ -1,4 +1,4 @@
-"""Counts that count what they say (issue 42, item 5): the card's and --json's count of the modules
+"""Counts that count what they say: the card's and --json's count of the modules
 the ignore list leaves in 16 bits, beside the per-pattern counts; verify's title of a bf16 output;
 a check group that ran nothing does not say it passed."""
 

@@ -1,4 +1,4 @@
-"""`demo --out` on a directory that is not empty says what will work (issue 35): --overwrite only
+"""`demo --out` on a directory that is not empty says what will work: --overwrite only
 where --overwrite then goes ahead, and never a user's file deleted. Through the real CLI."""
 
 import shutil

@@ -1,5 +1,5 @@
 """--device: the device is checked bit-identical to eager on the CPU before it converts anything, in
-every process, and falls back to the CPU kernels on any difference (issue 16). There is no device
+every process, and falls back to the CPU kernels on any difference. There is no device
 here: tests/support/fake_device.py supplies device kernel sets through the documented hook
 kernels.fastest.DEVICE_KERNEL_FACTORIES (a conversion hands the factory to its worker processes),
 and the device name is "meta" (torch accepts it; eager numerics cannot run on it)."""

@@ -112,7 +112,7 @@ def test_a_failed_direct_write_surfaces_and_the_partial_file_goes(tmp_path, monk
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(disk_write.os, "pwrite", fail)
-    w = ShardWriter(tmp_path / "x.safetensors", specs, background=True, write_mode="direct")
+    w = ShardWriter(tmp_path / "x.safetensors", specs, write_mode="direct")
     with pytest.raises(Exception, match="No space left") as info, w:
         w.write("a", torch.zeros(3 * disk_write.STAGE_BYTES, dtype=torch.uint8))
         w.commit()
@@ -167,7 +167,7 @@ def test_a_slow_disk_holds_the_writer_to_its_staging_buffers(tmp_path, monkeypat
 
     monkeypatch.setattr(disk_write.os, "pwrite", slow_pwrite)
     specs = {k: ("U8", tuple(t.shape)) for k, t in tensors.items()}
-    with ShardWriter(tmp_path / "x.safetensors", specs, background=True) as w:
+    with ShardWriter(tmp_path / "x.safetensors", specs) as w:
         for k, t in tensors.items():
             w.write(k, t)
             assert w._out.stages <= disk_write.StagedFile.STAGES

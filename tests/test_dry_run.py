@@ -1,5 +1,5 @@
 """--dry-run runs every check the real run runs before its first byte, --out included, and exits as
-the real run would: exit 2 with the same line (issue 26; before, it printed the plan and exit 0)."""
+the real run would: exit 2 with the same line (before, it printed the plan and exit 0)."""
 
 import shutil
 

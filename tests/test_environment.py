@@ -1,4 +1,4 @@
-"""Failures of the environment (issue 17): no network, a read-only or unwritable --out, a disk too
+"""Failures of the environment: no network, a read-only or unwritable --out, a disk too
 small or filled up mid-write, an --out of someone else's files. Each is one `error:` line with exit
 code 2 (never the internal-error code 70), nothing that looks complete is left behind, and no
 file of the user's is deleted. Tested for real where the machine allows (closed ports, mounts,
@@ -201,7 +201,7 @@ def test_a_small_filesystem_is_refused_before_the_first_byte(tiny_src, converted
         # Told to go on anyway, the disk fills up mid-write: one line, nothing complete-looking,
         r = run_cli("convert", tiny_src, "--out", out, "--ignore-free-space")
         assert r.returncode == 2
-        line = one_error_line(r.stderr)  # and what to do next (issue 26)
+        line = one_error_line(r.stderr)  # and what to do next
         assert "No space left on device; free some space on that filesystem, then finish it with" in line
         assert line.endswith("--resume (or start over with another --out)")
         assert_nothing_complete(out)
@@ -232,7 +232,7 @@ def test_free_space_faked(tiny_src, tmp_path, free_space):
     assert "not enough free space" in one_error_line(r.stderr) and "5.00 MB free" in r.stderr
     assert not out.exists()
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json"])
-    assert r.exit_code == 2 and "not enough free space" in one_error_line(r.stderr)  # as the real run (issue 26)
+    assert r.exit_code == 2 and "not enough free space" in one_error_line(r.stderr)  # as the real run
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--dry-run", "--json", "--ignore-free-space"])
     assert r.exit_code == 0 and json.loads(r.stdout)["disk_free"] == 5_000_000
     r = runner.invoke(app, ["convert", str(tiny_src), "--out", str(out), "--ignore-free-space", "--quiet"])
@@ -330,7 +330,7 @@ def test_demo_overwrite_replaces_only_an_earlier_demo(tmp_path):
 
 
 def test_overwrite_refuses_a_file_it_wrote_that_has_changed_since(tiny_src, converted, tmp_path, tree_hashes):
-    """An edited README.md of an earlier output (issue 26): before, --overwrite replaced it silently,
+    """An edited README.md of an earlier output: before, --overwrite replaced it silently,
     although the manifest records its sha256. Now refused, naming it, as a foreign file is."""
     out = tmp_path / "out"
     shutil.copytree(converted["bf16"], out)

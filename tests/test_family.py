@@ -277,7 +277,7 @@ def test_member_output_config_and_ignore_list(family_checkpoints, load_all, load
         assert "model.layers.0.self_attn.indexer.wk" in quantized
 
 
-@pytest.mark.parametrize("member", MEMBERS)  # every member, the late-2026 ones included
+@pytest.mark.parametrize("member", MEMBERS)  # every member, Mistral-Large-3 and the Kimi-K2s included
 @pytest.mark.parametrize("fmt", [FP8, BF16])
 @pytest.mark.parametrize("with_source", [False, True], ids=["no-source", "source"])
 def test_member_verifies(family_checkpoints, member, fmt, with_source):

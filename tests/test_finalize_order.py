@@ -1,4 +1,4 @@
-"""What makes a directory a model is written last (issue 35): a conversion killed before its end
+"""What makes a directory a model is written last: a conversion killed before its end
 leaves no config (and, before the config, no index), so that a loader refuses it, the manifest
 says incomplete, and --resume finishes it with the bytes of an uninterrupted run."""
 

@@ -1,4 +1,4 @@
-"""--help at 80 columns, through the real CLI (issue 35): names wrap whole, SOURCE says what Mistral's
+"""--help at 80 columns, through the real CLI: names wrap whole, SOURCE says what Mistral's
 layout has, the summary names every kind of source, and every option that takes a value shows it."""
 
 import re

@@ -1,4 +1,4 @@
-"""--ignore (issue 26): a pattern that matches no linear is an error listing a few linear names; the
+"""--ignore: a pattern that matches no linear is an error listing a few linear names; the
 summary and --json say, per pattern, how many linears it kept unquantized."""
 
 import json

@@ -1,4 +1,4 @@
-"""Ctrl-C (issue 17): no kernel or I/O thread outlives the memory it works on however the caller
+"""Ctrl-C: no kernel or I/O thread outlives the memory it works on however the caller
 unwinds, and an interrupted command ends with one line and exit code 130, never by a signal.
 Tested with real SIGINTs at random moments of real conversions."""
 

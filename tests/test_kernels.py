@@ -464,7 +464,7 @@ def test_native_fp8_bound_rows_exact_on_every_code_pair_and_scale_range(scale):
 def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkeypatch, fresh_readers):
     """verify --source counts out-of-bound elements in C only if, on a probe, the C check finds
     exactly the rows, counts and maxima torch's formulation finds."""
-    readers = readers_mod.fp8_readers()
+    readers = readers_mod.reader_backend()
     assert readers.name == "native" and "bound check agree with torch" in readers.reason
     real = native.fp8_bound_rows
 
@@ -475,14 +475,14 @@ def test_verify_falls_back_to_torch_when_the_native_bound_check_disagrees(monkey
 
     monkeypatch.setattr(native, "fp8_bound_rows", misses_one)
     fresh_readers.reset()
-    readers = readers_mod.fp8_readers()
+    readers = readers_mod.reader_backend()
     assert (readers.name, readers.reason) == ("torch", "native bound check disagreed with torch on the probe")
 
 
 def test_verify_readers_fall_back_to_torch_without_a_c_compiler(fresh_native, monkeypatch, fresh_readers):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    readers = readers_mod.fp8_readers()
-    assert readers.name == "torch" and readers.decode is readers_mod.TORCH_READERS.decode
+    readers = readers_mod.reader_backend()
+    assert readers.name == "torch" and readers.decode is readers_mod.TORCH_BACKEND.decode
     assert readers.reason.startswith("native library unavailable (") and "/nonexistent/cc" in readers.reason
 
 
@@ -496,7 +496,7 @@ def test_verify_readers_fall_back_to_torch_naming_the_reader_that_failed(monkeyp
         return real(t) ^ 1
 
     monkeypatch.setattr(native, "row_max_codes", broken)
-    readers = readers_mod.fp8_readers()
+    readers = readers_mod.reader_backend()
     assert readers.name == "torch" and readers.row_max_codes is not broken
     why = {
         "disagrees": "disagreed with torch on the probe",
@@ -526,9 +526,9 @@ def test_native_code_count_equals_torch_across_threads_and_stretches():
 def test_verify_readers_fall_back_to_torch_when_the_code_count_disagrees(monkeypatch, fresh_readers):
     real = native.count_code
     monkeypatch.setattr(native, "count_code", lambda t, code: max(0, real(t, code) - 1))
-    readers = readers_mod.fp8_readers()
+    readers = readers_mod.reader_backend()
     assert (readers.name, readers.reason) == ("torch", "native code count disagreed with torch on the probe")
-    assert readers.count_code is readers_mod.TORCH_READERS.count_code
+    assert readers.count_code is readers_mod.TORCH_BACKEND.count_code
 
 
 def test_verify_raw_buffer_checks_agree_with_their_torch_formulations():
@@ -565,5 +565,5 @@ def test_native_functional_error_tracks_torch_on_r1_dims():
 def test_verify_falls_back_to_torch_when_a_raw_buffer_check_disagrees(monkeypatch, fresh_readers):
     monkeypatch.setattr(native, "artifact_bound", lambda *args: 0)  # a check that never finds a bad element
     fresh_readers.reset()
-    readers = readers_mod.fp8_readers()
+    readers = readers_mod.reader_backend()
     assert (readers.name, readers.reason) == ("torch", "native artifact bound disagreed with torch on the probe")

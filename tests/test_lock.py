@@ -1,4 +1,4 @@
-"""One run per --out (issue 26): an advisory lock held for the whole run, naming its holder; a
+"""One run per --out: an advisory lock held for the whole run, naming its holder; a
 second convert, verify or dry run on the same directory refused in one line naming that PID; a
 stale lock, left by a killed run, taken over and said so. Two real processes on one --out."""
 

@@ -1,4 +1,4 @@
-"""The native kernels' cache without a writable HOME (a service account, issue 26): one well-known
+"""The native kernels' cache without a writable HOME (a service account): one well-known
 directory per user under the temporary directory, reused by the next run, and no temporary build
 directory left behind (before: a new /tmp/mla-convert-native-XXXX per run, never removed)."""
 

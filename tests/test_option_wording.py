@@ -1,5 +1,5 @@
 """An option refused through the library speaks the library's terms (`target='gaudi2'`, not
-`--target gaudi2`); the command line still names its flags (issue 42, item 10)."""
+`--target gaudi2`); the command line still names its flags."""
 
 from __future__ import annotations
 

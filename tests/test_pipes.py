@@ -1,4 +1,4 @@
-"""Losing stdout or stderr never stops a conversion or changes an exit code (issue 26): real pipes
+"""Losing stdout or stderr never stops a conversion or changes an exit code: real pipes
 whose reader exits (`| head -1`) and a full stdout (`> /dev/full`)."""
 
 import json

@@ -1,5 +1,5 @@
 """With --workers 2 or more, progress moves as the workers convert tensors, not only when a whole
-shard is done (issue 35: a bar frozen at 0.0 GB for the first shard's 15 s, then a jump)."""
+shard is done (before, a bar stayed at 0.0 GB for the first shard, then jumped)."""
 
 import threading
 import time

@@ -1,4 +1,4 @@
-"""Crash safety, resume, determinism and hostile input (issue: reliability)."""
+"""Crash safety, resume, determinism and hostile input."""
 
 import json
 import resource

@@ -1,5 +1,5 @@
 """SIGTERM (a job scheduler's stop, `timeout`, `kill`) and SIGHUP (a closed terminal or ssh session)
-stop a conversion as Ctrl-C does (issue 26): the same deferred stop, one line, exit code 128 + the
+stop a conversion as Ctrl-C does: the same deferred stop, one line, exit code 128 + the
 signal, the .partial files removed, the journal left for --resume, the workers stopped. Real
 signals to real conversions, held at a named point mid-run (support/pause_cli.py)."""
 

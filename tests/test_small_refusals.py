@@ -1,4 +1,4 @@
-"""The smaller refusals of issue 42, item 10, through the real CLI: a refused demo leaves nothing
+"""Small refusals, through the real CLI: a refused demo leaves nothing
 behind; `--kernels native` where the native kernels cannot run is refused (exit 2), while `auto`
 falls back to eager; a mistyped option suggests the close match only; `card` on a missing
 directory says there is no such directory."""

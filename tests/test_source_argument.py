@@ -1,4 +1,4 @@
-"""SOURCE, as the user types it (issue 42, item 9): a mistyped relative path spelt OWNER/NAME is not
+"""SOURCE, as the user types it: a mistyped relative path spelt OWNER/NAME is not
 taken for a Hub repo alone; the refusal says that there is no such directory and why the Hub could
 not give it either. A Hub id the Hub does not have says both too; one the Hub cannot be asked about
 (offline) keeps the Hub's own reason."""

@@ -1,5 +1,5 @@
 """scripts/r1_sparse_output.py, the converted DeepSeek-R1 at its real size that verify's memory is
-measured on (issue 42 item 11), proved at a tiny scale: every file it writes has the sha256 of the
+measured on, proved at a tiny scale: every file it writes has the sha256 of the
 file the real conversion writes from the same sparse source, verify passes on it with and without
 --source, its weights are holes, and a source weight that is not zero is refused."""
 

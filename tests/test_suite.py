@@ -1,5 +1,5 @@
-"""The test suite cleans up what it writes under the temporary directory (issue 26: a run left
-about 1 GB under /tmp/pytest-of-USER; issue 35: torch's compile cache and an empty pytest-of-USER)."""
+"""The test suite cleans up what it writes under the temporary directory (before, a run left about
+1 GB under /tmp/pytest-of-USER, then torch's compile cache and an empty pytest-of-USER)."""
 
 import os
 import subprocess
@@ -21,7 +21,7 @@ def test_a_passing_session_removes_its_base_directory(pytestconfig):
     assert int(pytestconfig.getini("tmp_path_retention_count")) <= 1
 
 
-# ---- a whole session, in a child pytest, leaves the temporary directory as it found it (issue 35) ----
+# ---- a whole session, in a child pytest, leaves the temporary directory as it found it ----
 
 ROOT = Path(__file__).resolve().parent.parent
 INNER_TEST = """

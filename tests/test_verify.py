@@ -22,7 +22,8 @@ from mla_convert.errors import VerificationError
 from mla_convert.kernels.numerics import quantize_channel_fp8
 from mla_convert.settings import Options
 from mla_convert.verification import verify
-from mla_convert.verification.bounds import fp8_allowed_error, functional_error
+from mla_convert.verification.bounds import fp8_allowed_error
+from mla_convert.verification.reference_mla import functional_error
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from support.edits import fix_hash
 
@@ -62,7 +63,7 @@ def out(request, converted, tmp_path) -> Path:
 
 @pytest.fixture
 def torch_readers():
-    """verify's readers module; a test may switch to torch's own readers (use(TORCH_READERS)), and
+    """verify's readers module; a test may switch to torch's own readers (use(TORCH_BACKEND)), and
     the next test probes afresh."""
     from mla_convert.verification import readers
 
@@ -209,7 +210,7 @@ def test_negative_zero_planted_in_a_gaudi2_output(tiny_src, tmp_path, torch_read
     patch_bytes(out / rel, begin + (out / rel).read_bytes()[begin:end].index(b"\x00"), b"\x80")
     fix_hash(out, rel)
     if readers == "torch":
-        torch_readers.use(torch_readers.TORCH_READERS)
+        torch_readers.use(torch_readers.TORCH_BACKEND)
     _, report = run(out, tiny_src)
     assert report["readers"] == readers
     assert [f["message"] for f in failures(report)] == [
@@ -604,8 +605,8 @@ def test_source_from_another_checkpoint(converted, other, tiny_src, tmp_path):
 
 
 def test_a_source_that_is_not_this_ones_is_one_line_not_the_outputs_failures(converted, family_checkpoints):
-    """Issue 42 item 2: another checkpoint as --source (its fingerprint is not the one recorded)
-    is said in one line, first; the comparisons that follow from it are not the output's failures."""
+    """Another checkpoint as --source (its fingerprint is not the one recorded) is said in one
+    line, first; the comparisons that follow from it are not the output's failures."""
     from mla_convert.source.checkpoint import open_source
 
     other = family_checkpoints.source("kimi-k2")
@@ -706,14 +707,14 @@ def test_native_and_torch_verify_passes_agree(fp8_out, tiny_src, torch_readers, 
         byte = (fp8_out / rel).read_bytes()[pos]
         patch_bytes(fp8_out / rel, pos, b"\x7f" if what == "nan" else bytes([byte ^ 0x21]))
     fix_hash(fp8_out, rel)
-    assert kernels.fp8_readers().name == "native"
+    assert kernels.reader_backend().name == "native"
     _, native_report = run(fp8_out, tiny_src)
-    kernels.use(kernels.TORCH_READERS)
+    kernels.use(kernels.TORCH_BACKEND)
     _, torch_report = run(fp8_out, tiny_src)
     assert_fails(native_report, "source", "fp8-bound", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)
     assert (native_report["readers"], torch_report["readers"]) == ("native", "torch")
-    assert torch_report["readers_reason"] == kernels.TORCH_READERS.reason
+    assert torch_report["readers_reason"] == kernels.TORCH_BACKEND.reason
 
 
 @pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC1])  # +Inf, -Inf, a NaN
@@ -727,9 +728,9 @@ def test_native_and_torch_find_the_same_nonfinite_bf16(converted, tmp_path, torc
     begin, end = data_offset(out / rel, name)
     patch_bytes(out / rel, begin + 2 * ((end - begin) // 4), struct.pack("<H", pattern))
     fix_hash(out, rel)
-    assert kernels.fp8_readers().name == "native"
+    assert kernels.reader_backend().name == "native"
     _, native_report = run(out)
-    kernels.use(kernels.TORCH_READERS)
+    kernels.use(kernels.TORCH_BACKEND)
     _, torch_report = run(out)
     assert_fails(native_report, "values", "nan-inf", file=rel, tensor=name)
     assert failures(native_report) == failures(torch_report)

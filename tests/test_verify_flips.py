@@ -50,7 +50,7 @@ def _native_readers():
 @pytest.mark.parametrize("fmt", [FP8, pytest.param(BF16, marks=pytest.mark.slow)])
 def test_a_flipped_byte_in_any_file_fails_verify(converted, tmp_path, fmt):
     out = Path(shutil.copytree(converted[fmt], tmp_path / "out"))
-    assert _exit_code(out) == 0 and readers_mod.fp8_readers().name == "native"
+    assert _exit_code(out) == 0 and readers_mod.reader_backend().name == "native"
     files = _files(out)
     kinds = {"safetensors", "json", "md"}
     assert {rel.rsplit(".", 1)[-1] for rel in files} >= kinds
@@ -117,7 +117,7 @@ def test_native_and_torch_paths_catch_the_same_flip_in_each_kind_of_tensor(conve
         fix_hash(out, rel)
         try:
             native = _report_of(out, tiny_src, None)
-            torch_path = _report_of(out, tiny_src, readers_mod.TORCH_READERS)
+            torch_path = _report_of(out, tiny_src, readers_mod.TORCH_BACKEND)
         finally:
             path.write_bytes(data)
             (out / MANIFEST_NAME).write_text(manifest)

@@ -1,4 +1,4 @@
-"""verify's memory (issue 42 item 11). A tensor larger than stream.BY_ROWS_BYTES (an embedding,
+"""verify's memory. A tensor larger than data_pass.BY_ROWS_BYTES (an embedding,
 lm_head: 1.85 GB each in DeepSeek-R1) is checked as it is read, a run of rows at a time in the
 reused read buffers, rather than read whole into memory of its own; the report is the same,
 failures included. And what the header pass and the task building hold per tensor stays small
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mla_convert.constants import MANIFEST_NAME
+from mla_convert.verification import data_pass, verify
 from mla_convert.verification import readers as readers_mod
-from mla_convert.verification import stream, verify
 from support.edits import fix_hash
 
 FP8 = "channel-fp8"
@@ -33,11 +33,11 @@ def _native_readers():
 
 
 class _Seen:
-    """Which tensors went by rows and passed, and which were checked whole (stream._FileChecks.tensor)."""
+    """Which tensors went by rows and passed, and which were checked whole (data_pass._FileChecks.tensor)."""
 
     def __init__(self, monkeypatch):
         self.by_rows, self.whole = set(), set()
-        finish, tensor = stream._ByRows.finish, stream._FileChecks.tensor
+        finish, tensor = data_pass._ByRows.finish, data_pass._FileChecks.tensor
 
         def spy_finish(by_rows):
             passed = finish(by_rows)
@@ -49,16 +49,16 @@ class _Seen:
             self.whole.add(info.name)
             return tensor(checks, info, buf)
 
-        monkeypatch.setattr(stream._ByRows, "finish", spy_finish)
-        monkeypatch.setattr(stream._FileChecks, "tensor", spy_tensor)
+        monkeypatch.setattr(data_pass._ByRows, "finish", spy_finish)
+        monkeypatch.setattr(data_pass._FileChecks, "tensor", spy_tensor)
 
 
 def _report(out: Path, source, monkeypatch, by_rows: bool) -> str:
     """verify's JSON report (less its time), every tensor that may go by rows going so (a few
     rows at a time) or none; as text, where NaN equals NaN."""
     with monkeypatch.context() as m:
-        m.setattr(stream, "BY_ROWS_BYTES", 0 if by_rows else 1 << 62)
-        m.setattr(stream, "ROWS_BYTES", 3000)
+        m.setattr(data_pass, "BY_ROWS_BYTES", 0 if by_rows else 1 << 62)
+        m.setattr(data_pass, "ROWS_BYTES", 3000)
         report = verify(out, source=source).to_json()
     report.pop("seconds")
     report.pop("readers_reason")  # the first verify of a session probes the readers, the next remembers
@@ -140,7 +140,7 @@ def _script(name: str):
     return module
 
 
-# verify's peak at DeepSeek-R1's size is held to at most 1 GB (issue 42 item 11): what every run holds
+# verify's peak at DeepSeek-R1's size is held to at most 1 GB: what every run holds
 # (~55 MB: the interpreter, the native library), what the header pass and the tasks hold per tensor,
 # and what tensors are read into, which does not grow with the largest one (READ_BYTES; at R1's dims
 # the two read buffers hold its dense layers' 132 MB MLP weights whole, and --source reads 64 MB of
@@ -149,7 +149,7 @@ def _script(name: str):
 # hold today's figures (about 1,270 and 2,490 bytes) with room, well inside that.
 BYTES_PER_TENSOR = {"alone": 2_000, "with --source": 4_000}
 # What verify reads tensors into, whatever their size: two buffers of whole rows, the source's rows, room.
-READ_BYTES = 4 * stream.ROWS_BYTES
+READ_BYTES = 4 * data_pass.ROWS_BYTES
 
 
 @pytest.mark.parametrize("with_source", [False, True], ids=["alone", "with --source"])
@@ -235,7 +235,7 @@ def test_verify_s_peak_does_not_grow_with_its_largest_tensor(vocabularies, with_
     1.85 GB embed_tokens made its 2.35 GB peak)."""
     # the native readers' pass probed and remembered here (the autouse fixture forgot it), as on a
     # machine that has verified before: else each run probes with torch, whose import hides the rest
-    assert readers_mod.fp8_readers().name == "native"
+    assert readers_mod.reader_backend().name == "native"
     peaks = [_peak_rss(out, src if with_source else None) for src, out in (vocabularies[512], vocabularies[1 << 20])]
     grown = peaks[1] - peaks[0]
     assert grown < READ_BYTES, f"the peak grew {grown / 1e6:.0f} MB with 512 MB tensors (bound {READ_BYTES / 1e6:.0f})"

@@ -1,4 +1,4 @@
-"""A failure says the same thing whatever the worker count (issue 35): an error raised in a worker
+"""A failure says the same thing whatever the worker count: an error raised in a worker
 process reaches the parent whole (its type, message and causes, and with them the hint), on a real
 small filesystem and a real source defect; a worker that is killed is one line too."""
 
@@ -65,7 +65,7 @@ def test_a_source_defect_found_in_a_worker_is_the_same_line(src_copy, tmp_path, 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_is_one_line_that_says_what_to_do(big_tensors, tmp_path, run_cli, tree_hashes):
     """Before: 'error: unexpected BrokenProcessPool: ...' and exit 70, the code of a bug. The line
-    names the signal that ended the worker (issue 42: the cause, not a guess)."""
+    names the signal that ended the worker (the cause, not a guess)."""
     src, expected = big_tensors
     out = tmp_path / "out"
     p = start_cli("convert", src, "--out", out, "--quiet", "--workers", 2, group=True)

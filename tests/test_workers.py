@@ -1,5 +1,5 @@
 """Worker processes end with their parent however it ends, kill -9 included, and `stop` leaves
-nothing of a pool running (issue 26): a real SIGKILL of the parent alone, with --workers 2."""
+nothing of a pool running: a real SIGKILL of the parent alone, with --workers 2."""
 
 import os
 import signal

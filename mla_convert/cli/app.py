@@ -14,7 +14,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
-from mla_convert.cli import card_cmd, convert_cmd, demo_cmd, streams, upload_cmd, verify_cmd
+from mla_convert.cli import card_cmd, convert_cmd, demo_cmd, stdio_guard, upload_cmd, verify_cmd
 from mla_convert.cli.errors import EXIT_INTERRUPTED, INTERRUPTED_CODES
 from mla_convert.cli.help import Command, app_summary, whole_words
 from mla_convert.cli.startup import still_working
@@ -115,11 +115,11 @@ app.command("card", cls=Command, short_help="Write a converted directory's model
 
 
 def main() -> None:
-    streams.reopen_closed()  # first: no output file may take fd 0, 1 or 2 (cli.streams)
+    stdio_guard.reopen_closed()  # first: no output file may take fd 0, 1 or 2 (cli.stdio_guard)
     # Hitting a file size limit (ulimit -f) then fails the write with EFBIG, which becomes a clean
     # error with the partial file removed, instead of the default SIGXFSZ core dump.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    streams.guard()  # a lost reader of stdout or stderr is not the command's failure (cli.streams)
+    stdio_guard.guard()  # a lost reader of stdout or stderr is not the command's failure (cli.stdio_guard)
     interrupts.install()
     try:
         code = _run()
@@ -127,7 +127,7 @@ def main() -> None:
         # The command is over: a signal now could only cut the interpreter's shutdown short, where
         # Python's own handlers are already gone and SIGINT or SIGTERM would kill the process.
         interrupts.ignore()
-    code = streams.outcome(code)
+    code = stdio_guard.outcome(code)
     if code in INTERRUPTED_CODES and still_working():
         os._exit(code)
     sys.exit(code)

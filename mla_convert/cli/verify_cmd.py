@@ -83,7 +83,7 @@ def verify(
         read_ahead_in_background(first_files(dir, workers), files_at_once(workers))  # while Python starts
     with errors_to_exit("verify interrupted; nothing was changed"), console.reporter(quiet, "verifying") as progress:
         progress.status("starting")
-        start_heavy_process(torch=False)  # torch only where a check needs it (verification.stream)
+        start_heavy_process(torch=False)  # torch only where a check needs it (verification.data_pass)
         from mla_convert import api
 
         progress.status(f"reading the headers in {dir}" if not on_hub else f"asking the Hub about {dir}")

@@ -80,7 +80,7 @@ def choose_compute(plan: Plan, settings: RunSettings) -> tuple[Compute, dict]:
     src = plan.source
     check_device(settings.device)
     try:
-        converted = {t.source for job in plan.shards for t in job.tensors if t.op in CONVERTING_OPS}
+        converted = {t.source for shard in plan.shards for t in shard.tensors if t.op in CONVERTING_OPS}
         chain, why = resolve_mode(settings.kernels, sum(src.info(n).nbytes for n in converted))
     except ValueError as e:
         raise OptionError(f"kernels: {e}", f"--kernels: {e}") from e

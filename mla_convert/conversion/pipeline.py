@@ -33,7 +33,7 @@ from mla_convert.conversion.compute import Compute, check_device, choose_compute
 from mla_convert.conversion.finalize import finalize, unmake_model
 from mla_convert.conversion.scales import check_scale_values
 from mla_convert.conversion.schedulers import execute, execute_streaming
-from mla_convert.conversion.shard_job import job_specs
+from mla_convert.conversion.shard_job import shard_job_specs
 from mla_convert.conversion.sink import Run, Sink
 from mla_convert.conversion.stages import CONVERT
 from mla_convert.errors import OutputError, SourceError
@@ -254,11 +254,13 @@ class _Conversion:
         todo = plan.source.total_bytes() - sum(plan.in_bytes(j) for j in plan.shards if j.file in done)
         progress = s.progress_factory(max(todo, 0)) if s.progress_factory else None
         self.files = {rel: {"size": n, "sha256": h} for entries in done.values() for rel, n, h in entries}
-        specs = [sp for sp in job_specs(plan, self.out_dir, self.compute, self.write_io) if sp.job.file not in done]
+        specs = [
+            sp for sp in shard_job_specs(plan, self.out_dir, self.compute, self.write_io) if sp.shard.file not in done
+        ]
         sink = self.sink
         if sink.active:
             recheck = sink.to_check(done)
-            run = Run(plan, self.out_dir, journal, done, [sp.job.file for sp in specs])
+            run = Run(plan, self.out_dir, journal, done, [sp.shard.file for sp in specs])
         if self.streaming:
             streamed, peak = execute_streaming(
                 plan, specs, self.repo, s.workers, journal, progress, *((sink, run, recheck) if sink.active else ())
@@ -274,7 +276,7 @@ class _Conversion:
                 sink.written(job_file, results)
 
             def admitted(spec, timeout: float | None) -> bool:
-                if not sink.admit(spec.job.file, timeout):
+                if not sink.admit(spec.shard.file, timeout):
                     return False
                 sink.clock.start(CONVERT)
                 return True

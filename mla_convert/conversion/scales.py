@@ -31,7 +31,7 @@ def check_scale_values(src: SourceCheckpoint) -> None:
     """Read every block scale of `src` and refuse NaN/Inf (E8M0: the NaN code 0xFF), and every INT4
     weight_shape, which must be its packed weight's [N, K]."""
     by_file: dict[str, list[tuple[TensorInfo, Callable]]] = {}
-    for pair in src.fp8.values():
+    for pair in src.block_fp8.values():
         by_file.setdefault(pair.scale_file, []).append((pair.scale, check_scale_bytes))
     for w in src.int4.values():
 

@@ -9,7 +9,13 @@ import collections
 from collections.abc import Callable
 from pathlib import Path
 
-from mla_convert.conversion.shard_job import JobSpec, PendingFiles, committed, run_reported_shard_job, start_shard_job
+from mla_convert.conversion.shard_job import (
+    PendingFiles,
+    ShardJobSpec,
+    committed,
+    run_reported_shard_job,
+    start_shard_job,
+)
 from mla_convert.conversion.sink import Run, Sink
 from mla_convert.conversion.stages import CONVERT, DOWNLOAD
 from mla_convert.errors import ConvertError
@@ -23,12 +29,12 @@ from mla_convert.settings import ProgressFn
 from mla_convert.source import hub
 
 JobDone = Callable[[str, list], None]  # (job file, [(relative path, size, sha256)])
-InputsReady = Callable[[JobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
-RecordFn = Callable[[JobSpec, list], None]  # the step after each finished job (execute's record)
+InputsReady = Callable[[ShardJobSpec, float | None], bool]  # (spec, timeout) -> the job's sources are there
+RecordFn = Callable[[ShardJobSpec, list], None]  # the step after each finished job (execute's record)
 
 
 def execute(
-    specs: list[JobSpec],
+    specs: list[ShardJobSpec],
     workers: int,
     *,
     progress: ProgressFn | None = None,
@@ -43,13 +49,13 @@ def execute(
     """
     files: dict[str, dict] = {}
 
-    def record(spec: JobSpec, results: list[tuple[str, int, str]]) -> None:
+    def record(spec: ShardJobSpec, results: list[tuple[str, int, str]]) -> None:
         """The one step after a job, in either scheduler: note its files, tell the caller, crash point."""
         for rel, size, sha in results:
             files[rel] = {"size": size, "sha256": sha}
         if on_job_done:
-            on_job_done(spec.job.file, results)
-        crash_point(f"after-job:{spec.job.file}")
+            on_job_done(spec.shard.file, results)
+        crash_point(f"after-job:{spec.shard.file}")
 
     if workers <= 1:
         run_in_process(specs, record, progress, inputs_ready)
@@ -59,12 +65,12 @@ def execute(
 
 
 def run_in_process(
-    specs: list[JobSpec], record: RecordFn, progress: ProgressFn | None, inputs_ready: InputsReady | None
+    specs: list[ShardJobSpec], record: RecordFn, progress: ProgressFn | None, inputs_ready: InputsReady | None
 ) -> None:
     """One job at a time in this process; its files' commits overlap the next job, and finished
     jobs are recorded in order."""
     with BackgroundCommits() as commits:
-        waiting: collections.deque[tuple[JobSpec, PendingFiles]] = collections.deque()
+        waiting: collections.deque[tuple[ShardJobSpec, PendingFiles]] = collections.deque()
 
         def settle(wait: bool) -> None:  # record finished jobs, in order
             while waiting and (wait or all(fut.done() for _, fut in waiting[0][1])):
@@ -82,7 +88,7 @@ def run_in_process(
 
 
 def run_in_pool(
-    specs: list[JobSpec],
+    specs: list[ShardJobSpec],
     workers: int,
     record: RecordFn,
     progress: ProgressFn | None,
@@ -100,7 +106,7 @@ def run_in_pool(
                 while inputs_ready and not inputs_ready(spec, 0.05 if pool.running else None):
                     if pool.running:
                         pool.collect(0.05)
-                pool.submit(run_reported_shard_job, spec, spec.job.file, sum(t.nbytes for t in spec.sources.values()))
+                pool.submit(run_reported_shard_job, spec, spec.shard.file, sum(t.nbytes for t in spec.sources.values()))
             pool.run_all()
     except BaseException as e:
         # Ctrl-C or a failed job: the pool stopped the other jobs; remove the files they were
@@ -115,7 +121,7 @@ def run_in_pool(
 
 def execute_streaming(
     plan: Plan,
-    specs: list[JobSpec],
+    specs: list[ShardJobSpec],
     repo: hub.HubRepo,
     workers: int,
     journal: Journal,
@@ -130,10 +136,10 @@ def execute_streaming(
     With a `sink` (conversion.sink), the shards of the kept jobs in `recheck` are downloaded first,
     each job's shards and its output files are reserved together in the sink's budget before the
     download, a recorded job goes to the sink, and the sink releases its shards (once checked)."""
-    by_file = {job.file: job for job in plan.shards}
-    jobs = [*recheck, *(s.job.file for s in specs)]
+    by_file = {shard.file: shard for shard in plan.shards}
+    jobs = [*recheck, *(s.shard.file for s in specs)]
     todo = [(j, sorted(set(plan.inputs_of(by_file[j]).values()))) for j in jobs]
-    extra = {s.job.file: sink.extra(s.job.file) for s in specs} if sink else None
+    extra = {s.shard.file: sink.extra(s.shard.file) for s in specs} if sink else None
     busy = (lambda: sink.clock.busy(DOWNLOAD)) if sink else None
     ahead = workers + 1 if sink else workers  # with a sink, a job's shards stay until it is checked
     budget = sink.budget if sink else None
@@ -151,7 +157,7 @@ def execute_streaming(
                 streamer.release(job_file, needs[job_file])
 
         def inputs_ready(spec, timeout):
-            ready = streamer.wait_for(spec.job.file, timeout)
+            ready = streamer.wait_for(spec.shard.file, timeout)
             if sink:
                 sink.raise_error()
                 if ready:

@@ -1,8 +1,8 @@
 """One shard job: every tensor of one output shard read by offset, transformed and written, plus
 the MLA artifact file of each kv_b_proj the shard holds.
 
-A job is a `JobSpec`, small enough to send to a worker process. Each tensor is read -> transform ->
-write: its op names its transform (kernels.transforms), which says what is read (its partners
+A shard job is described by a `ShardJobSpec`, small enough to send to a worker process. Each
+tensor is read -> transform -> write: its op names its transform (kernels.transforms), which says what is read (its partners
 included), what is written and which implementation runs. A layer's W_UK_T / W_UV are written in
 one place, from the exact value of the SOURCE kv_b_proj (the fp32 dequant of a block-FP8 one, a
 16-bit one as it is), never from the requantized copy.
@@ -32,7 +32,7 @@ from mla_convert.kernels.modes import BLOCK_DEFAULT
 from mla_convert.kernels.transforms import PLAN_TRANSFORMS, SPLITS, Params, Transform, mla_split
 from mla_convert.kernels.transforms.transform import F32_DTYPE, FP8_DTYPE, SOURCE_DTYPE
 from mla_convert.plan.ops import FP8_SCALE
-from mla_convert.plan.planner import OutTensor, Plan, ShardJob, mla_file_rel
+from mla_convert.plan.planner import OutShard, OutTensor, Plan, mla_file_rel
 from mla_convert.process.interrupts import crash_point
 from mla_convert.process.torch_import import import_torch
 from mla_convert.process.workers import errors_intact, report
@@ -55,7 +55,7 @@ class SourceTensor:
 
 
 @dataclass(frozen=True)
-class Int4Job:
+class Int4Parts:
     """A pack-quantized INT4 weight's partners and dims, for the transforms that read them."""
 
     packed: str
@@ -67,18 +67,18 @@ class Int4Job:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class ShardJobSpec:
     """Everything one shard job needs, small enough to send to a worker process."""
 
     src_root: str
     out_dir: str
-    job: ShardJob
+    shard: OutShard
     sources: dict[str, SourceTensor]  # every source tensor the job reads, partner scales included
     scales: dict[str, str]  # FP8 weight -> its scale tensor
     dims: MlaDims
     compute: Compute
     write_io: str  # disk_write mode, resolved once for the output directory: direct or buffered
-    int4: dict[str, Int4Job] = field(default_factory=dict)  # an INT4 weight's packed and shape tensor -> it
+    int4: dict[str, Int4Parts] = field(default_factory=dict)  # an INT4 weight's packed and shape tensor -> it
     layer_dims: dict[int, MlaDims] = field(default_factory=dict)  # a layer's MLA dims where not `dims`
 
     def dims_of(self, layer: int) -> MlaDims:
@@ -95,36 +95,36 @@ class JobSpec:
         return self.sources[t.source].nbytes + (self.sources[scale].nbytes if scale else 0)
 
 
-def job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> list[JobSpec]:
+def shard_job_specs(plan: Plan, out_dir: Path, compute: Compute, write_io: str) -> list[ShardJobSpec]:
     src = plan.source
     specs = []
-    for job in plan.shards:
+    for shard in plan.shards:
         sources = {}
-        for name, rel in plan.inputs_of(job).items():
+        for name, rel in plan.inputs_of(shard).items():
             info = src.info(name)
             sources[name] = SourceTensor(rel, src.headers[rel].data_start + info.begin, info.dtype, info.shape)
-        scales = {n: src.fp8[n].scale.name for n in sources if n in src.fp8}
-        int4 = _int4_jobs(src, job)
-        layer_dims = _layer_dims(plan, job)
-        specs.append(JobSpec(str(src.root), str(out_dir), job, sources, scales, src.dims, compute, write_io, int4,
+        scales = {n: src.block_fp8[n].scale.name for n in sources if n in src.block_fp8}
+        int4 = _int4_parts(src, shard)
+        layer_dims = _layer_dims(plan, shard)
+        specs.append(ShardJobSpec(str(src.root), str(out_dir), shard, sources, scales, src.dims, compute, write_io, int4,
                              layer_dims))  # fmt: skip
     return specs
 
 
-def _layer_dims(plan: Plan, job: ShardJob) -> dict[int, MlaDims]:
+def _layer_dims(plan: Plan, shard: OutShard) -> dict[int, MlaDims]:
     """The dims of each layer whose artifacts the job writes, where they are not the model's
     (`Plan.dims_of`: a member's layer of its own kind)."""
-    layers = {t.layer for t in job.tensors if t.layer is not None and t.op != FP8_SCALE}
+    layers = {t.layer for t in shard.tensors if t.layer is not None and t.op != FP8_SCALE}
     return {layer: d for layer in sorted(layers) if (d := plan.dims_of(layer)) != plan.source.dims}
 
 
-def _int4_jobs(src: SourceCheckpoint, job: ShardJob) -> dict[str, Int4Job]:
+def _int4_parts(src: SourceCheckpoint, shard: OutShard) -> dict[str, Int4Parts]:
     out = {}
-    for t in job.tensors:
+    for t in shard.tensors:
         if t.op in PLAN_TRANSFORMS and {"packed", "shape"} & set(PLAN_TRANSFORMS[t.op].reads):
             w = src.int4[module_of(t.source)]
             g = src.quant.int4.columns_per_scale(w.cols)
-            out[t.source] = Int4Job(w.packed.name, w.scale.name, w.shape.name, w.rows, w.cols, g)
+            out[t.source] = Int4Parts(w.packed.name, w.scale.name, w.shape.name, w.rows, w.cols, g)
     return out
 
 
@@ -143,7 +143,7 @@ class _Inputs:
     job). Torch tensors (`get`) are read into fresh memory, never cached; the native path reads into
     this thread's reused buffers of the run (io.buffers.scratch: `rows`, `whole`, `scale`)."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: ShardJobSpec):
         root = Path(spec.src_root)
         self.refs = {
             name: Ref(str(root / t.file), name, t.offset, t.dtype, t.shape) for name, t in spec.sources.items()
@@ -209,7 +209,7 @@ class _Inputs:
 PendingFiles = list[tuple[str, cf.Future]]  # (relative path, future of its WrittenFile)
 
 
-def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
+def run_shard_job(spec: ShardJobSpec, progress: ProgressFn | None = None) -> list[tuple[str, int, str]]:
     """Convert one output shard (and the MLA artifacts of the kv_b_proj it holds), committed.
 
     Returns (relative path, size, sha256) of every file written. Memory: the tensor being converted
@@ -220,12 +220,12 @@ def run_shard_job(spec: JobSpec, progress: ProgressFn | None = None) -> list[tup
     return committed(pending)
 
 
-def run_reported_shard_job(spec: JobSpec) -> list[tuple[str, int, str]]:
+def run_reported_shard_job(spec: ShardJobSpec) -> list[tuple[str, int, str]]:
     """run_shard_job in a worker process, each tensor's source bytes reported to the parent as
     (job file, bytes) as it is done (process.workers.report), so that progress moves with the work;
     an error raised whole in the parent by process.workers.result, as with one worker."""
     with errors_intact():
-        return run_shard_job(spec, lambda n: report((spec.job.file, n)))
+        return run_shard_job(spec, lambda n: report((spec.shard.file, n)))
 
 
 def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:
@@ -233,24 +233,24 @@ def committed(pending: PendingFiles) -> list[tuple[str, int, str]]:
     return [(rel, (done := fut.result()).size, done.sha256) for rel, fut in pending]
 
 
-def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: ProgressFn | None = None) -> PendingFiles:
+def start_shard_job(spec: ShardJobSpec, commits: BackgroundCommits, progress: ProgressFn | None = None) -> PendingFiles:
     """run_shard_job, except that the files' commits (fsync, rename) are left to `commits`."""
     job = _ShardJob(spec, commits)
-    tensors = spec.job.tensors
+    tensors = spec.shard.tensors
     specs = {t.name: (t.dtype, t.shape) for t in tensors}
     try:
-        out = Path(spec.out_dir) / spec.job.file
-        with ShardWriter(out, specs, background=True, write_mode=spec.write_io) as writer:
+        out = Path(spec.out_dir) / spec.shard.file
+        with ShardWriter(out, specs, write_mode=spec.write_io) as writer:
             job.writer = writer
             for i, t in enumerate(tensors):
                 if i == len(tensors) // 2:
-                    crash_point(f"shard-write:{spec.job.file}")
+                    crash_point(f"shard-write:{spec.shard.file}")
                 if i + 1 < len(tensors):  # a cold source: read ahead while this one converts
                     job.inputs.prefetch(tensors[i + 1].source)
                 job.write(t)
                 if progress and t.op != FP8_SCALE:
                     progress(spec.read_bytes(t))
-            job.pending.append((spec.job.file, commits.submit(writer)))
+            job.pending.append((spec.shard.file, commits.submit(writer)))
     except ReadFailed as e:  # a source file that will not open, ends early, or fails to read
         raise SourceError(str(e)) from e
     finally:
@@ -261,7 +261,7 @@ def start_shard_job(spec: JobSpec, commits: BackgroundCommits, progress: Progres
 class _ShardJob:
     """The tensors of one shard, each read -> transformed (its op's transform) -> written."""
 
-    def __init__(self, spec: JobSpec, commits: BackgroundCommits):
+    def __init__(self, spec: ShardJobSpec, commits: BackgroundCommits):
         self.spec, self.commits = spec, commits
         c = spec.compute
         self.params = Params(c.block or BLOCK_DEFAULT, c.fp8_max, c.signed_zero)
@@ -361,7 +361,7 @@ class _ShardJob:
 
         self.writer.fill_rows(t.name, tr.writes, (rows.rows, k), fill)
 
-    def _int4_checked(self, name: str) -> Int4Job:
+    def _int4_checked(self, name: str) -> Int4Parts:
         j = self.spec.int4[name]
         ref = self.inputs.refs[j.shape]
         check_int4_shape(

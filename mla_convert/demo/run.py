@@ -95,7 +95,7 @@ def _earlier_demo(root: Path, overwrite: bool):
         then = "" if overwrite else ", then pass --overwrite to replace the demo"
         raise OutputError(
             f"{root}: {'--overwrite would delete ' if overwrite else 'directory holds an earlier demo and '}"
-            f"{out.some(foreign)}, which the demo did not write; move it out of --out first{then}, "
+            f"{out.first_and_others(foreign)}, which the demo did not write; move it out of --out first{then}, "
             "or pick another --out"
         )
 

@@ -35,7 +35,6 @@ class ShardWriter:
     and removed on any error, so a file under its final name is always complete. Writing, hashing
     and the caller's next tensor overlap (io.disk_write.StagedFile's threads); memory is the file's
     staging buffers, whatever the tensor sizes and however far the disk falls behind.
-    `background` is accepted for older callers: every writer works this way.
     """
 
     def __init__(
@@ -43,7 +42,6 @@ class ShardWriter:
         path: Path,
         specs: dict[str, tuple[str, tuple[int, ...]]],
         metadata: dict | None = None,
-        background: bool = False,
         write_mode: str = WRITE_BUFFERED,
     ):
         self.path = Path(path)

@@ -160,7 +160,7 @@ def earlier_output(out_dir: Path, writes: Iterable[str]) -> Earlier:
     if not ours:
         raise OutputError(
             f"{out_dir}: --overwrite replaces only an earlier mla-convert output (one with {MANIFEST_NAME}), and "
-            f"this directory is not one (it holds {some(files)}); pick another --out, or empty it yourself"
+            f"this directory is not one (it holds {first_and_others(files)}); pick another --out, or empty it yourself"
         )
     known = TOOL_FILES | set(recorded) | set(writes)
     own, foreign = [], []
@@ -177,13 +177,13 @@ def earlier_output(out_dir: Path, writes: Iterable[str]) -> Earlier:
             foreign.append(rel)
     if foreign:
         raise OutputError(
-            f"{out_dir}: --overwrite would delete {some(foreign)}, which mla-convert did not write; "
+            f"{out_dir}: --overwrite would delete {first_and_others(foreign)}, which mla-convert did not write; "
             "move it out of --out first (only an earlier output's own files are replaced)"
         )
     changed = [rel for rel in own if rel in recorded and _changed(out_dir / rel, recorded[rel])]
     if changed:
         raise OutputError(
-            f"{out_dir}: --overwrite would replace {some(changed)}, which mla-convert wrote but which has changed "
+            f"{out_dir}: --overwrite would replace {first_and_others(changed)}, which mla-convert wrote but which has changed "
             f"since (not the size and sha256 that {MANIFEST_NAME} or the journal records); move it out of --out "
             "first (only an earlier output's own, unchanged files are replaced)"
         )
@@ -191,7 +191,8 @@ def earlier_output(out_dir: Path, writes: Iterable[str]) -> Earlier:
     return Earlier(out_dir, tuple(rel for rel in own if Path(rel).parts[0] != STAGING_DIR_NAME), nbytes)
 
 
-def some(files: list[str]) -> str:
+def first_and_others(files: list[str]) -> str:
+    """ "A", or "A and N other files": the first of `files` and how many more, for a message."""
     return files[0] + (f" and {len(files) - 1} other file{'s' * (len(files) > 2)}" if len(files) > 1 else "")
 
 

@@ -68,7 +68,7 @@ def inspect_output(
     if not settings.overwrite:
         if not out.is_earlier_output(out_dir):
             raise OutputError(
-                f"{out_dir}: directory is not empty (it holds {out.some(out.files_under(out_dir))}); pick another "
+                f"{out_dir}: directory is not empty (it holds {out.first_and_others(out.files_under(out_dir))}); pick another "
                 "--out (--overwrite replaces only an earlier mla-convert output)"
             )
         if (readable_manifest(out_dir) or {}).get("status") != COMPLETE:

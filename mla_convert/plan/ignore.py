@@ -22,7 +22,7 @@ EXAMPLES = 4  # module names a refusal lists to show what patterns are matched a
 def convertible_linears(plan: Plan) -> list[str]:
     """The modules whose weight the conversion quantizes unless a pattern keeps it, in layer order."""
     src = plan.source
-    modules = {module_of(name) for name in src.fp8}
+    modules = {module_of(name) for name in src.block_fp8}
     modules |= {module_of(name) for name in src.weight_map if quantizable(src, name)}
     # in the names the planner matches: vLLM's, after its own mapping (a member's own names, a wrapper's prefix)
     return sorted({src.names.config_module(m) for m in modules}, key=natural)

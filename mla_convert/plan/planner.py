@@ -32,10 +32,12 @@ class OutTensor:
 
 
 @dataclass
-class ShardJob:
+class OutShard:
+    """One output shard: its file, its tensors in write order, the layers whose MLA artifacts go with it."""
+
     file: str
     tensors: list[OutTensor]
-    mla_layers: list[int] = field(default_factory=list)  # kv_b_proj layers converted in this job
+    mla_layers: list[int] = field(default_factory=list)  # kv_b_proj layers converted with this shard
 
     @property
     def out_bytes(self) -> int:
@@ -46,7 +48,7 @@ class ShardJob:
 class Plan:
     source: SourceCheckpoint
     options: Options
-    shards: list[ShardJob]
+    shards: list[OutShard]
     config: dict
     ignore: list[str]  # the config's ignore list: 're:' patterns, then module names
     # The linears it leaves in 16 bits, which that list names (by pattern or name), in vLLM's names
@@ -55,7 +57,7 @@ class Plan:
 
     @property
     def mla_layers(self) -> list[int]:
-        return sorted(i for job in self.shards for i in job.mla_layers)
+        return sorted(i for shard in self.shards for i in shard.mla_layers)
 
     def dims_of(self, layer: int) -> MlaDims:
         """The MLA dims of `layer`'s artifacts: the model's, with those the member gives that layer
@@ -72,16 +74,16 @@ class Plan:
     def index_name(self) -> str:
         return self.source.model.index_name
 
-    def inputs_of(self, job: ShardJob) -> dict[str, str]:
-        """Source tensor name -> source file for everything `job` reads, partner scales included."""
+    def inputs_of(self, shard: OutShard) -> dict[str, str]:
+        """Source tensor name -> source file for everything `shard`'s tensors read, partner scales included."""
         src = self.source
         need: dict[str, str] = {}
-        for t in job.tensors:
+        for t in shard.tensors:
             if t.op == FP8_SCALE:
                 continue
             need[t.source] = src.weight_map[t.source]
-            if t.source in src.fp8:
-                pair = src.fp8[t.source]
+            if t.source in src.block_fp8:
+                pair = src.block_fp8[t.source]
                 need[pair.scale.name] = pair.scale_file
             if "group_scale" in reads(t.op):  # an INT4 weight converted
                 w = src.int4[module_of(t.source)]
@@ -90,7 +92,7 @@ class Plan:
 
     def job_outputs(self) -> dict[str, list[str]]:
         """Each shard job's files: its shard and the MLA layer files of the kv_b_proj it holds."""
-        return {job.file: [job.file, *map(mla_file_rel, job.mla_layers)] for job in self.shards}
+        return {shard.file: [shard.file, *map(mla_file_rel, shard.mla_layers)] for shard in self.shards}
 
     def writes(self) -> set[str]:
         """Every file the conversion writes, relative to --out."""
@@ -105,11 +107,11 @@ class Plan:
 
     def ops(self) -> tuple[str, ...]:
         """The converting ops the plan uses, in CONVERTING_OPS' order (what the kernels must run)."""
-        used = {t.op for job in self.shards for t in job.tensors}
+        used = {t.op for shard in self.shards for t in shard.tensors}
         return tuple(op for op in CONVERTING_OPS if op in used)
 
-    def in_bytes(self, job: ShardJob) -> int:
-        return sum(self.source.info(n).nbytes for n in self.inputs_of(job))
+    def in_bytes(self, shard: OutShard) -> int:
+        return sum(self.source.info(n).nbytes for n in self.inputs_of(shard))
 
     def summary(self) -> dict:
         linear = self.options.output_format.float_linear
@@ -127,8 +129,8 @@ class Plan:
             "shards": len(self.shards),
             "tensors_in": len(self.source.weight_map),
             "tensors_out": sum(len(j.tensors) for j in self.shards),
-            "fp8_weights_converted": len(self.source.fp8),
-            "bf16_linears_quantized": sum(t.op == quantize for job in self.shards for t in job.tensors),
+            "fp8_weights_converted": len(self.source.block_fp8),
+            "bf16_linears_quantized": sum(t.op == quantize for shard in self.shards for t in shard.tensors),
             "mla_layers": len(self.mla_layers),
             "bytes_in": self.source.total_bytes(),
             "bytes_out_model": out_shards,
@@ -171,7 +173,7 @@ class _Planner:
         self.left_16bit: set[str] = set()  # every linear written in 16 bits (config-module names)
         self.int4_packed = {w.packed.name: w for w in src.int4.values()}
         self.int4_shape = {w.shape.name: w for w in src.int4.values()}
-        self.skip = {p.scale.name for p in src.fp8.values()}  # consumed with their weight
+        self.skip = {p.scale.name for p in src.block_fp8.values()}  # consumed with their weight
         if self.fmt.int4 is not None:  # converted: each INT4 weight's partners are read with its weight_packed
             self.skip |= {p.name for w in src.int4.values() for p in w.tensors() if p is not w.packed}
 
@@ -185,7 +187,7 @@ class _Planner:
             self._int4(name, out, ignored)
         elif self.fmt.float_linear is not None and quantizable(src, name) and not ignored:
             self._converted(out, name, info.shape, self.fmt.float_linear, layer)
-        elif name not in src.fp8:
+        elif name not in src.block_fp8:
             out.append(OutTensor(name, info.dtype, info.shape, COPY, name, layer))
             if (
                 len(info.shape) == 2
@@ -264,15 +266,15 @@ def make_plan(src: SourceCheckpoint, options: Options) -> Plan:
     for name in sorted(src.weight_map):
         if name not in planner.skip:
             planner.add(name)
-    jobs = []
+    shards = []
     for file, tensors in planner.by_file.items():
         layers = sorted(t.layer for t in tensors if t.layer is not None and t.op != FP8_SCALE)
-        jobs.append(ShardJob(file, tensors, layers))
+        shards.append(OutShard(file, tensors, layers))
     ignore = planner.ignore_list()
     fmt = planner.fmt
     int4_targets = int4_target_list(src, options) if fmt.quantizes and fmt.int4 is None and src.int4 else []
     config = output_config(src.model, fmt, ignore, src.quant.int4, int4_targets)
-    return Plan(src, options, jobs, config, ignore, planner.ignored_modules())
+    return Plan(src, options, shards, config, ignore, planner.ignored_modules())
 
 
 # The routed experts, as a compressed-tensors target that vLLM matches on expert 0's names.

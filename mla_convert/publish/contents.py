@@ -40,7 +40,7 @@ from mla_convert.errors import UploadError
 from mla_convert.output.card import CARD_EDITED_HINT
 from mla_convert.output.journal import FileRecord, Journal
 from mla_convert.output.manifest import manifest_problem
-from mla_convert.output.out_dir import some
+from mla_convert.output.out_dir import first_and_others
 from mla_runtime.safetensors_file import HASH_CHUNK
 
 # What makes the repo a model (a member's own layout: params.json and its index), in the last call.
@@ -161,13 +161,13 @@ def _check_directory(root: Path, listed: list[UploadFile], card: bool = False) -
     unlisted = sorted(set(on_disk) - set(expected) - own)  # LOCK_NAME: this upload's own
     if unlisted:
         raise UploadError(
-            f"{root}: holds {some(unlisted)} that its manifest does not list; not uploaded: move "
+            f"{root}: holds {first_and_others(unlisted)} that its manifest does not list; not uploaded: move "
             f"{'it' if len(unlisted) == 1 else 'them'} out of the directory (it must be what was converted)"
         )
     expected = {rel: size for rel, size in expected.items() if not (rel in sent and rel not in on_disk)}
     missing = [rel for rel in expected if rel not in on_disk]
     if missing:
-        raise UploadError(f"{root}: lacks {some(missing)} that its manifest lists; not uploaded")
+        raise UploadError(f"{root}: lacks {first_and_others(missing)} that its manifest lists; not uploaded")
     resized = [rel for rel, size in expected.items() if on_disk[rel] != size]
     if resized:
         rel = resized[0]

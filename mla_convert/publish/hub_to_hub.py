@@ -196,19 +196,19 @@ class HubSink(Sink):
             elif rf.sha256 is not None and (rf.size, rf.sha256) != known[p]:
                 differ.append(p)
         if (foreign or differ) and not t.overwrite:
-            from mla_convert.output.out_dir import some
+            from mla_convert.output.out_dir import first_and_others
 
-            what = "; ".join(x for x in (f"{some(differ)} differ from this run's" if differ else "",
-                                         f"{some(foreign)} not of this conversion" if foreign else "") if x)  # fmt: skip
+            what = "; ".join(x for x in (f"{first_and_others(differ)} differ from this run's" if differ else "",
+                                         f"{first_and_others(foreign)} not of this conversion" if foreign else "") if x)  # fmt: skip
             raise UploadError(
                 f"{where} holds another model ({what}); pass --overwrite to replace its files (what this conversion "
                 "does not write is deleted by the last commit), or upload to another repo or --upload-branch"
             )
         if unknown and not (self.resume or t.overwrite):
-            from mla_convert.output.out_dir import some
+            from mla_convert.output.out_dir import first_and_others
 
             raise UploadError(
-                f"{where} already holds {some(unknown)}, which this run did not send; pass --resume with the --out "
+                f"{where} already holds {first_and_others(unknown)}, which this run did not send; pass --resume with the --out "
                 "of the run that sent them, or --overwrite to replace them"
             )
         self.deletions = tuple(foreign)

@@ -35,9 +35,9 @@ from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, LEFT_RUNNING_TH
 from mla_convert.errors import UploadError
 from mla_convert.output.card import BASE_MODEL_HINT, render_card
 from mla_convert.output.card_facts import SourceRef
-from mla_convert.output.out_dir import some
-from mla_convert.publish import contents as C
+from mla_convert.output.out_dir import first_and_others
 from mla_convert.publish import remote as R
+from mla_convert.publish.contents import Contents, UploadFile, commits_of, git_blob_sha1, read_contents, rewritten
 from mla_convert.results import UploadResult
 from mla_convert.settings import MessageFn, ProgressFactory, UploadOptions, is_repo_id
 from mla_convert.units import gb
@@ -50,12 +50,12 @@ TICK_SECONDS = 1.0  # how often the progress is told that time passed (for the l
 class UploadJob:
     """A prepared upload; `run` fills in `done`, which an interrupted command reports."""
 
-    contents: C.Contents
+    contents: Contents
     repo_id: str
     revision: str
     private: bool
     dry_run: bool
-    commits: list[list[C.UploadFile]]  # every commit of the upload, in order
+    commits: list[list[UploadFile]]  # every commit of the upload, in order
     on_hub: frozenset[str] = frozenset()  # files the branch holds already
     deletions: tuple[str, ...] = ()  # the other model's files the last commit deletes (--overwrite)
     missing: tuple[str, ...] = ()  # what --create makes: "repo", "branch"
@@ -67,7 +67,7 @@ class UploadJob:
     card: str | None = None  # results.UploadResult.card
     base_model_hint: str | None = None
 
-    def to_send(self) -> list[list[C.UploadFile]]:
+    def to_send(self) -> list[list[UploadFile]]:
         return [[f for f in commit if f.rel not in self.on_hub] for commit in self.commits]
 
 
@@ -86,9 +86,9 @@ def prepare(
     options = options or UploadOptions()
     revision = check_names(repo_id, options.revision)
     status(f"reading {out_dir}")
-    contents = C.read_contents(Path(out_dir))
+    contents = read_contents(Path(out_dir))
     if options.dry_run:
-        job = UploadJob(contents, repo_id, revision, options.private, True, C.commits_of(list(contents.files)))
+        job = UploadJob(contents, repo_id, revision, options.private, True, commits_of(list(contents.files)))
         job.verified = "not run (a dry run reads the manifest and the file sizes only)"
         job.card, job.base_model_hint = _card_state(contents, repo_id, written=False)
         return job
@@ -98,8 +98,8 @@ def prepare(
     # The card names the repo (download and serve lines): the directory and the repo hold the same
     # card, written here only once nothing can refuse the upload; until then, as it will be.
     card = _card_for(contents, repo_id, revision)
-    planned = contents if card is None or not card.changed else C.rewritten(contents, card.text, card.manifest)
-    job = UploadJob(planned, repo_id, revision, options.private, False, C.commits_of(list(planned.files)))
+    planned = contents if card is None or not card.changed else rewritten(contents, card.text, card.manifest)
+    job = UploadJob(planned, repo_id, revision, options.private, False, commits_of(list(planned.files)))
     job.card, job.base_model_hint = _card_state(planned, repo_id, card is not None and card.changed)
     _compare_with_hub(job, private, held, options.create, options.overwrite)
     if card is not None:
@@ -114,13 +114,13 @@ def prepare(
         job.verified = _verify(contents.root, check_progress)
     if card is not None and card.changed:
         render_card(contents.root, repo_id=repo_id, revision=revision)
-        job.contents = C.read_contents(contents.root)
+        job.contents = read_contents(contents.root)
         if _listing(job.contents) != _listing(planned):
             raise UploadError(f"{contents.root}: changed while it was checked; run the command again")
     return job
 
 
-def _listing(contents: C.Contents) -> list[tuple[str, int, str]]:
+def _listing(contents: Contents) -> list[tuple[str, int, str]]:
     return [(f.rel, f.size, f.sha256) for f in contents.files]
 
 
@@ -143,7 +143,7 @@ def hub_state(remote: R.Remote) -> tuple[bool | None, dict[str, R.RemoteFile] | 
     return private, held
 
 
-def _card_for(contents: C.Contents, repo_id: str, revision: str):
+def _card_for(contents: Contents, repo_id: str, revision: str):
     """The card as it will be written for `repo_id` (output.card.RenderedCard, nothing written);
     None for a conversion with --no-card (the source's README goes up as it is)."""
     if not (contents.manifest.get("options") or {}).get("card"):
@@ -151,7 +151,7 @@ def _card_for(contents: C.Contents, repo_id: str, revision: str):
     return render_card(contents.root, repo_id=repo_id, revision=revision, write=False)
 
 
-def _card_state(contents: C.Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
+def _card_state(contents: Contents, repo_id: str, written: bool) -> tuple[str | None, str | None]:
     """What the result says of the card: for which repo it is written, and, when it names no base
     model, how to set it."""
     manifest = contents.manifest
@@ -212,8 +212,8 @@ def _compare_with_hub(
     _check_sent(job, held, where)
     if (differ or foreign) and not overwrite:
         what = "; ".join(
-            x for x in (f"{some(differ)} differ from this directory's" if differ else "",
-                        f"{some(foreign)} not in its manifest" if foreign else "") if x
+            x for x in (f"{first_and_others(differ)} differ from this directory's" if differ else "",
+                        f"{first_and_others(foreign)} not in its manifest" if foreign else "") if x
         )  # fmt: skip
         raise UploadError(
             f"{where} holds another model ({what}); pass --overwrite to replace its files with this directory's "
@@ -236,7 +236,7 @@ def _check_sent(job: UploadJob, held: dict[str, R.RemoteFile], where: str) -> No
         )
 
 
-def _same(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+def _same(job: UploadJob, f: UploadFile, rf: R.RemoteFile) -> bool:
     """Whether the branch's `rf` is this upload's `f`: the same size and sha256 (an LFS file), or
     git object id (a file kept in git, from its bytes here, or, where `convert --upload` committed
     it to this branch and deleted it here, the commit the journal records)."""
@@ -247,10 +247,10 @@ def _same(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
         return rf.sha256 == f.sha256
     if f.data is None and not path.is_file():
         return f.sent_to is not None and _same_sent(job, f, rf)
-    return rf.blob_id is not None and C.git_blob_sha1(path, f.data) == rf.blob_id
+    return rf.blob_id is not None and git_blob_sha1(path, f.data) == rf.blob_id
 
 
-def _same_sent(job: UploadJob, f: C.UploadFile, rf: R.RemoteFile) -> bool:
+def _same_sent(job: UploadJob, f: UploadFile, rf: R.RemoteFile) -> bool:
     """A file `convert --upload` committed and deleted here, and the branch's `rf`: the same, where
     the branch keeps its sha256; where it does not (a small file kept in git), where the journal
     says it was committed to this repo and branch, at this size."""

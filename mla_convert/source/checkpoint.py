@@ -37,7 +37,7 @@ from mla_convert.source.shapes import Labels, shape_mismatch, shape_rules
 from mla_runtime.format import MlaDims
 from mla_runtime.safetensors_file import ShardHeader, TensorInfo
 
-__all__ = ["Fp8Pair", "Int4Weight", "SourceCheckpoint", "checked_member", "module_of", "open_source",
+__all__ = ["BlockFp8Weight", "Int4Weight", "SourceCheckpoint", "checked_member", "module_of", "open_source",
            "read_json_object"]  # fmt: skip
 
 
@@ -47,7 +47,9 @@ def module_of(weight_name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Fp8Pair:
+class BlockFp8Weight:
+    """One block-FP8 weight of the source: its tensor, its block scale and the file that holds the scale."""
+
     weight: TensorInfo
     scale: TensorInfo
     scale_file: str
@@ -78,7 +80,7 @@ class SourceCheckpoint:
     headers: dict[str, ShardHeader]  # file name -> parsed header
     layout: ModelLayout  # the family member's structure, from the config
     quant: SourceQuantization  # what the source's quantization_config describes
-    fp8: dict[str, Fp8Pair]  # block-FP8 weight tensor name -> its weight and scale
+    block_fp8: dict[str, BlockFp8Weight]  # block-FP8 weight tensor name -> its weight and scale
     side_files: tuple[str, ...]  # relative paths of everything else to copy
     int4: dict[str, Int4Weight] = field(default_factory=dict)  # INT4 module name -> its tensors
     deepseek: dict[str, str] = field(default_factory=dict)  # DeepSeek-V3 name -> the checkpoint's, where one maps
@@ -192,7 +194,7 @@ def open_source(root: str | Path, remote_headers: dict[str, ShardHeader] | None 
     int4 = _int4_weights(root, weight_map, headers, quant, config_path)
     src = SourceCheckpoint(
         root, model, index_bytes, weight_map, headers, layout, quant,
-        _pair_fp8(root, weight_map, headers, quant, config_path), _side_files(root, model, headers),
+        _pair_block_fp8(root, weight_map, headers, quant, config_path), _side_files(root, model, headers),
         _int4_shapes(root, weight_map, model.text, model.names, quant, int4), deepseek,
     )  # fmt: skip
     _check_layers(src)
@@ -240,7 +242,7 @@ def _read_index_and_headers(
     return index_bytes, dict(weight_map), headers
 
 
-def _pair_fp8(root, weight_map, headers, quant: SourceQuantization, config_path) -> dict[str, Fp8Pair]:
+def _pair_block_fp8(root, weight_map, headers, quant: SourceQuantization, config_path) -> dict[str, BlockFp8Weight]:
     """Every F8_E4M3 weight with its block scale (DeepSeek's `weight_scale_inv`, compressed-tensors'
     `weight_scale`), checked against the block size."""
 
@@ -248,7 +250,7 @@ def _pair_fp8(root, weight_map, headers, quant: SourceQuantization, config_path)
         return headers[weight_map[name]].tensors[name]
 
     block, suffix = quant.block, quant.scale_suffix
-    pairs: dict[str, Fp8Pair] = {}
+    pairs: dict[str, BlockFp8Weight] = {}
     for name in weight_map:
         if name.endswith(BLOCK_SCALE_SUFFIX) and quant.kind != BLOCK_FP8:
             raise SourceError(
@@ -282,7 +284,7 @@ def _pair_fp8(root, weight_map, headers, quant: SourceQuantization, config_path)
                 f"{where}: scale {name!r} has shape {list(s.shape)} but weight {wname!r} {list(w.shape)} "
                 f"with the config's {block[0]}x{block[1]} blocks ({what}) needs {list(grid)}"
             )
-        pairs[wname] = Fp8Pair(w, s, weight_map[name])
+        pairs[wname] = BlockFp8Weight(w, s, weight_map[name])
     for name, rel in weight_map.items():
         if headers[rel].tensors[name].dtype == FP8_E4M3 and name not in pairs:
             scale = name[: -len(".weight")] + suffix if name.endswith(".weight") else name + "_scale_inv"

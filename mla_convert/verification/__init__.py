@@ -7,7 +7,7 @@ Modules, in the order verify uses them:
   with `expects` (the tensors the directory must hold) and `mla_manifest` (mla/ and its headers).
 - `tasks`: what the data pass of each file is to check, and what it returns; `runners` runs the
   tasks on threads or in worker processes.
-- `stream`: one file read once, front to back: hashed, and each tensor checked from the same buffer
+- `data_pass`: one file read once, front to back: hashed, and each tensor checked from the same buffer
   (`buffers`) by its check groups: `values` (each value check declared once, torch and native forms
   side by side), `comparisons` (with --source: the comparison each transform names; torch forms in
   `against_source`, native ones in `native_pass`) and `mla` (the artifacts). `rows` reads tensors by offset, in row chunks; `readers` are the exact FP8 readers.

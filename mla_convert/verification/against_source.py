@@ -25,15 +25,14 @@ from mla_convert.verification.bounds import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
-    ErrorStats,
-    Mismatches,
     fp8_allowed_error,
     scale_limit,
 )
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.error_stats import ErrorStats, Mismatches
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import SOURCE, FileTally
 from mla_convert.verification.rows import RowReader, row_chunks
-from mla_convert.verification.tasks import TensorJob
+from mla_convert.verification.tasks import TensorTask
 from mla_runtime.safetensors_file import TensorInfo
 
 
@@ -55,13 +54,13 @@ class SourceComparisons:
         self.block = block  # the source's block size (a block-FP8 source)
         self.fp8_max = fp8_max
 
-    def channel_fp8(self, info: TensorInfo, q: torch.Tensor, s: torch.Tensor, job: TensorJob) -> None:
+    def channel_fp8(self, info: TensorInfo, q: torch.Tensor, s: torch.Tensor, job: TensorTask) -> None:
         """A channel-FP8 weight with its scale against the source: the FP8 bound element-wise, and
         a scale no larger than max|row| / FP8_MAX allows (zero rows: any scale, the bound forces q = 0)."""
         if job.source is None:
             return
         findings = _Fp8Findings()
-        native_pass = fp8_readers().name == "native" and job.source_scale is not None
+        native_pass = reader_backend().name == "native" and job.source_scale is not None
         chunk = self._fp8_chunk_native if native_pass else self._fp8_chunk_torch
         for r0, r1 in row_chunks(q.shape[0], q.shape[1], self.row_align(job)):
             chunk(job, q, s, r0, r1, findings)
@@ -85,7 +84,7 @@ class SourceComparisons:
         )
         self.out.stats(info.name, "fp8", findings.stats)
 
-    def bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+    def bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorTask) -> None:
         """A bf16 weight: bit-exact bf16 of the source's exact value."""
         stats, bad = ErrorStats(), Mismatches()
         for r0, r1 in row_chunks(t.shape[0], t.shape[1], self.row_align(job)):
@@ -99,7 +98,7 @@ class SourceComparisons:
         )
         self.out.stats(info.name, "bf16", stats)
 
-    def int4_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+    def int4_bf16(self, info: TensorInfo, t: torch.Tensor, job: TensorTask) -> None:
         """A bf16 weight from an INT4 source: bit-exact bf16 of the exact product (code - 8) x scale
         (exact in fp32), so within one bf16 rounding of it."""
         stats, bad = ErrorStats(), Mismatches()
@@ -117,7 +116,7 @@ class SourceComparisons:
         )  # fmt: skip
         self.out.stats(info.name, "bf16", stats)
 
-    def copy(self, info: TensorInfo, t: torch.Tensor, job: TensorJob) -> None:
+    def copy(self, info: TensorInfo, t: torch.Tensor, job: TensorTask) -> None:
         """A copied tensor: the source's dtype, shape and bits."""
         if job.source.dtype != info.dtype or job.source.shape != info.shape:
             self.out.fail(
@@ -138,18 +137,18 @@ class SourceComparisons:
             bad, SOURCE, "copy-exact", info.name, "bit-exact copy of the source tensor", t.numel(), "differs: "
         )
 
-    def _fp8_chunk_torch(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+    def _fp8_chunk_torch(self, job: TensorTask, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
         """Rows [r0, r1) of channel_fp8, in torch."""
         x = self.source_values(job, r0, r1)
         sc = s[r0:r1]
-        found = fp8_readers().decode(q[r0:r1]) * sc
+        found = reader_backend().decode(q[r0:r1]) * sc
         abs_x = x.abs()
         ratio = findings.stats.add(found, x, fp8_allowed_error(abs_x, sc))
         if not findings.stats.chunk_bound_use <= 1:
             findings.bad.add(found, x, ~(ratio <= 1), r0)
         self._check_scale(sc, abs_x.amax(dim=1, keepdim=True), findings.big_scale, r0)
 
-    def _fp8_chunk_native(self, job: TensorJob, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
+    def _fp8_chunk_native(self, job: TensorTask, q, s, r0: int, r1: int, findings: _Fp8Findings) -> None:
         """Rows [r0, r1) of channel_fp8 in one C pass (the same fp32 formulas); the torch
         formulation runs only to describe the first bad element."""
         bn = self.block[0]
@@ -173,20 +172,20 @@ class SourceComparisons:
         limit = scale_limit(amax, self.fp8_max)
         big_scale.add(sc, limit, ~(sc <= limit) & (amax > 0), r0)
 
-    def row_align(self, job: TensorJob) -> int:
+    def row_align(self, job: TensorTask) -> int:
         """Row chunks start on a block boundary of a block-FP8 source."""
         return self.block[0] if job.source_scale is not None else 1
 
-    def source_rows(self, job: TensorJob, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def source_rows(self, job: TensorTask, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Source weight rows [r0, r1) (r0 on a block boundary) and their block-scale rows, float32."""
         bn = self.block[0]
         g0, g1 = r0 // bn, math.ceil(r1 / bn)
         scale = block_scale_f32(self.reader.rows(job.source_scale, g0, g1 - g0))
         return self.reader.rows(job.source, r0, r1 - r0), scale
 
-    def source_values(self, job: TensorJob, r0: int, r1: int) -> torch.Tensor:
+    def source_values(self, job: TensorTask, r0: int, r1: int) -> torch.Tensor:
         """The exact fp32 value of source rows [r0, r1): the dequant of a block-FP8 weight, the
         widening of a 16-bit one."""
         if job.source_scale is None:
             return self.reader.rows(job.source, r0, r1 - r0).float()
-        return dequantize_block_fp8(*self.source_rows(job, r0, r1), self.block, fp8_readers().decode)
+        return dequantize_block_fp8(*self.source_rows(job, r0, r1), self.block, reader_backend().decode)

@@ -12,7 +12,7 @@ the directory was converted from (its fingerprint is not the one recorded: one l
 every comparison that follows from it reported as the output's failure).
 
 Five check groups (see report.GROUP_TITLES). The header pass (structure) runs first in this
-process. Then each file gets a task (tasks) and is read once, front to back (stream): hashed, and
+process. Then each file gets a task (tasks) and is read once, front to back (data_pass): hashed, and
 each tensor checked from the same buffer, in the native kernels where they cover the check and
 it passes (native_pass), else in torch; runners runs one file at a time on a 2-core host (two
 above) on threads, or in worker processes with workers > 1. Last, the per-file hashes are compared with the conversion
@@ -40,7 +40,7 @@ from mla_convert.source.resolve import resolve_source
 from mla_convert.verification.bounds import TOLERANCES
 from mla_convert.verification.card import check_card
 from mla_convert.verification.integrity import check_integrity, check_source_identity
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_report
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
@@ -106,9 +106,9 @@ def _verify(
     tally = Tally()
     if src is not None:
         check_source_identity(root, src, plan, fingerprint, manifest, tally)
-    layout = check_structure(root, options.format, fingerprint, plan, tally)
+    structure = check_structure(root, options.format, fingerprint, plan, tally)
     check_card(root, manifest, tally)
-    tasks = file_tasks(root, layout, manifest, options, src)
+    tasks = file_tasks(root, structure, manifest, options, src)
     if not data_checks:
         tasks = [dataclasses.replace(t, header=None, tensors={}, mla=None) for t in tasks]  # hashed only
     # The data pass works from the tasks: what only the header pass and the task building read (the
@@ -116,10 +116,10 @@ def _verify(
     # through it (at DeepSeek-R1's size, with --source, about half of what the structures take).
     source_root = None if src is None else str(src.root)
     del src, plan
-    layout = layout.after_tasks()
+    structure = structure.after_tasks()
     # Chosen here for the report, and before the file threads need them (probed with torch only
     # where no pass is remembered on this machine); worker processes find the same record.
-    readers = fp8_readers() if data_checks else None
+    readers = reader_backend() if data_checks else None
     collecting = gc.isenabled()
     gc.disable()  # the data pass makes few objects: collections would only walk the headers' many, again and again
     try:
@@ -129,7 +129,7 @@ def _verify(
             gc.enable()
     for r in results.values():
         tally.merge(r.tally)
-    check_integrity(root, manifest, layout, results, tally)
+    check_integrity(root, manifest, structure, results, tally)
 
     skipped = {} if source_root is not None else {SOURCE: "no --source given"}
     if not data_checks:
@@ -141,8 +141,8 @@ def _verify(
         "target": options.target,
         "fp8_max": options.fp8_max,
         "files": len(results),
-        "tensors": sum(len(h.tensors) for h in layout.headers.values()),
-        "mla_layers": len(layout.mla_headers),
+        "tensors": sum(len(h.tensors) for h in structure.headers.values()),
+        "mla_layers": len(structure.mla_headers),
         "workers": workers,
         "readers": readers.name if readers else "none",
         "readers_reason": readers.reason if readers else "no tensor values read",

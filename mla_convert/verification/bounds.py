@@ -1,4 +1,7 @@
-"""The numerical yardsticks of `verify`: error bounds, error statistics, and a reference MLA attention.
+"""The numerical yardsticks of `verify`: its error bounds and tolerances.
+
+The statistics verify reports against them are gathered by verification.error_stats; the reference
+MLA decode the functional check runs is verification.reference_mla.
 
 Channel-FP8 bound
 -----------------
@@ -51,10 +54,7 @@ artifact is off by order 1.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
-
-from mla_runtime.format import MlaDims
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +68,6 @@ BF16_REL = 2.0**-8
 ARTIFACT_REL = (FP8_REL + BF16_REL + FP32_SLACK) / (1 - BF16_REL)
 FUNCTIONAL_TOL_EXACT = 2.0**-6
 FUNCTIONAL_TOL_FP8 = 2.0**-3
-FUNCTIONAL_QUERIES = 4
-FUNCTIONAL_CACHE = 16
 
 TOLERANCES = {
     "channel_fp8": "|w*s - x| <= |x|*(2^-4 + 2^-20) + s*2^-10 per element; s <= (max|row| + 1e-8)/FP8_MAX*(1 + 2^-10)",
@@ -94,140 +92,3 @@ def scale_limit(row_amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
 def artifact_allowed_error(artifact: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Allowed |artifact - fl(q*s)| (artifact bound); `scale` laid out like the artifact."""
     return artifact.abs() * ARTIFACT_REL + scale * FP8_SUBNORMAL_HALF_STEP
-
-
-class ErrorStats:
-    """Accumulates error statistics of `found` against `exact` over row chunks of one tensor."""
-
-    def __init__(self) -> None:
-        self.dd = self.xx = self.yy = 0.0
-        self.max_abs = 0.0
-        self.bound_use = 0.0
-        self.chunk_bound_use = 0.0  # of the last chunk added: <= 1 means every element passed
-
-    def add(self, found: torch.Tensor, exact: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """Add one chunk (fp32); returns |found - exact| / allowed per element (> 1 or NaN: fails)."""
-        import torch
-
-        f, x = found.reshape(-1), exact.reshape(-1)
-        d = f - x
-        self.dd += float(torch.dot(d, d))
-        self.xx += float(torch.dot(x, x))
-        self.yy += float(torch.dot(f, f))
-        d.abs_()
-        ratio = d / allowed.reshape(-1)
-        if d.numel():
-            self.max_abs = _nan_max(self.max_abs, float(d.max()))
-            self.chunk_bound_use = _nan_max(0.0, float(ratio.max()))
-            self.bound_use = max(self.bound_use, self.chunk_bound_use)
-        return ratio.view(found.shape)
-
-    def add_sums(self, dd: float, xx: float, yy: float, max_abs: float, bound_use: float) -> None:
-        """Add one chunk already reduced elsewhere (the native verify pass)."""
-        self.dd, self.xx, self.yy = self.dd + dd, self.xx + xx, self.yy + yy
-        self.max_abs = _nan_max(self.max_abs, max_abs)
-        self.chunk_bound_use = _nan_max(0.0, bound_use)
-        self.bound_use = max(self.bound_use, self.chunk_bound_use)
-
-    @property
-    def rel_err(self) -> float:
-        return math.sqrt(self.dd / self.xx) if self.xx > 0 else (0.0 if self.dd == 0 else math.inf)
-
-    @property
-    def cosine(self) -> float:
-        xy = (self.xx + self.yy - self.dd) / 2  # <f, x>, from |f - x|^2 = |f|^2 - 2<f, x> + |x|^2
-        return xy / math.sqrt(self.xx * self.yy) if self.xx > 0 and self.yy > 0 else float(self.dd == 0)
-
-
-def _nan_max(a: float, b: float) -> float:
-    return math.inf if math.isnan(a) or math.isnan(b) else max(a, b)
-
-
-class Mismatches:
-    """Counts elements flagged bad over row chunks of one tensor and remembers the first one."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: str | None = None
-
-    def add(self, found: torch.Tensor, expected: torch.Tensor, bad: torch.Tensor, row_offset: int = 0) -> None:
-        import torch
-
-        n = int(bad.sum())
-        if not n:
-            return
-        self.count += n
-        if self.first is None:
-            at = tuple(int(i) for i in torch.nonzero(bad)[0])
-            where = [at[0] + row_offset, *at[1:]]
-            self.first = f"first at {where}: {float(found[at]):.6g} vs expected {float(expected[at]):.6g}"
-
-    def add_counted(self, count: int, where: list[int], found: float, expected: float) -> None:
-        """Add `count` bad elements counted elsewhere, the first of them at `where`."""
-        self.count += count
-        if self.first is None and count:
-            self.first = f"first at {where}: {found:.6g} vs expected {expected:.6g}"
-
-    def text(self, total: int) -> str:
-        return f"{self.count} of {total} elements; {self.first}"
-
-
-# --- reference MLA attention (float32), written independently of the runtime -----------------
-
-
-def _inputs(dims: MlaDims, rope_dim: int, seed: int):
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    n, p, l = dims.num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank
-    b, t = FUNCTIONAL_QUERIES, FUNCTIONAL_CACHE
-    q_nope = torch.randn(b, n, p, generator=g, dtype=torch.float32)
-    q_pe = torch.randn(b, n, rope_dim, generator=g, dtype=torch.float32)
-    latent = torch.randn(t, l, generator=g, dtype=torch.float32)  # the kv_c_normed cache
-    k_pe = torch.randn(t, rope_dim, generator=g, dtype=torch.float32)
-    return q_nope, q_pe, latent, k_pe
-
-
-def naive_mla_decode(kv_b: torch.Tensor, dims: MlaDims, q_nope, q_pe, latent, k_pe, temperature=None):
-    """kv_b_proj up-projects every cached latent to per-head K_nope and V; standard attention.
-
-    Returns (output [B, N, V], latent logits before temperature [N, B, T]).
-    """
-    import torch
-
-    n, p, v = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim
-    kv = (latent @ kv_b.float().T).view(latent.shape[0], n, p + v)  # [T, N, P+V]
-    k_nope, values = kv[..., :p], kv[..., p:]
-    logits_nope = torch.einsum("bnp,tnp->nbt", q_nope, k_nope)
-    logits = logits_nope + torch.einsum("bnr,tr->nbt", q_pe, k_pe)
-    if temperature is None:
-        temperature = _temperature(logits)
-    attn = torch.softmax(logits / temperature, dim=-1)  # [N, B, T]
-    return torch.einsum("nbt,tnv->bnv", attn, values), temperature
-
-
-def absorbed_mla_decode(w_uk_t: torch.Tensor, w_uv: torch.Tensor, q_nope, q_pe, latent, k_pe, temperature):
-    """The Gaudi decode path: bmm(q_nope [N,B,P], W_UK_T [N,P,L]) -> attention over the latent
-    cache -> bmm(x [N,B,L], W_UV [N,L,V]). Returns [B, N, V]."""
-    import torch
-
-    ql = torch.bmm(q_nope.transpose(0, 1), w_uk_t.float())  # [N, B, L]
-    logits = ql @ latent.T + torch.einsum("bnr,tr->nbt", q_pe, k_pe)  # [N, B, T]
-    attn = torch.softmax(logits / temperature, dim=-1)
-    x = attn @ latent  # [N, B, L]
-    return torch.bmm(x, w_uv.float()).transpose(0, 1)  # [B, N, V]
-
-
-def _temperature(logits: torch.Tensor) -> float:
-    spread = float(logits.std())
-    return spread if spread > 0 else 1.0
-
-
-def functional_error(w_uk_t, w_uv, kv_b_ref: torch.Tensor, dims: MlaDims, rope_dim: int, seed: int) -> float:
-    """Relative Frobenius error of the absorbed decode output against the naive one."""
-    q_nope, q_pe, latent, k_pe = _inputs(dims, rope_dim, seed)
-    ref, temperature = naive_mla_decode(kv_b_ref, dims, q_nope, q_pe, latent, k_pe)
-    out = absorbed_mla_decode(w_uk_t, w_uv, q_nope, q_pe, latent, k_pe, temperature)
-    denom = float(ref.norm())
-    err = float((out - ref).norm())
-    return err / denom if denom > 0 else (0.0 if err == 0 else math.inf)

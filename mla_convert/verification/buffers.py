@@ -24,7 +24,7 @@ class Lease:
 
 class ReadBuffers:
     """Two buffers, used in turn, for the tensors a thread reads (`take`): the hash of one runs while the
-    next is read and checked (the stream's background sha256 waits for it before taking the next).
+    next is read and checked (the data pass's background sha256 waits for it before taking the next).
     They are reused across tensors and files: a fresh buffer costs a page fault per 4 KB, more than
     the copy from the page cache. A buffer under a live lease when its turn comes again (a check
     keeps an MLA artifact, or a weight whose scale comes later) is left to its holder, and the turn

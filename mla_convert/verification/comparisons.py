@@ -5,7 +5,7 @@ and its native form (verification.native_pass, on the bytes read), side by side.
 one (a transform added from outside, docs/adding-a-format.md). No torch at import.
 
 A comparison that `partners` a scale is given the weight's scale too (the tensor written right
-after it, its layout the format's): stream holds the weight until its scale is read.
+after it, its layout the format's): data_pass holds the weight until its scale is read.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ if TYPE_CHECKING:
 
     from mla_convert.verification.against_source import SourceComparisons
     from mla_convert.verification.native_pass import NativePass
-    from mla_convert.verification.tasks import TensorJob
+    from mla_convert.verification.tasks import TensorTask
     from mla_runtime.safetensors_file import TensorInfo
 
 # torch(source, info, tensor, scale or None, job): records each of `checks`, describing a failure
-TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorJob"], None]
+TorchForm = Callable[["SourceComparisons", "TensorInfo", "torch.Tensor", "torch.Tensor | None", "TensorTask"], None]
 # native(checks, info, bytes, the scale's bytes or None (then read by job.scale), job) -> every check passed
-NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorJob"], bool]
+NativeForm = Callable[["NativePass", "TensorInfo", memoryview, "memoryview | None", "TensorTask"], bool]
 # by_parts(checks, info, bytes [start, start + len) of the tensor, start, job) -> every check passed there
-PartForm = Callable[["NativePass", "TensorInfo", memoryview, int, "TensorJob"], bool]
+PartForm = Callable[["NativePass", "TensorInfo", memoryview, int, "TensorTask"], bool]
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class Comparison:
     checks: tuple[str, ...]  # the checks it records, one each (what a native pass counts)
     torch: TorchForm
     native: NativeForm | None = None
-    partners_scale: bool = False  # it takes the weight's scale (TensorJob.scale / scale_name)
+    partners_scale: bool = False  # it takes the weight's scale (TensorTask.scale / scale_name)
     # Its native form on a part of the tensor: where it passes on every part, `native` passes on the
-    # whole (a large tensor is then compared as it is read, rather than read whole: stream).
+    # whole (a large tensor is then compared as it is read, rather than read whole: data_pass).
     by_parts: PartForm | None = None
 
 

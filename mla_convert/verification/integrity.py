@@ -59,7 +59,9 @@ def check_source_identity(
         )
 
 
-def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[str, FileResult], tally: Tally) -> None:
+def check_integrity(
+    root: Path, manifest: dict, structure: Structure, results: dict[str, FileResult], tally: Tally
+) -> None:
     """Every file's size and sha256 as the manifests record them; no file missing or unlisted."""
     status = manifest.get("status")
     if not tally.expect(
@@ -76,9 +78,9 @@ def check_integrity(root: Path, manifest: dict, lay: Structure, results: dict[st
     card = bool((manifest.get("options") or {}).get("card"))
     _check_listed_files(files, results, sent, tally, card)
     _check_unlisted_files(root, files, tally)
-    if lay.mla_manifest is not None:
-        _check_against_mla_manifest(lay.mla_manifest, results, tally)
-    for i in sorted(set(lay.mla_layers) - set(lay.mla_headers)):
+    if structure.mla_manifest is not None:
+        _check_against_mla_manifest(structure.mla_manifest, results, tally)
+    for i in sorted(set(structure.mla_layers) - set(structure.mla_headers)):
         if f"{MLA_DIR_NAME}/{layer_file_name(i)}" in sent:
             continue
         tally.fail(

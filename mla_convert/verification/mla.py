@@ -4,7 +4,7 @@ The reference is the exact value of the source's kv_b_proj (with --source), else
 kv_b_proj, else the stored FP8 one with its scale (one per row, or one for the tensor: each row's
 is taken). The artifacts must be its split bit for bit (within the artifact bound of an FP8
 reference), and random decode inputs through the absorbed path and
-the naive path must agree (bounds.functional_error). The split is compared a few heads at a time."""
+the naive path must agree (reference_mla.functional_error). The split is compared a few heads at a time."""
 
 from __future__ import annotations
 
@@ -15,17 +15,13 @@ import torch
 from mla_convert.constants import FP8_E4M3
 from mla_convert.kernels.bits import same_bits
 from mla_convert.kernels.numerics import block_scale_f32, dequantize_block_fp8
-from mla_convert.verification.bounds import (
-    FUNCTIONAL_TOL_EXACT,
-    FUNCTIONAL_TOL_FP8,
-    Mismatches,
-    artifact_allowed_error,
-    functional_error,
-)
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.bounds import FUNCTIONAL_TOL_EXACT, FUNCTIONAL_TOL_FP8, artifact_allowed_error
+from mla_convert.verification.error_stats import Mismatches
+from mla_convert.verification.readers import reader_backend
+from mla_convert.verification.reference_mla import functional_error
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import RowReader
-from mla_convert.verification.tasks import MlaJob
+from mla_convert.verification.tasks import MlaTask
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.layout import split_kv_b_proj
 
@@ -40,7 +36,7 @@ class MlaChecks:
         self.dims, self.rope_dim = dims, rope_dim
         self.block = block  # the source's block size (a block-FP8 source)
 
-    def layer(self, job: MlaJob, artifacts: dict[str, torch.Tensor]) -> None:
+    def layer(self, job: MlaTask, artifacts: dict[str, torch.Tensor]) -> None:
         """The layer's W_UK_T and W_UV (in `artifacts`, by name) against its kv_b_proj: split, and
         absorbed vs naive attention."""
         dims, layer = self.dims, job.layer
@@ -81,7 +77,7 @@ class MlaChecks:
             found=f"relative error {err:.3g}",
         )
 
-    def _reference(self, job: MlaJob) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+    def _reference(self, job: MlaTask) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
         """The kv_b_proj the artifacts are compared with, fp32: (x, its channel scale when x is the
         stored channel-FP8 kv_b_proj (the artifacts are then within a bound of it, else bit-exact
         splits of it), what it is); None when there is none to use."""
@@ -99,7 +95,7 @@ class MlaChecks:
             if s.shape[0] not in (1, q.shape[0]):
                 return None  # not a scale per row or per tensor (the structure checks said so)
             s = s.expand(q.shape[0], 1).contiguous()
-            x = fp8_readers().decode(q).mul_(s)
+            x = reader_backend().decode(q).mul_(s)
             return x, s, "within the artifact bound of the stored FP8 kv_b_proj"
         return None
 

@@ -7,11 +7,11 @@ source tensors and partner scales read by offset into this thread's reused buffe
 check passes it returns True, and the caller counts the checks the declaration names
 (verification.comparisons.Comparison.checks; the MLA check counts its own). Anything else (a check that fails, a case it does not
 cover: a bf16 output's comparison with its source, INT4, E8M0 block scales, a 16-bit kv_b_proj)
-returns False having recorded nothing: the caller then runs the torch path (stream), which
+returns False having recorded nothing: the caller then runs the torch path (data_pass), which
 describes the failure. So a failing tensor's report is the torch path's, word for word, and torch is
 imported only where one is met.
 
-Used only where the native readers passed their probes (readers.fp8_readers, reader_probes).
+Used only where the native readers passed their probes (readers.reader_backend, reader_probes).
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ from mla_convert.verification.bounds import (
     FP8_REL,
     FP8_SUBNORMAL_HALF_STEP,
     FP32_SLACK,
-    FUNCTIONAL_CACHE,
-    FUNCTIONAL_QUERIES,
     FUNCTIONAL_TOL_EXACT,
     FUNCTIONAL_TOL_FP8,
     SCALE_EPS,
     SCALE_REL,
-    ErrorStats,
 )
+from mla_convert.verification.error_stats import ErrorStats
+from mla_convert.verification.reference_mla import FUNCTIONAL_CACHE, FUNCTIONAL_QUERIES
 from mla_convert.verification.report import MLA, FileTally
 from mla_convert.verification.rows import CHUNK_ELEMS
-from mla_convert.verification.tasks import MlaJob, TensorJob
+from mla_convert.verification.tasks import MlaTask, TensorTask
 from mla_runtime.format import MlaDims, w_uk_t_name, w_uv_name
 from mla_runtime.safetensors_file import TensorInfo
 
@@ -69,7 +68,7 @@ class NativePass:
         self.dims: MlaDims | None = dims
         self.rope_dim = rope_dim
         self.top = top_code(fp8_max)  # the code every non-zero row of a channel-FP8 weight reaches
-        self.reader = reader  # the file's (stream): source tensors and partner scales read by offset
+        self.reader = reader  # the file's (data_pass): source tensors and partner scales read by offset
         self.scratch = scratch()  # this thread's reused buffers (source, source_scale, partner, rows, ...)
 
     # ---- values (verification.values: each check's native form) ----------------------------------
@@ -84,7 +83,7 @@ class NativePass:
 
     # ---- against the source ----------------------------------------------------------------------
 
-    def channel_fp8(self, info: TensorInfo, q: memoryview, scale: memoryview | None, job: TensorJob) -> bool:
+    def channel_fp8(self, info: TensorInfo, q: memoryview, scale: memoryview | None, job: TensorTask) -> bool:
         """SourceComparisons.channel_fp8 of a weight against its block-FP8 source (scale: its channel
         scale's bytes, or None to read it by job.scale)."""
         src, src_scale, block = job.source, job.source_scale, self.block
@@ -128,7 +127,7 @@ class NativePass:
         self.out.stats(info.name, "fp8", stats)
         return True
 
-    def copy(self, info: TensorInfo, view: memoryview, job: TensorJob, at: int = 0) -> bool:
+    def copy(self, info: TensorInfo, view: memoryview, job: TensorTask, at: int = 0) -> bool:
         """SourceComparisons.copy: the source tensor's dtype, shape and bytes (`view`: the tensor's
         bytes from byte `at`, compared with the source's there)."""
         src = job.source
@@ -148,7 +147,7 @@ class NativePass:
 
     # ---- MLA -------------------------------------------------------------------------------------
 
-    def mla(self, job: MlaJob, artifacts: dict[str, tuple[TensorInfo, memoryview]]) -> bool:
+    def mla(self, job: MlaTask, artifacts: dict[str, tuple[TensorInfo, memoryview]]) -> bool:
         """MlaChecks.layer: the split (bit-exact against a block-FP8 source's dequant, within the
         artifact bound of a stored channel-FP8 kv_b_proj) and the functional check."""
         dims = self.dims

@@ -4,7 +4,7 @@ channel-scale limit, the MLA artifact bound (bit for bit, as counts), the per-ro
 channel-FP8 kv_b_proj, and the functional MLA check (the same inputs through torch's naive and
 absorbed decode; its value within a relative 1e-3, as the C sums run in another order).
 
-Run once per machine by readers.fp8_readers (with torch), the pass remembered (kernels.verdict).
+Run once per machine by readers.reader_backend (with torch), the pass remembered (kernels.verdict).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from mla_convert.verification.bounds import (
     FP8_SUBNORMAL_HALF_STEP,
     SCALE_EPS,
     SCALE_REL,
-    absorbed_mla_decode,
     artifact_allowed_error,
-    naive_mla_decode,
     scale_limit,
 )
+from mla_convert.verification.reference_mla import absorbed_mla_decode, naive_mla_decode
 from mla_runtime.format import MlaDims
 
 PROBE_DIMS = MlaDims(num_heads=3, qk_nope_head_dim=16, v_head_dim=8, kv_lora_rank=40)
@@ -53,7 +52,7 @@ def functional_inputs(dims: MlaDims, rope_dim: int, queries: int, cache: int, se
 
 
 def torch_functional_error(uk, uv, kv_b, dims: MlaDims, inputs) -> float:
-    """bounds.functional_error's formula in torch, on the given inputs."""
+    """reference_mla.functional_error's formula in torch, on the given inputs."""
     q_nope, q_pe, latent, k_pe = inputs
     ref, temperature = naive_mla_decode(kv_b, dims, q_nope, q_pe, latent, k_pe)
     out = absorbed_mla_decode(uk, uv, q_nope, q_pe, latent, k_pe, temperature)

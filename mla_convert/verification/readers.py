@@ -1,7 +1,7 @@
 """Exact reads of FP8 (and 16/32-bit float) tensors for verify: the native C readers where they
 agree with torch on the probes below, torch's own ops otherwise.
 
-Chosen once per run (`fp8_readers()`; `use()` sets the choice, `reset()` forgets it) by the
+Chosen once per run (`reader_backend()`; `use()` sets the choice, `reset()` forgets it) by the
 kernels' one chooser (kernels.fastest.first_passing): a pass of these probes is remembered per
 machine (kernels.verdict, the same record the conversion's kernels use, keyed by the library,
 torch and these sources), so a verify
@@ -35,8 +35,9 @@ _VERDICT_SOURCES = tuple(Path(__file__).with_name(n) for n in ("readers.py", "na
 
 
 @dataclass(frozen=True)
-class Fp8Readers:
-    """Exact reads of e4m3fn tensors for verify: native when it agrees with torch on the probes."""
+class ReaderBackend:
+    """The backend verify reads e4m3fn (and float) tensors with, exactly: native when it agrees with
+    torch on the probes, else torch."""
 
     name: str  # "native" or "torch"
     reason: str  # why this one was chosen
@@ -97,7 +98,7 @@ def _torch_decode(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
 
-TORCH_READERS = Fp8Readers(
+TORCH_BACKEND = ReaderBackend(
     "torch", "requested", _torch_decode, _torch_row_max_codes, _torch_count_nonfinite, _torch_count_code
 )
 _CHOSEN = "verification.readers.chosen"  # the run's slot (process.resources): this run's choice
@@ -107,7 +108,7 @@ class _Requested:
     """Readers asked for by use(): every run of this process takes them until reset() (an attribute
     of one object, as the other test seams are, so no module variable is rebound)."""
 
-    readers: Fp8Readers | None = None
+    readers: ReaderBackend | None = None
 
 
 _REQUESTED = _Requested()
@@ -152,7 +153,7 @@ def _bound_rows_agree(native) -> bool:
     return all(same_values(got[k], want[k].to(got[k].dtype)) for k in want)
 
 
-def fp8_readers() -> Fp8Readers:
+def reader_backend() -> ReaderBackend:
     """Chosen once per run: the native readers where their check passed on this machine
     before (kernels.verdict: no torch needed), else built and probed now (with torch), the pass
     remembered; torch's own ops, with the reason, when the native library is unusable or any of
@@ -162,10 +163,10 @@ def fp8_readers() -> Fp8Readers:
     return resources.current().slot(_CHOSEN, _choose)
 
 
-def _choose() -> Fp8Readers:
+def _choose() -> ReaderBackend:
     chosen, why, skipped = first_passing([_NATIVE])
     if chosen is None:  # torch's ops are always right
-        return dataclasses.replace(TORCH_READERS, reason=skipped[0])
+        return dataclasses.replace(TORCH_BACKEND, reason=skipped[0])
     return dataclasses.replace(chosen, reason=why)
 
 
@@ -173,23 +174,25 @@ def _verdict_key() -> str:
     return verdict.key((1, 1), 448.0, True, _VERDICT_OPS, extra=_VERDICT_SOURCES)
 
 
-def use(readers: Fp8Readers) -> None:
-    """Use `readers` in every run of this process from now on, instead of probing (TORCH_READERS:
+def use(readers: ReaderBackend) -> None:
+    """Use `readers` in every run of this process from now on, instead of probing (TORCH_BACKEND:
     torch's own ops, as where the native library is unusable; the tests compare the two)."""
     _REQUESTED.readers = readers
 
 
 def reset() -> None:
     """Forget the readers chosen in this run and the pass remembered on this machine: the next
-    fp8_readers() probes again."""
+    reader_backend() probes again."""
     _REQUESTED.readers = None
     resources.current().release(_CHOSEN)
     if native.is_loaded():  # else there is no record to key (and no library is built for one)
         verdict.record(_verdict_key(), False, _VERDICT_OPS, "")
 
 
-def _native(reason: str = "") -> Fp8Readers:
-    return Fp8Readers("native", reason, native.decode, native.row_max_codes, native.count_nonfinite, native.count_code)
+def _native(reason: str = "") -> ReaderBackend:
+    return ReaderBackend(
+        "native", reason, native.decode, native.row_max_codes, native.count_nonfinite, native.count_code
+    )
 
 
 def _native_key() -> str:
@@ -224,7 +227,7 @@ def _native_checks() -> dict[str, Callable[[], bool]]:
     }
 
 
-def _check_native(_readers: Fp8Readers) -> str:
+def _check_native(_readers: ReaderBackend) -> str:
     """Raises Unusable naming the first native reader that fails or disagrees with torch."""
     checks = _native_checks()
     for what, agrees in checks.items():

@@ -18,7 +18,7 @@ With `download`, every check of a local verify (and `source`): the branch is mir
 directory, its git files as they are and each LFS file as a stand-in (its header over a hole, by
 two range requests: the header pass reads nothing else), and verify runs on that directory
 (api.verify_with). Its data pass downloads each file in turn over its stand-in, checks it as a
-local verify does (stream.run_file_task), and deletes it once no check needs it (an MLA layer
+local verify does (data_pass.run_file_task), and deletes it once no check needs it (an MLA layer
 file reads its kv_b_proj from a model shard, which stays until then); the next files download
 while one is checked. The order is planned first: the files on disk at once never pass
 `max_disk`, and a budget below what the plan needs is refused before the first byte.
@@ -51,8 +51,8 @@ from mla_convert.units import gb
 from mla_convert.verification.api import verify_with
 from mla_convert.verification.bounds import TOLERANCES
 from mla_convert.verification.card import check_card
+from mla_convert.verification.data_pass import run_file_task
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, STRUCTURE, VALUES, Tally, as_report
-from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.tasks import FileResult, FileTask
 
 FETCH_THREAD_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-download"

@@ -75,12 +75,12 @@ class FileTally:
         self.tally.fail(group, check, self.rel, tensor, expected=expected, found=found)
 
     def verdict(self, bad, group: str, check: str, tensor, expected: str, total: int, what: str = "") -> None:
-        """Record one check over a tensor: it passed when `bad` (a bounds.Mismatches, over `total`
+        """Record one check over a tensor: it passed when `bad` (an error_stats.Mismatches, over `total`
         elements) counted none."""
         self.expect(not bad.count, group, check, tensor, expected=expected, found=what + bad.text(total))
 
     def stats(self, tensor: str, op: str, st) -> None:
-        """How far a converted tensor is from its source (`st`: a bounds.ErrorStats over it)."""
+        """How far a converted tensor is from its source (`st`: an error_stats.ErrorStats over it)."""
         self.tally.add_stats(TensorStats(self.rel, tensor, op, st.max_abs, st.rel_err, st.cosine, st.bound_use))
 
 

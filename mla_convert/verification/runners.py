@@ -13,8 +13,8 @@ from mla_convert.errors import VerificationError
 from mla_convert.process.pool import WorkerPool
 from mla_convert.process.workers import WorkerDied, errors_intact, report
 from mla_convert.settings import ProgressFactory
+from mla_convert.verification.data_pass import run_file_task
 from mla_convert.verification.order import file_threads, largest_first
-from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.tasks import FileResult, FileTask
 
 FILE_THREADS_NAME = LEFT_RUNNING_THREAD_PREFIX + "verify-file"

@@ -45,7 +45,7 @@ from mla_runtime.safetensors_file import ShardHeader
 
 @dataclass
 class Structure:
-    """What the header pass learned; the streaming pass works from it."""
+    """What the header pass learned; the data pass works from it."""
 
     config: dict | None = None  # the text model's config in config.json's names
     model: ModelConfig | None = None  # how the directory describes the model (its config file, names)
@@ -68,40 +68,50 @@ class Structure:
 def check_structure(root: Path, fmt: str, fingerprint: str, plan: Plan | None, tally: Tally) -> Structure:
     """Run every header-only check of an output in format `fmt` (formats.names()), recording
     results in `tally`; return what the data pass needs."""
-    lay = Structure()
+    structure = Structure()
     output = formats.get(fmt)
-    lay.model = _check_config(root, output, tally)
-    if lay.model is not None:
-        lay.config, lay.names, lay.index_name = lay.model.text, lay.model.names, lay.model.index_name
+    structure.model = _check_config(root, output, tally)
+    if structure.model is not None:
+        structure.config, structure.names, structure.index_name = (
+            structure.model.text,
+            structure.model.names,
+            structure.model.index_name,
+        )
     elif (own := members.own_layout_of(root)) is not None:
-        lay.index_name = own.index_file or INDEX_NAME
-    _check_index(root, lay, tally)
-    if lay.config is None:
-        return lay
-    config_file = lay.model.file
-    lay.dims = MlaDims.from_model_config(lay.config)
+        structure.index_name = own.index_file or INDEX_NAME
+    _check_index(root, structure, tally)
+    if structure.config is None:
+        return structure
+    config_file = structure.model.file
+    structure.dims = MlaDims.from_model_config(structure.config)
     try:
         if plan is not None:
-            lay.expects = expects_from_plan(plan)
+            structure.expects = expects_from_plan(plan)
         else:
-            lay.expects = expects_from_config(lay.config, output, lay.model.quantization, lay.names)
-            lay.expects |= extra_buffer_expects(lay.config, lay.headers, lay.expects, lay.names)
-            lay.expects |= other_part_expects(lay.names, lay.headers, lay.model.vision)
+            structure.expects = expects_from_config(
+                structure.config, output, structure.model.quantization, structure.names
+            )
+            structure.expects |= extra_buffer_expects(
+                structure.config, structure.headers, structure.expects, structure.names
+            )
+            structure.expects |= other_part_expects(structure.names, structure.headers, structure.model.vision)
     except (KeyError, TypeError, FamilyError) as e:
         tally.fail(
             STRUCTURE, "config", config_file, expected="every dimension of its architecture", found=f"missing {e}"
         )
-        return lay
-    _check_tensor_set(lay, tally)
+        return structure
+    _check_tensor_set(structure, tally)
     if output.quantizes:
-        _check_quantized_modules(lay, output, tally)
-    lay.mla_layers = sorted(
-        i for n in lay.expects if (d := lay.names.to_deepseek(n)) and (i := kv_b_layer_index(d)) is not None
+        _check_quantized_modules(structure, output, tally)
+    structure.mla_layers = sorted(
+        i for n in structure.expects if (d := structure.names.to_deepseek(n)) and (i := kv_b_layer_index(d)) is not None
     )
-    arch = ModelLayout.of(lay.config).architecture  # the expectations above read it already
-    own = {i: MlaDims.from_model_config(layer_config(lay.config, arch, i)) for i in lay.mla_layers}
-    lay.mla_manifest, lay.mla_headers = check_mla_manifest(root, lay.dims, lay.mla_layers, fmt, fingerprint, tally, own)
-    return lay
+    arch = ModelLayout.of(structure.config).architecture  # the expectations above read it already
+    own = {i: MlaDims.from_model_config(layer_config(structure.config, arch, i)) for i in structure.mla_layers}
+    structure.mla_manifest, structure.mla_headers = check_mla_manifest(
+        root, structure.dims, structure.mla_layers, fmt, fingerprint, tally, own
+    )
+    return structure
 
 
 _UNREADABLE = object()
@@ -161,19 +171,19 @@ def _check_config(root: Path, fmt: Format, tally: Tally) -> ModelConfig | None:
     return model
 
 
-def _check_index(root: Path, lay: Structure, tally: Tally) -> None:
+def _check_index(root: Path, structure: Structure, tally: Tally) -> None:
     """The index and the shard headers agree exactly; headers are sane; total_size is right."""
-    index = _read_index(root, lay.index_name, tally)
+    index = _read_index(root, structure.index_name, tally)
     if index is None:
         return
-    lay.weight_map = index["weight_map"]
-    _read_shard_headers(root, lay, tally)
-    _check_index_vs_headers(root, lay, tally)
+    structure.weight_map = index["weight_map"]
+    _read_shard_headers(root, structure, tally)
+    _check_index_vs_headers(root, structure, tally)
     metadata = index.get("metadata")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    actual = sum(t.nbytes for hd in lay.headers.values() for t in hd.tensors.values())
-    if len(lay.headers) == len(set(lay.weight_map.values())):
-        tally.expect(total == actual, STRUCTURE, "total_size", lay.index_name, expected=actual, found=total)
+    actual = sum(t.nbytes for hd in structure.headers.values() for t in hd.tensors.values())
+    if len(structure.headers) == len(set(structure.weight_map.values())):
+        tally.expect(total == actual, STRUCTURE, "total_size", structure.index_name, expected=actual, found=total)
 
 
 def _read_index(root: Path, index_name: str, tally: Tally) -> dict | None:
@@ -190,30 +200,34 @@ def _read_index(root: Path, index_name: str, tally: Tally) -> dict | None:
     return index
 
 
-def _read_shard_headers(root: Path, lay: Structure, tally: Tally) -> None:
-    """The header of every shard the index names, into lay.headers (those that parse)."""
-    for rel in sorted(set(lay.weight_map.values())):
+def _read_shard_headers(root: Path, structure: Structure, tally: Tally) -> None:
+    """The header of every shard the index names, into structure.headers (those that parse)."""
+    for rel in sorted(set(structure.weight_map.values())):
         if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel:
             tally.fail(
-                STRUCTURE, "index", lay.index_name, expected="shard file names inside the directory", found=repr(rel)
+                STRUCTURE,
+                "index",
+                structure.index_name,
+                expected="shard file names inside the directory",
+                found=repr(rel),
             )
             continue
         try:
-            lay.headers[rel] = read_header(root / rel)
+            structure.headers[rel] = read_header(root / rel)
             tally.ok(STRUCTURE)
         except SourceError as e:
             found = "missing" if not (root / rel).exists() else str(e).replace(str(root / rel) + ": ", "")
             tally.fail(STRUCTURE, "header", rel, expected="a sane safetensors header", found=found)
 
 
-def _check_index_vs_headers(root: Path, lay: Structure, tally: Tally) -> None:
+def _check_index_vs_headers(root: Path, structure: Structure, tally: Tally) -> None:
     """Every tensor the index lists is in its shard, every tensor of a shard is listed there, and
     every shard in the directory is listed."""
-    weight_map = lay.weight_map
+    weight_map = structure.weight_map
     for name, rel in sorted(weight_map.items()):
-        if rel in lay.headers:
+        if rel in structure.headers:
             tally.expect(
-                name in lay.headers[rel].tensors,
+                name in structure.headers[rel].tensors,
                 STRUCTURE,
                 "index-vs-header",
                 rel,
@@ -221,7 +235,7 @@ def _check_index_vs_headers(root: Path, lay: Structure, tally: Tally) -> None:
                 expected="listed in the index and present in this shard",
                 found="not in the shard",
             )
-    for rel, hd in sorted(lay.headers.items()):
+    for rel, hd in sorted(structure.headers.items()):
         for name in hd.tensors:
             tally.expect(
                 weight_map.get(name) == rel,
@@ -244,10 +258,10 @@ def _check_index_vs_headers(root: Path, lay: Structure, tally: Tally) -> None:
         )
 
 
-def _check_tensor_set(lay: Structure, tally: Tally) -> None:
+def _check_tensor_set(structure: Structure, tally: Tally) -> None:
     """Every implied tensor present with its dtype and shape; nothing else (no *_scale_inv)."""
-    for name, exp in lay.expects.items():
-        rel = lay.weight_map.get(name)
+    for name, exp in structure.expects.items():
+        rel = structure.weight_map.get(name)
         if rel is None:
             tally.fail(STRUCTURE, "missing-tensor", None, name, expected=exp.describe(), found="not in the index")
             continue
@@ -255,7 +269,7 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
             tally.expect(
                 rel == exp.file, STRUCTURE, "tensor-file", rel, name, expected=f"in {exp.file}", found=f"in {rel}"
             )
-        info = lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+        info = structure.headers[rel].tensors.get(name) if rel in structure.headers else None
         if info is None:
             continue  # reported by the index/header checks
         tally.expect(
@@ -267,36 +281,45 @@ def _check_tensor_set(lay: Structure, tally: Tally) -> None:
             expected=exp.describe(),
             found=f"{info.dtype}{list(info.shape)}",
         )
-    for name in sorted(set(lay.weight_map) | {n for hd in lay.headers.values() for n in hd.tensors}):
-        if name not in lay.expects:
-            why = "a leftover block-FP8 scale" if name.endswith("_scale_inv") else f"not implied by {lay.model.file}"
+    for name in sorted(set(structure.weight_map) | {n for hd in structure.headers.values() for n in hd.tensors}):
+        if name not in structure.expects:
+            why = (
+                "a leftover block-FP8 scale"
+                if name.endswith("_scale_inv")
+                else f"not implied by {structure.model.file}"
+            )
             tally.fail(
-                STRUCTURE, "unexpected-tensor", lay.weight_map.get(name), name, expected="no such tensor", found=why
+                STRUCTURE,
+                "unexpected-tensor",
+                structure.weight_map.get(name),
+                name,
+                expected="no such tensor",
+                found=why,
             )
 
 
-def _check_quantized_modules(lay: Structure, fmt: Format, tally: Tally) -> None:
+def _check_quantized_modules(structure: Structure, fmt: Format, tally: Tally) -> None:
     """quantization_config agrees with the tensors: a linear it quantizes holds a weight as the
     format quantizes one, with its scale, one it gives the INT4 group holds packed INT4 tensors, one
     it ignores holds a 16-bit weight; an ignore entry by name names a linear."""
-    qc = lay.model.quantization or {}
+    qc = structure.model.quantization or {}
     ignore = [str(x) for x in (qc.get("ignore") or [])]
     modules = {
         module_of(n)
-        for n, e in lay.expects.items()
+        for n, e in structure.expects.items()
         if e.kind in (FP8_LINEAR, LINEAR) and n.endswith((".weight", f".{INT4_PACKED}"))
     }
-    served = {lay.names.config_module(m) for m in modules}
+    served = {structure.names.config_module(m) for m in modules}
     for module in sorted(modules):
-        actual = _stored_scheme(lay, module, fmt)
+        actual = _stored_scheme(structure, module, fmt)
         if actual is None:
             continue  # missing: reported by the tensor set check
-        said = fmt.claimed(lay.names.config_module(module), qc)
+        said = fmt.claimed(structure.names.config_module(module), qc)
         tally.expect(
             said == actual,
             STRUCTURE,
             "quantization_config",
-            lay.model.file,
+            structure.model.file,
             module,
             expected=f"{fmt.scheme_label(actual)} as stored",
             found=f"{fmt.scheme_label(said)} per quantization_config",
@@ -307,27 +330,27 @@ def _check_quantized_modules(lay: Structure, fmt: Format, tally: Tally) -> None:
                 entry in served,
                 STRUCTURE,
                 "quantization_config",
-                lay.model.file,
+                structure.model.file,
                 entry,
                 expected="ignore entries that name linear modules",
                 found="no such module",
             )
 
 
-def _stored_scheme(lay: Structure, module: str, fmt: Format) -> str | None:
+def _stored_scheme(structure: Structure, module: str, fmt: Format) -> str | None:
     """QUANTIZED (a weight as the format quantizes one, and its scale), INT4 or IGNORED (16-bit) as
     the headers hold `module`; None when it is missing."""
-    if _info(lay, f"{module}.{INT4_PACKED}") is not None:
+    if _info(structure, f"{module}.{INT4_PACKED}") is not None:
         return INT4
     weight = f"{module}.weight"
-    w = _info(lay, weight)
+    w = _info(structure, weight)
     if w is None:
         return None
     scale = fmt.scale_name(weight)
-    quantized = w.dtype == fmt.block_fp8.dtype and scale is not None and _info(lay, scale) is not None
+    quantized = w.dtype == fmt.block_fp8.dtype and scale is not None and _info(structure, scale) is not None
     return QUANTIZED if quantized else IGNORED
 
 
-def _info(lay: Structure, name: str):
-    rel = lay.weight_map.get(name)
-    return lay.headers[rel].tensors.get(name) if rel in lay.headers else None
+def _info(structure: Structure, name: str):
+    rel = structure.weight_map.get(name)
+    return structure.headers[rel].tensors.get(name) if rel in structure.headers else None

@@ -1,5 +1,5 @@
-"""verify, file tasks: what the data pass of one file is asked to check (FileTask, with a TensorJob
-for each tensor that has a role in the conversion and an MlaJob for an artifact file), and what it
+"""verify, file tasks: what the data pass of one file is asked to check (FileTask, with a TensorTask
+for each tensor that has a role in the conversion and an MlaTask for an artifact file), and what it
 returns (FileResult). Tasks are plain data, which a worker process gets pickled; `file_tasks`
 builds them from what the header pass learned and the source.
 
@@ -28,7 +28,7 @@ from mla_runtime.safetensors_file import ShardHeader
 
 
 @dataclass(frozen=True, slots=True)
-class TensorJob:
+class TensorTask:
     """What to check for one tensor beyond its values (absent: values only)."""
 
     op: str  # the plan's op: COPY, TO_BF16, TO_FP8, QUANT_FP8, FP8_SCALE, ...
@@ -40,7 +40,7 @@ class TensorJob:
 
 
 @dataclass(frozen=True, slots=True)
-class MlaJob:
+class MlaTask:
     layer: int
     kv_b: Ref | None  # the converted model's kv_b_proj weight
     kv_b_scale: Ref | None  # ... and its scale (a format that quantizes it)
@@ -58,8 +58,8 @@ class FileTask:
     block: tuple[int, int] | None = None  # the source's block size (with a block-FP8 --source)
     dims: MlaDims | None = None
     rope_dim: int = 0
-    tensors: dict[str, TensorJob] = field(default_factory=dict)
-    mla: MlaJob | None = None
+    tensors: dict[str, TensorTask] = field(default_factory=dict)
+    mla: MlaTask | None = None
 
 
 @dataclass
@@ -71,7 +71,7 @@ class FileResult:
 
 
 def file_tasks(
-    root: Path, lay: Structure, manifest: dict, options: Options, src: SourceCheckpoint | None
+    root: Path, structure: Structure, manifest: dict, options: Options, src: SourceCheckpoint | None
 ) -> list[FileTask]:
     """One task for every file the conversion manifest or the index lists, and every artifact file
     whose header was read, sorted by path."""
@@ -81,31 +81,35 @@ def file_tasks(
         "fp8_max": options.fp8_max,
         "value_checks": selected(fmt.value_checks, formats.target(options.target)),
         "block": src.block if src else None,
-        "dims": lay.dims,
-        "rope_dim": int((lay.config or {}).get("qk_rope_head_dim") or 0),
+        "dims": structure.dims,
+        "rope_dim": int((structure.config or {}).get("qk_rope_head_dim") or 0),
     }
     paths = _Paths()
-    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in lay.mla_headers}
-    rels = set(manifest["files"]) | set(lay.weight_map.values()) | set(mla_files)
+    mla_files = {f"{MLA_DIR_NAME}/{layer_file_name(i)}": i for i in structure.mla_headers}
+    rels = set(manifest["files"]) | set(structure.weight_map.values()) | set(mla_files)
     tasks = []
     for rel in sorted(rels):
-        if rel in lay.headers:
-            header = lay.headers[rel]
-            jobs = {n: j for n, info in header.tensors.items() if (j := _tensor_job(n, info, lay, src, fmt, paths))}
+        if rel in structure.headers:
+            header = structure.headers[rel]
+            jobs = {
+                n: j for n, info in header.tensors.items() if (j := _tensor_task(n, info, structure, src, fmt, paths))
+            }
             tasks.append(FileTask(rel=rel, header=header, tensors=jobs, **common))
         elif rel in mla_files:
             layer = mla_files[rel]
-            at = common | {"dims": lay.mla_manifest.dims_of(layer)}  # a layer's own dims (checked against the config)
-            mla = _mla_job(layer, lay, src, fmt, paths)
-            tasks.append(FileTask(rel=rel, header=lay.mla_headers[layer], mla=mla, **at))
+            at = common | {
+                "dims": structure.mla_manifest.dims_of(layer)
+            }  # a layer's own dims (checked against the config)
+            mla = _mla_task(layer, structure, src, fmt, paths)
+            tasks.append(FileTask(rel=rel, header=structure.mla_headers[layer], mla=mla, **at))
         else:
             tasks.append(FileTask(rel=rel, header=None, **common))
     return tasks
 
 
-def _matches(lay: Structure, name: str, info) -> bool:
+def _matches(structure: Structure, name: str, info) -> bool:
     """The header agrees with the expectation (else the structure check failed already)."""
-    exp = lay.expects.get(name)
+    exp = structure.expects.get(name)
     return exp is not None and info is not None and exp.admits(info)
 
 
@@ -119,44 +123,46 @@ class _Paths:
         return self._strings.setdefault(path, str(path))
 
 
-def _tensor_job(
-    name: str, info, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths
-) -> TensorJob | None:
+def _tensor_task(
+    name: str, info, structure: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths
+) -> TensorTask | None:
     """What to check for a tensor beyond its values; None for one that does not match its
     expectation (only its values are checked)."""
-    if not _matches(lay, name, info):
+    if not _matches(structure, name, info):
         return None
-    exp = lay.expects[name]
+    exp = structure.expects[name]
     scale = fmt.scale_of(exp.op)
     scale_name = scale.name(name) if scale is not None else None
     source = source_scale = group = None
     if src is not None and exp.source is not None and exp.op != FP8_SCALE:
         source = _src_ref(src, exp.source, paths)
         if "block_scale" in reads(exp.op):
-            source_scale = _src_ref(src, src.fp8[exp.source].scale.name, paths)
+            source_scale = _src_ref(src, src.block_fp8[exp.source].scale.name, paths)
         if "group_scale" in reads(exp.op):
             w = src.int4[exp.source.rsplit(".", 1)[0]]
             source_scale, group = _src_ref(src, w.scale.name, paths), src.quant.int4.columns_per_scale(w.cols)
-    scale_ref = _out_ref(lay, scale_name, paths) if scale_name else None
-    return TensorJob(exp.op, scale_ref, scale_name, source, source_scale, group)
+    scale_ref = _out_ref(structure, scale_name, paths) if scale_name else None
+    return TensorTask(exp.op, scale_ref, scale_name, source, source_scale, group)
 
 
-def _mla_job(layer: int, lay: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths) -> MlaJob:
-    kv_b = lay.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
+def _mla_task(
+    layer: int, structure: Structure, src: SourceCheckpoint | None, fmt: formats.Format, paths: _Paths
+) -> MlaTask:
+    kv_b = structure.names.from_deepseek(kv_b_name(layer))  # the same name in the source and the output
     source = source_scale = None
-    if src is not None and kv_b in src.fp8:
-        source, source_scale = _src_ref(src, kv_b, paths), _src_ref(src, src.fp8[kv_b].scale.name, paths)
+    if src is not None and kv_b in src.block_fp8:
+        source, source_scale = _src_ref(src, kv_b, paths), _src_ref(src, src.block_fp8[kv_b].scale.name, paths)
     elif src is not None and kv_b in src.weight_map:  # a 16-bit source kv_b_proj
         source = _src_ref(src, kv_b, paths)
     scale = fmt.scale_name(kv_b)
-    kv_b_scale = _out_ref(lay, scale, paths) if scale else None
-    return MlaJob(layer, _out_ref(lay, kv_b, paths), kv_b_scale, source, source_scale)
+    kv_b_scale = _out_ref(structure, scale, paths) if scale else None
+    return MlaTask(layer, _out_ref(structure, kv_b, paths), kv_b_scale, source, source_scale)
 
 
-def _out_ref(lay: Structure, name: str, paths: _Paths) -> Ref | None:
+def _out_ref(structure: Structure, name: str, paths: _Paths) -> Ref | None:
     """Where an output tensor lies, if its header matches what it should be."""
-    hd = lay.headers.get(lay.weight_map.get(name, ""))
-    if hd is None or not _matches(lay, name, hd.tensors.get(name)):
+    hd = structure.headers.get(structure.weight_map.get(name, ""))
+    if hd is None or not _matches(structure, name, hd.tensors.get(name)):
         return None
     return Ref.of(paths(hd.path), hd, name)
 

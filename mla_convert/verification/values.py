@@ -26,8 +26,8 @@ from mla_convert.formats import Target
 from mla_convert.io.buffers import address_of
 from mla_convert.kernels import native
 from mla_convert.kernels.bits import NONFINITE
-from mla_convert.verification.bounds import Mismatches
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.error_stats import Mismatches
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import VALUES, FileTally
 from mla_convert.verification.rows import row_chunks
 from mla_runtime.safetensors_file import TensorInfo
@@ -56,7 +56,7 @@ class TorchValues:
     @functools.cached_property
     def row_max(self) -> torch.Tensor:
         """Each row's largest |code| (e4m3: codes order like magnitudes, 0x7F is NaN)."""
-        return fp8_readers().row_max_codes(self.flat)
+        return reader_backend().row_max_codes(self.flat)
 
     def located(self, bad: Callable, rows=None) -> Mismatches:
         """The elements `bad(codes & 0x7F, values)` flags, counted over row chunks (a failing tensor
@@ -119,7 +119,7 @@ def _nan_inf_torch(v: TorchValues) -> None:
         v.out.verdict(nan, VALUES, "nan-inf", v.info.name, "finite values", v.n, "NaN in ")
         return
     nonfinite = Mismatches()
-    if v.t.dtype in native.NONFINITE_MASKS and fp8_readers().count_nonfinite(v.flat) == 0:
+    if v.t.dtype in native.NONFINITE_MASKS and reader_backend().count_nonfinite(v.flat) == 0:
         v.out.verdict(nonfinite, VALUES, "nan-inf", v.info.name, "finite values", v.n, "NaN/Inf in ")
         return
     for r0, r1 in row_chunks(v.flat.shape[0], v.flat.shape[1]):  # locate them (a failing tensor only)
@@ -149,7 +149,7 @@ def _range_native(v: NativeValues) -> bool:
 
 
 def _negative_zero_torch(v: TorchValues) -> None:
-    minus_zero = fp8_readers().count_code(v.t, NEGATIVE_ZERO_CODE)
+    minus_zero = reader_backend().count_code(v.t, NEGATIVE_ZERO_CODE)
     v.out.expect(
         not minus_zero,
         VALUES,

@@ -4,7 +4,7 @@ were made from while those are still on disk, an artifact file's MLA check), rea
 bytes just written (the page cache), and not hashed again: the converter hashed them as it wrote
 them, and that sha256 is the one the manifest records and the upload sends.
 
-The tasks are verify's own (tasks.file_tasks, run by stream.run_file_task), built from the plan
+The tasks are verify's own (tasks.file_tasks, run by data_pass.run_file_task), built from the plan
 instead of the output's config, index and MLA manifest, which are written last.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from mla_convert.io.headers import read_header
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.results import Failure
+from mla_convert.verification.data_pass import run_file_task
 from mla_convert.verification.expects import expects_from_plan
-from mla_convert.verification.stream import run_file_task
 from mla_convert.verification.structure import Structure
 from mla_convert.verification.tasks import FileTask, file_tasks
 from mla_runtime.format import LayerEntry, MlaManifest
@@ -31,17 +31,19 @@ def job_tasks(plan: Plan, out_dir: Path, files: JobFiles) -> list[FileTask]:
     rels = {rel for rel, _, _ in files}
     layers = {mla_file_rel(i): i for job in plan.shards for i in job.mla_layers if mla_file_rel(i) in rels}
     shards = sorted(rels - set(layers))
-    lay = Structure(config=src.config, model=src.model, names=src.names, index_name=plan.index_name, dims=src.dims)
-    lay.expects = expects_from_plan(plan)
-    lay.weight_map = {t.name: job.file for job in plan.shards if job.file in rels for t in job.tensors}
-    lay.headers = {rel: read_header(out_dir / rel) for rel in shards}
-    lay.mla_layers = sorted(layers.values())
-    lay.mla_headers = {i: read_header(out_dir / rel) for rel, i in layers.items()}
+    structure = Structure(
+        config=src.config, model=src.model, names=src.names, index_name=plan.index_name, dims=src.dims
+    )
+    structure.expects = expects_from_plan(plan)
+    structure.weight_map = {t.name: job.file for job in plan.shards if job.file in rels for t in job.tensors}
+    structure.headers = {rel: read_header(out_dir / rel) for rel in shards}
+    structure.mla_layers = sorted(layers.values())
+    structure.mla_headers = {i: read_header(out_dir / rel) for rel, i in layers.items()}
     recorded = {rel: (size, sha) for rel, size, sha in files}
     entries = tuple(LayerEntry(i, Path(rel).name, *recorded[rel], src.own_dims(i)) for rel, i in sorted(layers.items()))
-    lay.mla_manifest = MlaManifest(dims=src.dims, layers=entries, source_fingerprint=src.fingerprint())
+    structure.mla_manifest = MlaManifest(dims=src.dims, layers=entries, source_fingerprint=src.fingerprint())
     manifest = {"files": {rel: {"size": size, "sha256": sha} for rel, (size, sha) in recorded.items()}}
-    return file_tasks(out_dir, lay, manifest, plan.options, src)
+    return file_tasks(out_dir, structure, manifest, plan.options, src)
 
 
 def check_job_files(plan: Plan, out_dir: Path, files: JobFiles) -> list[Failure]:

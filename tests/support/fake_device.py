@@ -5,7 +5,7 @@ conversion hands it to its worker processes, which import it from here).
 Each runs the real eager `numerics` on CPU tensors that divide as a device might:
 
 - `reciprocal_division`: every division a multiplication by the divisor's float32 reciprocal;
-- `cuda_scalar_division`: only a division by a Python number, as torch on CUDA does (issue 16);
+- `cuda_scalar_division`: only a division by a Python number, as torch on CUDA does;
 - `unsigned_zero_ignored`: correct arithmetic that ignores the target's zero rule (writes -0);
 - `subnormals_flushed`: a dequant that flushes float32 subnormal results to zero;
 - `bf16_truncated`: a bf16 cast that truncates instead of rounding to nearest even.

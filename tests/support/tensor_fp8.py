@@ -29,7 +29,8 @@ from mla_convert.kernels import transforms as transforms_registry
 from mla_convert.kernels.transforms import Params, Transform
 from mla_convert.kernels.transforms.transform import FP8_DTYPE
 from mla_convert.verification import comparisons, values
-from mla_convert.verification.bounds import Mismatches, fp8_allowed_error, scale_limit
+from mla_convert.verification.bounds import fp8_allowed_error, scale_limit
+from mla_convert.verification.error_stats import Mismatches
 from mla_convert.verification.report import SOURCE, VALUES
 from mla_convert.verification.rows import row_chunks
 

@@ -1,5 +1,5 @@
 """A stream that was never there (`>&-`, `2>&-`, `<&-`: daemons, cron jobs, some CI runners start
-processes so) changes nothing but what is printed (issue 35): every command exits as with its
+processes so) changes nothing but what is printed: every command exits as with its
 streams open and writes the same bytes. Before: exit 120, with a traceback or without a word."""
 
 import json

