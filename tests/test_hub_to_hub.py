@@ -303,6 +303,61 @@ def test_an_upload_refused_is_one_line_and_resumable(hub, eight, tmp_path, quick
     assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
 
 
+@pytest.fixture
+def quick_timeout(monkeypatch):
+    """A request to the Hub that gets no byte for 1 s fails (transiently) rather than after minutes:
+    the client has no setting of its own for an upload's timeout; the tool's is a module constant."""
+    from mla_convert.publish import remote
+
+    monkeypatch.setattr(remote, "HUB_TIMEOUT", 1.0)
+
+
+@pytest.mark.parametrize("fault", ["cut mid-body", "preupload stalls", "commit stalls", "commit cut"])
+def test_an_upload_cut_or_stalled_once_is_tried_again(hub, eight, tmp_path, quick_retries, quick_timeout, fault):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    if fault == "cut mid-body":
+        hub.cut_upload("lfs-upload", times=2)  # half a shard's body, then the connection closed
+    elif fault == "preupload stalls":
+        hub.stall_upload("preupload")  # no answer until the server stops
+    elif fault == "commit stalls":
+        hub.stall_upload("commit")
+    else:
+        hub.cut_upload("commit")
+    result = upload_to(eight, tmp_path / "out")
+    assert result.status == "complete"
+    assert any(r.status == -1 for r in hub.requests) or "stalls" in fault  # the fault happened
+    commits = [c for c in hub.commits if c.repo_id == REPO and c.summary != "initial commit"]
+    added = [p for c in commits for p in c.added]
+    assert len(commits) == len(result.commits) and len(added) == len(set(added))  # each file committed once
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["commit cut", "commit stalls"])
+def test_an_upload_cut_or_stalled_past_the_retries_is_one_line_and_resumable(
+    hub, eight, tmp_path, quick_retries, quick_timeout, kind
+):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    out = tmp_path / "out"
+    budget = upload_to(eight, out, dry_run=True).disk_budget_min  # a commit after each job
+    if kind == "commit cut":
+        hub.cut_upload("commit", times=100)
+    else:
+        hub.stall_upload("commit", times=100)
+    line = one_line_exit_2(["convert", eight, "--out", out, "--upload", REPO, "--max-disk", budget, "--quiet"])
+    assert "cannot reach the Hub" in line and "--resume" in line, line
+    assert "config.json" not in hub.tree(REPO)
+    hub.clear_faults()
+    hub.release_stalls()
+    result = upload_to(eight, out, resume=True, max_disk=budget)
+    assert result.status == "complete" and result.disk_peak <= budget
+    assert len(puts(hub)) == len(set(puts(hub)))  # the preuploaded bytes not sent again
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
 def test_the_command_line_prints_the_budget_and_what_went_up(hub, eight, tmp_path):
     from typer.testing import CliRunner
 
