@@ -394,6 +394,26 @@ def test_a_slow_check_still_has_its_source_shards_when_the_conversion_is_done(hu
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
 
 
+def test_a_source_shard_that_cannot_be_read_for_the_check_says_so(hub, tmp_path, monkeypatch):
+    """The per-file check reads the source again: a shard cut short meanwhile is a read failure of
+    the source (one line, exit 2), not a file the conversion wrote wrong."""
+    from mla_convert.publish import hub_to_hub
+
+    src = write_checkpoint(tmp_path / "src", CheckpointSpec(num_shards=8))
+    checked = hub_to_hub._check
+
+    def shard_cut_short(plan, out_dir, files):
+        if any(rel == SHARD3 for rel, _, _ in files):
+            os.truncate(src / SHARD3, 100_000)  # its header whole, its tensors not
+        return checked(plan, out_dir, files)
+
+    monkeypatch.setattr(hub_to_hub, "_check", shard_cut_short)
+    line = one_line_exit_2(["convert", src, "--out", tmp_path / "out", "--upload", REPO, "--create", "--quiet"])
+    assert f"{src / SHARD3}: tensor" in line and "a source shard it was made from could not be read" in line, line
+    assert "verify rejects" not in line and "--resume" in line
+    assert "config.json" not in hub.tree(REPO)
+
+
 # --- what upload refuses before the first byte, refused here too ------------------------------------
 
 

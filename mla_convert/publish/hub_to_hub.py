@@ -42,7 +42,7 @@ from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, LEFT_RUNNING_TH
 from mla_convert.conversion.finalize import card_facts
 from mla_convert.conversion.sink import Run, Sink
 from mla_convert.conversion.stages import CHECK, UPLOAD, StageClock
-from mla_convert.errors import ConvertError, OutputError, UploadError
+from mla_convert.errors import ConvertError, OutputError, SourceError, UploadError
 from mla_convert.output.card import build_card, read_source_card, render_card, with_source_card
 from mla_convert.output.card_facts import SourceRef
 from mla_convert.output.journal import CHECKED, COMMITTED, SENT, Held, JobFiles, Journal, known_files
@@ -362,6 +362,7 @@ class HubSink(Sink):
                 failures = _check(self.plan, self.out_dir, files)
             if failures:
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+                _raise_read_failure(failures, more, self.plan.source.root)
                 raise CheckFailed(
                     f"{failures[0].line()}{more}; not uploaded: the conversion wrote a file verify rejects. Rerun "
                     "the same command with --resume (the file is written again); if it fails again, report it"
@@ -488,6 +489,23 @@ def _check(plan: Plan, out_dir: Path, files: JobFiles) -> list:
     from mla_convert.verification.written import check_job_files
 
     return check_job_files(plan, out_dir, files)
+
+
+def _raise_read_failure(failures: list, more: str, source_root: Path) -> None:
+    """A check that could not read its bytes (a source shard, or the file just written) says so:
+    the conversion is not at fault, and --resume checks the file again."""
+    read = next((f for f in failures if f.check == "read"), None)
+    if read is None:
+        return
+    if str(source_root) in read.found:  # the reader's message names the file it could not read
+        raise SourceError(
+            f"{read.line()}{more}; not uploaded: a source shard it was made from could not be read to check it "
+            "against; check the source and the disk, then rerun the same command with --resume"
+        )
+    raise OutputError(
+        f"{read.line()}{more}; not uploaded: the file just written could not be read back to check it; check "
+        "the disk, then rerun the same command with --resume (the file is written again)"
+    )
 
 
 def _remove_empty_dirs(root: Path) -> None:
