@@ -358,6 +358,40 @@ def test_an_upload_cut_or_stalled_past_the_retries_is_one_line_and_resumable(
     assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
 
 
+def test_resume_with_a_budget_too_small_for_what_is_left_is_refused_naming_the_minimum(
+    hub, eight, tmp_path, monkeypatch
+):
+    """Files left on disk unchecked hold their room until checked, and each check needs its job's
+    source shards again: a --resume whose --max-disk cannot hold both is refused before any byte,
+    naming the smallest that works (it waited forever)."""
+    from mla_convert.errors import ConvertError as Stopped
+    from mla_convert.publish import hub_to_hub
+
+    hub.add_repo(SOURCE, eight)
+    out = tmp_path / "out"
+    checked = hub_to_hub._check
+
+    def stopped(*args):  # the converter goes on meanwhile: jobs converted, not checked
+        time.sleep(1.5)
+        raise Stopped("stopped for the test")
+
+    monkeypatch.setattr(hub_to_hub, "_check", stopped)
+    with pytest.raises(Stopped, match="stopped for the test"):
+        upload_to(SOURCE, out)
+    monkeypatch.setattr(hub_to_hub, "_check", checked)
+    plan = upload_to(SOURCE, out, dry_run=True, resume=True)
+    assert plan.disk_budget_min > upload_to(SOURCE, tmp_path / "fresh", dry_run=True).disk_budget_min
+    hub.reset_requests()
+    with pytest.raises(ConvertError, match=r"--max-disk .* too small to resume .* give --max-disk \d+MB") as e:
+        upload_to(SOURCE, out, resume=True, max_disk=plan.disk_budget_min - 1)
+    assert f"{-(-plan.disk_budget_min // 10**6)}MB" in str(e.value)
+    shards = [r for r in hub.requests if r.kind == "resolve" and r.filename.endswith(".safetensors") and not r.range]
+    assert hub.count(method="PUT") == 0 and not shards  # no byte up or down
+    result = upload_to(SOURCE, out, resume=True, max_disk=plan.disk_budget_min)
+    assert result.status == "complete" and result.disk_peak <= plan.disk_budget_min
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
 def test_the_command_line_prints_the_budget_and_what_went_up(hub, eight, tmp_path):
     from typer.testing import CliRunner
 

@@ -94,6 +94,7 @@ def http_error_line(e) -> str:
 
 RETRY_WAITS = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before each new try of a request that failed transiently
 TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
+WAIT_POLL = 0.2  # seconds: how often a wait for a job's shards looks for a failure elsewhere
 
 
 def transient(e: BaseException | None) -> float | None:
@@ -462,11 +463,19 @@ class ShardStreamer:
                 ev.set()
 
     def wait_for(self, job: str, timeout: float | None = None) -> bool:
-        """True once `job`'s shards are on disk (False on timeout); a download error is raised here."""
-        ready = self.ready[job].wait(timeout)
-        if self.error is not None:
-            raise self.error
-        return ready
+        """True once `job`'s shards are on disk (False on timeout); a download error is raised here,
+        and so is the error the budget was closed with (a later stage failed: the window that lets
+        the download go on may never move again)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_POLL if end is None else min(WAIT_POLL, max(0.0, end - time.monotonic()))
+            ready = self.ready[job].wait(left)
+            if self.error is not None:
+                raise self.error
+            if ready or (end is not None and time.monotonic() >= end):
+                return ready
+            if self.budget is not None:
+                self.budget.check()
 
     def release(self, job: str, files: list[str]) -> None:
         """`job` is durably written (and checked, where it is): delete the shards nothing pending
