@@ -392,6 +392,23 @@ def test_resume_with_a_budget_too_small_for_what_is_left_is_refused_naming_the_m
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
 
 
+def test_verify_of_the_out_dir_left_by_an_upload_points_to_the_repo(hub, eight, tmp_path):
+    """--out keeps the manifest and the journal only: `verify DIR` says where the files went and the
+    command that checks them there (exit 2), rather than a failure for every file not here."""
+    from typer.testing import CliRunner
+
+    from mla_convert.cli.app import app
+
+    out = tmp_path / "out"
+    convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True, revision="v1"))
+    r = CliRunner().invoke(app, ["verify", str(out)])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and not r.stdout.strip(), r.stderr + r.stdout
+    assert f"to {REPO} and deleted them here" in lines[0] and f"mla-convert verify {REPO} --revision v1" in lines[0]
+    published = CliRunner().invoke(app, ["verify", REPO, "--revision", "v1"])
+    assert published.exit_code == 0, published.stdout + published.stderr
+
+
 def test_the_command_line_prints_the_budget_and_what_went_up(hub, eight, tmp_path):
     from typer.testing import CliRunner
 
