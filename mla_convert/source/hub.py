@@ -301,14 +301,16 @@ def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
 
 
 def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
-    """Download `filename` to download_name(dest), hashing each block as it arrives: its (size,
-    sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
+    """Download `filename` to download_name(dest), hashing each block as it arrives (source.hub_body
+    where it can: one buffer, one write per fill): its (size, sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
     there, by a range request, after a wait (`retrying`); an earlier run's partial download too
     (its bytes hashed first), unless `fresh`."""
     import hashlib
 
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from mla_convert.source import hub_body
 
     url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
     headers = build_hf_headers()
@@ -326,6 +328,15 @@ def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int
             if wanted is not None and start >= wanted:
                 return
             ranged = {"range": f"bytes={start}-"} if start else {}
+            lean = hub_body.plain_get(url, {**headers, **ranged}, constants.HF_HUB_DOWNLOAD_TIMEOUT)
+            if lean is not None:
+                with lean:
+                    if start and lean.status != 206:  # the range was not taken: from the start
+                        f.seek(0)
+                        f.truncate()
+                        state["sha256"] = hashlib.sha256()
+                    hub_body.receive(lean, state["sha256"], f)
+                return
             with get_session().stream(
                 "GET", url, headers={**headers, **ranged}, follow_redirects=True,
                 timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
