@@ -58,13 +58,15 @@ def check_job_files(plan: Plan, out_dir: Path, files: JobFiles) -> list[Failure]
 
 
 def check_not_sent_away(root: Path, manifest: dict) -> None:
-    """`verify DIR` of a --out whose files `convert --upload` sent to the Hub and deleted here (the
-    journal records where): one VerificationError line naming the command that checks them there,
-    rather than every check of a file that is not here failing."""
+    """`verify DIR` of a --out whose files `convert --upload` sent to the Hub and deleted here, every
+    one (the journal records where; the manifest and the journal remain): one VerificationError line
+    naming the command that checks them there, rather than every check of a file that is not here
+    failing. Where some are still here, verify checks those (integrity counts the rest as sent)."""
     records = Journal(root).files()
-    gone = [rel for rel in manifest.get("files") or {} if not (root / rel).exists()]
+    listed = list(manifest.get("files") or {})
+    gone = [rel for rel in listed if not (root / rel).exists()]
     sent = [records[rel] for rel in gone if rel in records and records[rel].on_hub]
-    if not gone or len(sent) < len(gone):
+    if not listed or len(sent) < len(listed):
         return
     repo, revision = sent[0].repo, sent[0].revision
     command = f"mla-convert verify {repo}" + (f" --revision {revision}" if revision and revision != "main" else "")
