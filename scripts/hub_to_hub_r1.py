@@ -21,7 +21,7 @@ Measured, for the tool (its process and every process under it): wall time; CPU 
 user + system, of everything it waited for) per GB of source; peak RSS (the sum over its process
 tree, sampled, and the largest single process, from wait4); peak local disk (the allocated blocks
 of a directory holding the output and the Hub cache, sampled every --sample seconds); each stage's
-busy time where its --json reports one (`stages`). For the fake Hub: its own CPU seconds (wait4 of
+busy seconds, as its --json reports them (`stage_seconds`), and the wall time over the busiest. For the fake Hub: its own CPU seconds (wait4 of
 its process; its download and upload roles from GET /_fake/state). Checked: the sink's final tree
 (path, size, sha256) equals the conversion manifest's files and the manifest, each file was
 received once (bytes received = its size), and config.json came in the last commit.
@@ -335,13 +335,14 @@ def summarize(report: dict, wall: float, args) -> dict:
     cpu = sum(r["cpu_s"] for r in runs)
     stages = {}
     for r in runs:
-        if isinstance(r["result"], dict) and isinstance(r["result"].get("stages"), dict):
-            stages = r["result"]["stages"]
+        if isinstance(r["result"], dict) and isinstance(r["result"].get("stage_seconds"), dict):
+            stages = r["result"]["stage_seconds"]
     out = {
         "command": "pipeline (convert --upload)" if args.has_upload else "two steps (convert --stream, then upload)",
         "wall_s": round(wall, 1), "tool_cpu_s": round(cpu, 1), "tool_cpu_s_per_gb": round(cpu / gb, 3),
         "peak_disk": max(r["peak_disk"] for r in runs), "peak_rss_tree": max(r["peak_rss_tree"] for r in runs),
-        "peak_rss_largest": max(r["peak_rss_largest"] for r in runs), "stage_busy_s": stages,
+        "peak_rss_largest": max(r["peak_rss_largest"] for r in runs), "stage_seconds": stages,
+        "wall_over_busiest_stage": round(wall / max(stages.values()), 2) if stages and max(stages.values()) else None,
         "hub_cpu_s": report["hub"]["cpu_s"], "hub_cpu_s_per_gb": round(report["hub"]["cpu_s"] / gb, 3),
         "projected_full_wall_s": round(wall * FULL_SOURCE_BYTES / args.source_bytes),
         "projected_full_tool_cpu_s": round(cpu * FULL_SOURCE_BYTES / args.source_bytes),
@@ -364,7 +365,8 @@ def summary_text(r: dict) -> str:
         f"(download {r['hub_state_cpu'].get('download', 0):.1f}, upload {r['hub_state_cpu'].get('upload', 0):.1f})",
         f"peak disk {r['peak_disk'] / 1e9:.2f} GB; peak RSS {r['peak_rss_tree'] / 1e6:,.0f} MB (process tree), "
         f"{r['peak_rss_largest'] / 1e6:,.0f} MB (largest process)",
-        f"stages busy: {json.dumps(r['stage_busy_s']) if r['stage_busy_s'] else 'not reported by the tool'}",
+        f"stages busy (s): {json.dumps(r['stage_seconds']) if r['stage_seconds'] else 'not reported by the tool'}"
+        + (f"; wall / busiest stage {r['wall_over_busiest_stage']}" if r["wall_over_busiest_stage"] else ""),
         f"sink tree: {t['files']} files, {t['bytes'] / 1e9:.2f} GB; equal to the manifest: {t['equal_to_manifest']}; "
         f"received more than once: {t['received_more_than_once'] or 'none'}; commits {t['commits']}, config.json only "
         f"in the last: {t['config_only_in_last_commit']}",

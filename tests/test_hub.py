@@ -237,3 +237,28 @@ def test_a_hub_http_error_is_one_line_with_the_server_message_and_request_id(hub
     assert "\n" not in message and "500" in message and "Injected failure 500" in message
     assert re.search(r"[Rr]equest [Ii][Dd]:? fake-\d+", message), message
     assert isinstance(err.value.__cause__, HfHubHTTPError)
+
+
+def test_a_streamed_shard_is_read_lean_unless_the_user_set_up_the_session(
+    hub, tiny_src, converted, tmp_path, monkeypatch, conversion_hashes
+):
+    """--stream reads each shard's body through source.hub_body (one reused buffer, one write per
+    fill); a session the user set up for huggingface_hub (proxies, certificates) is used instead."""
+    import httpx2
+    from huggingface_hub.utils import _http, set_client_factory
+
+    from mla_convert.source import hub_body
+
+    lean = []
+    receive = hub_body.receive
+    monkeypatch.setattr(hub_body, "receive", lambda r, h, f: (lean.append(r.url), receive(r, h, f)))
+    convert(REPO, tmp_path / "lean", Options(), stream=True)
+    assert conversion_hashes(tmp_path / "lean") == conversion_hashes(converted["channel-fp8"])
+    assert len(lean) == len(shards(tiny_src))
+    lean.clear()
+    set_client_factory(lambda: httpx2.Client(follow_redirects=True, timeout=None))  # the user's own
+    try:
+        convert(REPO, tmp_path / "theirs", Options(), stream=True)
+    finally:
+        set_client_factory(_http.default_client_factory)
+    assert conversion_hashes(tmp_path / "theirs") == conversion_hashes(converted["channel-fp8"]) and lean == []

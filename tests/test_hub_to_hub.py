@@ -303,6 +303,112 @@ def test_an_upload_refused_is_one_line_and_resumable(hub, eight, tmp_path, quick
     assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
 
 
+@pytest.fixture
+def quick_timeout(monkeypatch):
+    """A request to the Hub that gets no byte for 1 s fails (transiently) rather than after minutes:
+    the client has no setting of its own for an upload's timeout; the tool's is a module constant."""
+    from mla_convert.publish import remote
+
+    monkeypatch.setattr(remote, "HUB_TIMEOUT", 1.0)
+
+
+@pytest.mark.parametrize("fault", ["cut mid-body", "preupload stalls", "commit stalls", "commit cut"])
+def test_an_upload_cut_or_stalled_once_is_tried_again(hub, eight, tmp_path, quick_retries, quick_timeout, fault):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    if fault == "cut mid-body":
+        hub.cut_upload("lfs-upload", times=2)  # half a shard's body, then the connection closed
+    elif fault == "preupload stalls":
+        hub.stall_upload("preupload")  # no answer until the server stops
+    elif fault == "commit stalls":
+        hub.stall_upload("commit")
+    else:
+        hub.cut_upload("commit")
+    result = upload_to(eight, tmp_path / "out")
+    assert result.status == "complete"
+    assert any(r.status == -1 for r in hub.requests) or "stalls" in fault  # the fault happened
+    commits = [c for c in hub.commits if c.repo_id == REPO and c.summary != "initial commit"]
+    added = [p for c in commits for p in c.added]
+    assert len(commits) == len(result.commits) and len(added) == len(set(added))  # each file committed once
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["commit cut", "commit stalls"])
+def test_an_upload_cut_or_stalled_past_the_retries_is_one_line_and_resumable(
+    hub, eight, tmp_path, quick_retries, quick_timeout, kind
+):
+    from huggingface_hub import HfApi
+
+    HfApi().create_repo(REPO)
+    out = tmp_path / "out"
+    budget = upload_to(eight, out, dry_run=True).disk_budget_min  # a commit after each job
+    if kind == "commit cut":
+        hub.cut_upload("commit", times=100)
+    else:
+        hub.stall_upload("commit", times=100)
+    line = one_line_exit_2(["convert", eight, "--out", out, "--upload", REPO, "--max-disk", budget, "--quiet"])
+    assert "cannot reach the Hub" in line and "--resume" in line, line
+    assert "config.json" not in hub.tree(REPO)
+    hub.clear_faults()
+    hub.release_stalls()
+    result = upload_to(eight, out, resume=True, max_disk=budget)
+    assert result.status == "complete" and result.disk_peak <= budget
+    assert len(puts(hub)) == len(set(puts(hub)))  # the preuploaded bytes not sent again
+    assert_plain_convert_and_upload_give_the_same_tree(hub, eight, tmp_path)
+
+
+def test_resume_with_a_budget_too_small_for_what_is_left_is_refused_naming_the_minimum(
+    hub, eight, tmp_path, monkeypatch
+):
+    """Files left on disk unchecked hold their room until checked, and each check needs its job's
+    source shards again: a --resume whose --max-disk cannot hold both is refused before any byte,
+    naming the smallest that works (it waited forever)."""
+    from mla_convert.errors import ConvertError as Stopped
+    from mla_convert.publish import hub_to_hub
+
+    hub.add_repo(SOURCE, eight)
+    out = tmp_path / "out"
+    checked = hub_to_hub._check
+
+    def stopped(*args):  # the converter goes on meanwhile: jobs converted, not checked
+        time.sleep(1.5)
+        raise Stopped("stopped for the test")
+
+    monkeypatch.setattr(hub_to_hub, "_check", stopped)
+    with pytest.raises(Stopped, match="stopped for the test"):
+        upload_to(SOURCE, out)
+    monkeypatch.setattr(hub_to_hub, "_check", checked)
+    plan = upload_to(SOURCE, out, dry_run=True, resume=True)
+    assert plan.disk_budget_min > upload_to(SOURCE, tmp_path / "fresh", dry_run=True).disk_budget_min
+    hub.reset_requests()
+    with pytest.raises(ConvertError, match=r"--max-disk .* too small to resume .* give --max-disk \d+MB") as e:
+        upload_to(SOURCE, out, resume=True, max_disk=plan.disk_budget_min - 1)
+    assert f"{-(-plan.disk_budget_min // 10**6)}MB" in str(e.value)
+    shards = [r for r in hub.requests if r.kind == "resolve" and r.filename.endswith(".safetensors") and not r.range]
+    assert hub.count(method="PUT") == 0 and not shards  # no byte up or down
+    result = upload_to(SOURCE, out, resume=True, max_disk=plan.disk_budget_min)
+    assert result.status == "complete" and result.disk_peak <= plan.disk_budget_min
+    assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+def test_verify_of_the_out_dir_left_by_an_upload_points_to_the_repo(hub, eight, tmp_path):
+    """--out keeps the manifest and the journal only: `verify DIR` says where the files went and the
+    command that checks them there (exit 2), rather than a failure for every file not here."""
+    from typer.testing import CliRunner
+
+    from mla_convert.cli.app import app
+
+    out = tmp_path / "out"
+    convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True, revision="v1"))
+    r = CliRunner().invoke(app, ["verify", str(out)])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and not r.stdout.strip(), r.stderr + r.stdout
+    assert f"to {REPO} and deleted them here" in lines[0] and f"mla-convert verify {REPO} --revision v1" in lines[0]
+    published = CliRunner().invoke(app, ["verify", REPO, "--revision", "v1"])
+    assert published.exit_code == 0, published.stdout + published.stderr
+
+
 def test_the_command_line_prints_the_budget_and_what_went_up(hub, eight, tmp_path):
     from typer.testing import CliRunner
 
@@ -337,6 +443,26 @@ def test_a_slow_check_still_has_its_source_shards_when_the_conversion_is_done(hu
     result = upload_to(SOURCE, tmp_path / "out")
     assert result.checked_files == 12 and result.stage_seconds["check"] >= 8 * 0.5
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
+
+
+def test_a_source_shard_that_cannot_be_read_for_the_check_says_so(hub, tmp_path, monkeypatch):
+    """The per-file check reads the source again: a shard cut short meanwhile is a read failure of
+    the source (one line, exit 2), not a file the conversion wrote wrong."""
+    from mla_convert.publish import hub_to_hub
+
+    src = write_checkpoint(tmp_path / "src", CheckpointSpec(num_shards=8))
+    checked = hub_to_hub._check
+
+    def shard_cut_short(plan, out_dir, files):
+        if any(rel == SHARD3 for rel, _, _ in files):
+            os.truncate(src / SHARD3, 100_000)  # its header whole, its tensors not
+        return checked(plan, out_dir, files)
+
+    monkeypatch.setattr(hub_to_hub, "_check", shard_cut_short)
+    line = one_line_exit_2(["convert", src, "--out", tmp_path / "out", "--upload", REPO, "--create", "--quiet"])
+    assert f"{src / SHARD3}: tensor" in line and "a source shard it was made from could not be read" in line, line
+    assert "verify rejects" not in line and "--resume" in line
+    assert "config.json" not in hub.tree(REPO)
 
 
 # --- what upload refuses before the first byte, refused here too ------------------------------------

@@ -75,5 +75,7 @@ def test_hub_to_hub_at_a_tiny_scale(tmp_path):
     assert report["tool_cpu_s"] > 0 and report["hub_cpu_s"] > 0 and report["peak_disk"] > 0
     assert report["peak_rss_tree"] >= report["peak_rss_largest"] / 2 > 0
     assert "equal to the manifest: True" in out.stdout
+    assert set(report["stage_seconds"]) == {"download", "convert", "check", "upload"}  # the tool's --json
+    assert report["wall_over_busiest_stage"] >= 1 and "wall / busiest stage" in out.stdout
     assert not (tmp_path / "run").exists()  # the run's output and cache deleted; the source kept
     assert (tmp_path / "source-tiny.json").exists()

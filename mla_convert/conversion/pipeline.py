@@ -187,6 +187,7 @@ class _Conversion:
             plan.job_outputs(), plan.writes(),
         )  # fmt: skip
         self.state = preflight.inspect_output(conversion, self.out_dir, s, self.sink.held)
+        self.record(**self.sink.resumed(self.state.kept))
         budget = self.sink.budget.limit if self.sink.budget is not None else None
         self.record(
             **preflight.space(

@@ -8,6 +8,8 @@ plain conversion has none):
 - `planned(plan, repo, origin)`, after the plan, before anything is written: every refusal of the
   upload (the Hub, the budget); returns the result's fields (a dry run stops after them);
 - `held`: what the Hub's branch holds, for --resume (output.journal.resumable_jobs);
+- `resumed(kept)`, once the preflight knows the kept jobs: a refusal of what they leave too
+  little room for; the result's fields;
 - `to_check(kept)`: which kept jobs need their source shards again;
 - `started(run, sources)`, once --out is ready: the jobs, the journal, the source shards
   (`Sources`: the sink releases a job's once it no longer needs them); its threads start;
@@ -61,6 +63,9 @@ class Sink:
         return None
 
     def planned(self, plan: Plan, repo, origin) -> dict:
+        return {}
+
+    def resumed(self, kept: dict[str, JobFiles]) -> dict:
         return {}
 
     def to_check(self, kept: dict[str, JobFiles]) -> list[str]:

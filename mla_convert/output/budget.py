@@ -67,6 +67,11 @@ class DiskBudget:
         with self._cond:
             return self._cond.wait_for(lambda: self.waiting > 0 or self._error is not None, timeout) and not self._error
 
+    def check(self) -> None:
+        """Raise the error the budget was closed with, if it was."""
+        if self._error is not None:
+            raise self._error
+
     def close(self, error: BaseException) -> None:
         """Every waiter, now and later, raises `error`."""
         with self._cond:

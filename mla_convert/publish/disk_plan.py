@@ -77,6 +77,40 @@ def disk_plan(plan: Plan, shard_sizes: dict[str, int] | None, jobs: list[str] | 
     return DiskPlan(staged + max(minimum, last), everything, last, staged)
 
 
+def resume_minimum(
+    plan: Plan,
+    shard_sizes: dict[str, int] | None,
+    needed: DiskPlan,
+    unchecked: dict[str, int],
+    todo: list[str],
+    leftovers: set[str],
+) -> int:
+    """The smallest budget a --resume works in, one job at a time: the files the earlier run left
+    unchecked (`unchecked`: job -> bytes, in the order they are checked again) hold their room until
+    checked and committed, each check needs its job's source shards again, the shards an earlier run
+    left in the staging directory (`leftovers`) hold theirs until used, and the jobs still to
+    convert (`todo`) follow as in a fresh run (at least `needed.minimum`, the budget that run needs)."""
+    by_file = {job.file: job for job in plan.shards}
+    sizes = file_sizes(plan)
+    outputs = plan.job_outputs()
+    jobs = [*unchecked, *todo]
+    inputs = {j: set(plan.inputs_of(by_file[j]).values()) if shard_sizes is not None else set() for j in jobs}
+    last_user = {f: k for k, j in enumerate(jobs) for f in inputs[j]}
+    on_disk = {f for f in leftovers if f in last_user}
+    used = needed.staged + sum(unchecked.values()) + sum(shard_sizes[f] for f in on_disk)
+    minimum = used
+    for k, j in enumerate(jobs):
+        out = unchecked[j] if j in unchecked else sum(sizes[rel] for rel in outputs[j])
+        new = inputs[j] - on_disk
+        used += sum(shard_sizes[f] for f in new) + (0 if j in unchecked else out)
+        minimum = max(minimum, used)
+        on_disk |= new
+        done = {f for f in on_disk if last_user[f] <= k}
+        used -= out + sum(shard_sizes[f] for f in done)
+        on_disk -= done
+    return max(minimum, needed.minimum)
+
+
 def _small_files(plan: Plan) -> int:
     """A bound on the bytes of the config, the index, the card and the two manifests."""
     names = sum(len(t.name) + len(job.file) + 16 for job in plan.shards for t in job.tensors)

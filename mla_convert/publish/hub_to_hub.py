@@ -38,11 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CARD_NAME, GITATTRIBUTES_NAME, LEFT_RUNNING_THREAD_PREFIX, MANIFEST_NAME
+from mla_convert.constants import (
+    CARD_NAME,
+    GITATTRIBUTES_NAME,
+    LEFT_RUNNING_THREAD_PREFIX,
+    MANIFEST_NAME,
+    STAGING_DIR_NAME,
+)
 from mla_convert.conversion.finalize import card_facts
 from mla_convert.conversion.sink import Run, Sink
 from mla_convert.conversion.stages import CHECK, UPLOAD, StageClock
-from mla_convert.errors import ConvertError, OutputError, UploadError
+from mla_convert.errors import ConvertError, OutputError, SourceError, UploadError
 from mla_convert.output.card import build_card, read_source_card, render_card, with_source_card
 from mla_convert.output.card_facts import SourceRef
 from mla_convert.output.journal import CHECKED, COMMITTED, SENT, Held, JobFiles, Journal, known_files
@@ -51,7 +57,14 @@ from mla_convert.plan.planner import Plan
 from mla_convert.process.interrupts import crash_point
 from mla_convert.publish import remote as R
 from mla_convert.publish.contents import git_blob_sha1
-from mla_convert.publish.disk_plan import DiskPlan, default_budget, disk_plan, file_sizes, parse_size
+from mla_convert.publish.disk_plan import (
+    DiskPlan,
+    default_budget,
+    disk_plan,
+    file_sizes,
+    parse_size,
+    resume_minimum,
+)
 from mla_convert.publish.upload import hub_state
 from mla_convert.results import ConversionResult
 from mla_convert.settings import MessageFn, Options, RunSettings, UploadOptions
@@ -111,6 +124,7 @@ class HubSink(Sink):
         self.plan: Plan | None = None
         self.needed: DiskPlan | None = None
         self.sizes: dict[str, int] = {}
+        self.shard_sizes: dict[str, int] | None = None  # a Hub source's shards (None: a local source)
         self._held: dict[str, R.RemoteFile] = {}
         self.missing: tuple[str, ...] = ()  # what --create makes
         self.deletions: tuple[str, ...] = ()  # another model's files the last commit deletes (--overwrite)
@@ -140,6 +154,7 @@ class HubSink(Sink):
         shard_sizes = None
         if repo is not None:
             shard_sizes = {f: repo.files[f].size or 0 for f in set(plan.source.weight_map.values())}
+        self.shard_sizes = shard_sizes
         self.needed, self.sizes = disk_plan(plan, shard_sizes), file_sizes(plan)
         limit = self.t.max_disk if self.t.max_disk is not None else default_budget(self.needed, self.out_dir)
         if limit < self.needed.minimum:
@@ -227,31 +242,66 @@ class HubSink(Sink):
 
     # --- the run ----------------------------------------------------------------------------------
 
+    def _sort_kept(self, kept: dict[str, JobFiles], lifecycle: dict) -> tuple[dict, dict, list[str]]:
+        """The kept jobs' files on the branch and on disk (by job), and the jobs whose files on disk
+        the journal does not record as checked (their source shards are needed again)."""
+        on_branch, local, recheck = {}, {}, []
+        for job, files in kept.items():
+            on_branch[job] = [f for f in files if self.held.get(f[0]) == (f[1], f[2])]
+            local[job] = [f for f in files if self.held.get(f[0]) != (f[1], f[2])]
+            if local[job] and not all(
+                lifecycle.get(rel) and lifecycle[rel].reached(CHECKED) for rel, _, _ in local[job]
+            ):
+                recheck.append(job)
+        return on_branch, local, recheck
+
+    def resumed(self, kept: dict[str, JobFiles]) -> dict:
+        """--resume: the budget against what the earlier run left. Its files on disk hold their room
+        until committed, the unchecked ones until checked, and each check needs its job's source
+        shards again: a budget that cannot hold them is refused now, naming the smallest that
+        works (the default grows to it). The result's fields."""
+        if not self.resume:
+            return {}
+        _, local, recheck = self._sort_kept(kept, Journal(self.out_dir).files())
+        unchecked = {job: sum(size for _, size, _ in local[job]) for job in recheck}
+        todo = [job.file for job in self.plan.shards if job.file not in kept]
+        minimum = resume_minimum(self.plan, self.shard_sizes, self.needed, unchecked, todo, _leftovers(self.out_dir))
+        limit = self.budget.limit if self.t.max_disk is not None else max(self.budget.limit, minimum)
+        if limit < minimum:
+            raise OutputError(
+                f"--max-disk {gb(limit)} is too small to resume this run: the files it left in {self.out_dir} "
+                f"unchecked ({gb(sum(unchecked.values()))}), the source shards to check them against and those "
+                "it downloaded ahead need at least "
+                f"{gb(minimum)} on disk at once; give --max-disk {-(-minimum // 10**6)}MB or more"
+            )
+        self.budget.limit = limit
+        return {
+            "disk_budget": limit,
+            "disk_budget_min": minimum,
+            "disk_peak_planned": min(limit, self.needed.everything),
+        }
+
     def to_check(self, kept: dict[str, JobFiles]) -> list[str]:
         """Sort the kept jobs' files: on the branch (journaled as committed, their local copies
         deleted), or on disk (their room counted; checked again where the journal does not say
         they were). Returns the jobs to check, whose source shards are needed again."""
         journal = Journal(self.out_dir)
         lifecycle = journal.files()
+        on_branch, local, self.recheck = self._sort_kept(kept, lifecycle)
         head = None
-        for job, files in kept.items():
-            local = []
-            for rel, size, sha in files:
-                if self.held.get(rel) == (size, sha):
-                    record = lifecycle.get(rel)
-                    if record is None or not record.on_hub:
-                        head = head or self.remote.head()
-                        journal.advance([rel], COMMITTED, repo=self.t.repo_id, revision=self.t.revision, commit=head)
-                    (self.out_dir / rel).unlink(missing_ok=True)
-                    self.counts["skipped_files"] += 1
-                    self.counts["skipped_bytes"] += size
-                else:
-                    local.append((rel, size, sha))
-                    self.budget.force(size)
-            if local:
-                self.kept_local[job] = local
-                if not all(lifecycle.get(rel) and lifecycle[rel].reached(CHECKED) for rel, _, _ in local):
-                    self.recheck.append(job)
+        for job in kept:
+            for rel, size, _ in on_branch[job]:
+                record = lifecycle.get(rel)
+                if record is None or not record.on_hub:
+                    head = head or self.remote.head()
+                    journal.advance([rel], COMMITTED, repo=self.t.repo_id, revision=self.t.revision, commit=head)
+                (self.out_dir / rel).unlink(missing_ok=True)
+                self.counts["skipped_files"] += 1
+                self.counts["skipped_bytes"] += size
+            for _, size, _ in local[job]:
+                self.budget.force(size)
+            if local[job]:
+                self.kept_local[job] = local[job]
         return list(self.recheck)
 
     def extra(self, job: str) -> int:
@@ -362,6 +412,7 @@ class HubSink(Sink):
                 failures = _check(self.plan, self.out_dir, files)
             if failures:
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+                _raise_read_failure(failures, more, self.plan.source.root)
                 raise CheckFailed(
                     f"{failures[0].line()}{more}; not uploaded: the conversion wrote a file verify rejects. Rerun "
                     "the same command with --resume (the file is written again); if it fails again, report it"
@@ -488,6 +539,33 @@ def _check(plan: Plan, out_dir: Path, files: JobFiles) -> list:
     from mla_convert.verification.written import check_job_files
 
     return check_job_files(plan, out_dir, files)
+
+
+def _leftovers(out_dir: Path) -> set[str]:
+    """The source shards an earlier --stream run left in its staging directory, whole or not."""
+    staging = out_dir / STAGING_DIR_NAME
+    found = set()
+    for path in [*staging.rglob("*.safetensors"), *staging.rglob(f".*{hub.DOWNLOAD_SUFFIX}")]:
+        name = path.name[1 : -len(hub.DOWNLOAD_SUFFIX)] if path.name.endswith(hub.DOWNLOAD_SUFFIX) else path.name
+        found.add(path.with_name(name).relative_to(staging).as_posix())
+    return found
+
+
+def _raise_read_failure(failures: list, more: str, source_root: Path) -> None:
+    """A check that could not read its bytes (a source shard, or the file just written) says so:
+    the conversion is not at fault, and --resume checks the file again."""
+    read = next((f for f in failures if f.check == "read"), None)
+    if read is None:
+        return
+    if str(source_root) in read.found:  # the reader's message names the file it could not read
+        raise SourceError(
+            f"{read.line()}{more}; not uploaded: a source shard it was made from could not be read to check it "
+            "against; check the source and the disk, then rerun the same command with --resume"
+        )
+    raise OutputError(
+        f"{read.line()}{more}; not uploaded: the file just written could not be read back to check it; check "
+        "the disk, then rerun the same command with --resume (the file is written again)"
+    )
 
 
 def _remove_empty_dirs(root: Path) -> None:

@@ -27,6 +27,9 @@ CREATE, READ, WRITE = "create", "read", "write"  # what a request was doing, for
 # Where the client asks for a Xet write token (hf_xet's error names the URL); a server without Xet
 # answers 404, and the client with hf_xet installed has no other way up (no LFS fallback).
 XET_TOKEN_PATH = "/xet-write-token/"
+# Seconds a request to the Hub may wait for the next byte either way before it fails (transiently:
+# tried again). huggingface_hub's shared session has none, and a stalled upload would wait forever.
+HUB_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class Remote:
         """The client's preupload of `ops` (CommitOperationAdd, each with its sha256 set: nothing is
         hashed again): an LFS file's bytes into the Hub's storage, not yet in a commit; a small file
         only told apart (its bytes go with the commit). Tried again while it fails transiently."""
+        bounded_session()
         with hub_errors(self.repo_id, WRITE):
             retrying(lambda: self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=self.revision))
 
@@ -133,6 +137,7 @@ class Remote:
         from huggingface_hub import CommitOperationDelete
 
         operations = [*ops, *(CommitOperationDelete(p) for p in deletions)]
+        bounded_session()
         with hub_errors(self.repo_id, WRITE):
             for wait in (*source_hub.RETRY_WAITS, None):
                 try:
@@ -161,6 +166,19 @@ class Remote:
                 delete_patterns=[exact_pattern(r) for r in deletions] or None,
             )  # fmt: skip
         return info.oid
+
+
+_bounded: dict[int, float] = {}  # id of a session this module gave its timeout -> that timeout
+
+
+def bounded_session() -> None:
+    """huggingface_hub's shared session given HUB_TIMEOUT, unless its factory set one of its own."""
+    from huggingface_hub.utils import get_session
+
+    session = get_session()
+    if session.timeout.read is None or _bounded.get(id(session)) == session.timeout.read:
+        session.timeout = HUB_TIMEOUT
+        _bounded[id(session)] = HUB_TIMEOUT
 
 
 @contextlib.contextmanager

@@ -94,6 +94,7 @@ def http_error_line(e) -> str:
 
 RETRY_WAITS = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before each new try of a request that failed transiently
 TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
+WAIT_POLL = 0.2  # seconds: how often a wait for a job's shards looks for a failure elsewhere
 
 
 def transient(e: BaseException | None) -> float | None:
@@ -300,14 +301,16 @@ def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
 
 
 def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
-    """Download `filename` to download_name(dest), hashing each block as it arrives: its (size,
-    sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
+    """Download `filename` to download_name(dest), hashing each block as it arrives (source.hub_body
+    where it can: one buffer, one write per fill): its (size, sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
     there, by a range request, after a wait (`retrying`); an earlier run's partial download too
     (its bytes hashed first), unless `fresh`."""
     import hashlib
 
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from mla_convert.source import hub_body
 
     url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
     headers = build_hf_headers()
@@ -325,6 +328,15 @@ def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int
             if wanted is not None and start >= wanted:
                 return
             ranged = {"range": f"bytes={start}-"} if start else {}
+            lean = hub_body.plain_get(url, {**headers, **ranged}, constants.HF_HUB_DOWNLOAD_TIMEOUT)
+            if lean is not None:
+                with lean:
+                    if start and lean.status != 206:  # the range was not taken: from the start
+                        f.seek(0)
+                        f.truncate()
+                        state["sha256"] = hashlib.sha256()
+                    hub_body.receive(lean, state["sha256"], f)
+                return
             with get_session().stream(
                 "GET", url, headers={**headers, **ranged}, follow_redirects=True,
                 timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
@@ -462,11 +474,19 @@ class ShardStreamer:
                 ev.set()
 
     def wait_for(self, job: str, timeout: float | None = None) -> bool:
-        """True once `job`'s shards are on disk (False on timeout); a download error is raised here."""
-        ready = self.ready[job].wait(timeout)
-        if self.error is not None:
-            raise self.error
-        return ready
+        """True once `job`'s shards are on disk (False on timeout); a download error is raised here,
+        and so is the error the budget was closed with (a later stage failed: the window that lets
+        the download go on may never move again)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_POLL if end is None else min(WAIT_POLL, max(0.0, end - time.monotonic()))
+            ready = self.ready[job].wait(left)
+            if self.error is not None:
+                raise self.error
+            if ready or (end is not None and time.monotonic() >= end):
+                return ready
+            if self.budget is not None:
+                self.budget.check()
 
     def release(self, job: str, files: list[str]) -> None:
         """`job` is durably written (and checked, where it is): delete the shards nothing pending

@@ -45,6 +45,7 @@ from mla_convert.verification.report import MLA, SOURCE, VALUES, Tally, as_repor
 from mla_convert.verification.runners import run_files
 from mla_convert.verification.structure import check_structure
 from mla_convert.verification.tasks import FileResult, FileTask, file_tasks
+from mla_convert.verification.written import check_not_sent_away
 
 
 def verify(
@@ -96,6 +97,7 @@ def _verify(
     if workers < 1:
         raise VerificationError(f"--workers {workers}: must be at least 1")
     manifest = _read_conversion_manifest(root)
+    check_not_sent_away(root, manifest)
     options = _recorded_options(root, manifest)
     src = _open_source(source) if source is not None else None
     fingerprint = str(manifest.get("source_fingerprint"))

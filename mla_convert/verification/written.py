@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mla_convert.errors import VerificationError
 from mla_convert.io.headers import read_header
+from mla_convert.output.journal import Journal
 from mla_convert.plan.planner import Plan, mla_file_rel
 from mla_convert.results import Failure
 from mla_convert.verification.data_pass import run_file_task
@@ -55,3 +57,23 @@ def check_job_files(plan: Plan, out_dir: Path, files: JobFiles) -> list[Failure]
         if result.size is None:
             failures.append(Failure("integrity", "missing-file", task.rel, expected="the file just written"))
     return failures
+
+
+def check_not_sent_away(root: Path, manifest: dict) -> None:
+    """`verify DIR` of a --out whose files `convert --upload` sent to the Hub and deleted here, every
+    one (the journal records where; the manifest and the journal remain): one VerificationError line
+    naming the command that checks them there, rather than every check of a file that is not here
+    failing. Where some are still here, verify checks those (integrity counts the rest as sent)."""
+    records = Journal(root).files()
+    listed = list(manifest.get("files") or {})
+    gone = [rel for rel in listed if not (root / rel).exists()]
+    sent = [records[rel] for rel in gone if rel in records and records[rel].on_hub]
+    if not listed or len(sent) < len(listed):
+        return
+    repo, revision = sent[0].repo, sent[0].revision
+    command = f"mla-convert verify {repo}" + (f" --revision {revision}" if revision and revision != "main" else "")
+    raise VerificationError(
+        f"{root}: `convert --upload` sent {len(sent)} of its {len(manifest['files'])} files to {repo} and deleted "
+        f"them here (the manifest and the journal remain); check them where they are: {command} (with --download "
+        "for every check of a local verify)"
+    )
