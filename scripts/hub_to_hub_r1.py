@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Hub to Hub at DeepSeek-R1's real size (issue 41): mla-convert streams an R1-shaped source from a
+"""Hub to Hub at DeepSeek-R1's real size: mla-convert streams an R1-shaped source from a
 local fake Hub to a repo of the same fake Hub whose sink keeps only each file's path, size and
 sha256, and this script measures it.
 
@@ -29,7 +29,7 @@ received once (bytes received = its size), and config.json came in the last comm
 --stages also runs each stage alone on the same source, first: the download (every shard fetched
 and its sha256 checked, then deleted, as --stream does), the conversion from the local (sparse)
 source, the upload of that output; then the ratio of the pipeline's wall time to the slowest
-stage's (issue 41's target: at most 1.3). Those need the whole output on disk: a scaled source.
+stage's (the target: at most 1.3). Those need the whole output on disk: a scaled source.
 
 Prints a summary and, from this run's rates, the projected time of the full-size run; --json
 writes every figure.
@@ -78,7 +78,7 @@ def tool_commands(has_upload: bool, out: Path, max_disk: str, extra: list[str]) 
 
 
 def tool_has_upload() -> bool:
-    """Whether this checkout's `convert` has --upload and --max-disk (issue 41's pipeline)."""
+    """Whether this checkout's `convert` has --upload and --max-disk."""
     out = subprocess.run([sys.executable, "-m", "mla_convert", "convert", "--help"], capture_output=True,
                          text=True, env=_env({}), timeout=120)  # fmt: skip
     return "--upload" in out.stdout and "--max-disk" in out.stdout

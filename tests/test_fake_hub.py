@@ -308,7 +308,7 @@ def test_standalone_context_manager_shuts_down(tiny_src):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
-# --- what issue 41 needs: sparse files served by sendfile, the sink, byte counters, upload faults ----
+# --- for Hub to Hub at the real size: sparse files served by sendfile, the sink, byte counters, upload faults ----
 
 
 TOKEN = "hf_fake_write_token"

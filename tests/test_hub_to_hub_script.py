@@ -1,4 +1,4 @@
-"""scripts/r1_sparse_source.py and scripts/hub_to_hub_r1.py, the proof of issue 41 at DeepSeek-R1's
+"""scripts/r1_sparse_source.py and scripts/hub_to_hub_r1.py, the Hub-to-Hub measurement at DeepSeek-R1's
 real size, exercised at a tiny scale: the sparse source is what its header and digests say, the
 real-size tensor set has R1's counts, and the whole Hub-to-Hub path runs and checks its sink."""
 
