@@ -104,7 +104,25 @@ def fake_hub(tmp_path, monkeypatch):
         try:
             yield hub
         finally:
+            hub.stop()  # its connections cut: what a failed run left running ends now
+            _join_left_running()
             huggingface_hub.close_session()
+
+
+def _join_left_running(deadline_s: float = 30.0) -> None:
+    """Wait for the threads a failed or interrupted run of this test left running (a download, a
+    check, an upload: their command does not wait for them; in a CLI process they end with it).
+    In the test process one would outlive its test, and huggingface_hub's retries reset the shared
+    session under the next test's requests."""
+    import threading
+    import time
+
+    from mla_convert.constants import LEFT_RUNNING_THREAD_PREFIX
+
+    end = time.monotonic() + deadline_s
+    for t in threading.enumerate():
+        if t.name.startswith(LEFT_RUNNING_THREAD_PREFIX) and t is not threading.current_thread():
+            t.join(timeout=max(0.0, end - time.monotonic()))
 
 
 def _standin_modules() -> list[str]:
