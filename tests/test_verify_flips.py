@@ -5,7 +5,6 @@ conversion manifest is the record the others are checked against, not itself has
 among them. Also: the checks that run on the bytes read (verification.native_pass) import no torch,
 and agree with the torch path on what a corruption of each kind of tensor fails."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import VerificationError
 from mla_convert.verification import readers as readers_mod
 from mla_convert.verification import verify
-from support.edits import fix_hash
+from support.edits import fix_hash, tensor_spans
 
 FP8, BF16 = "channel-fp8", "bf16"
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,17 +72,6 @@ def test_a_flipped_byte_in_any_file_fails_verify(converted, tmp_path, fmt):
     assert _exit_code(out) == 0
 
 
-def _tensor_spans(path: Path) -> dict[str, tuple[int, int, str]]:
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + n])
-    return {
-        name: (8 + n + t["data_offsets"][0], 8 + n + t["data_offsets"][1], t["dtype"])
-        for name, t in header.items()
-        if name != "__metadata__" and t["data_offsets"][1] > t["data_offsets"][0]
-    }
-
-
 def _report_of(path: Path, source, readers) -> tuple[int, set]:
     readers_mod.use(readers) if readers is not None else readers_mod.reset()
     report = verify(path, source=source)
@@ -98,7 +86,7 @@ def test_native_and_torch_paths_catch_the_same_flip_in_each_kind_of_tensor(conve
     for rel in _files(out):
         if not rel.endswith(".safetensors"):
             continue
-        for name, (begin, end, dtype) in _tensor_spans(out / rel).items():
+        for name, (begin, end, dtype) in tensor_spans(out / rel).items():
             kind = (dtype, name.rsplit(".", 1)[-1], rel.startswith("mla/"))
             size = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}.get(dtype)
             if kind not in seen and size:

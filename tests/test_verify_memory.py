@@ -17,7 +17,7 @@ import pytest
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.verification import data_pass, verify
 from mla_convert.verification import readers as readers_mod
-from support.edits import fix_hash
+from support.edits import fix_hash, tensor_spans
 
 FP8 = "channel-fp8"
 NAN = {1: b"\x7f", 2: b"\xc0\x7f", 4: b"\x00\x00\xc0\x7f"}  # e4m3fn, bf16, f32 (little-endian)
@@ -65,17 +65,6 @@ def _report(out: Path, source, monkeypatch, by_rows: bool) -> str:
     return json.dumps(report, indent=1, sort_keys=True)
 
 
-def _tensor_spans(path: Path) -> dict[str, tuple[int, int, str]]:
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + n])
-    return {
-        name: (8 + n + t["data_offsets"][0], 8 + n + t["data_offsets"][1], t["dtype"])
-        for name, t in header.items()
-        if name != "__metadata__" and t["data_offsets"][1] > t["data_offsets"][0]
-    }
-
-
 def test_a_clean_output_checked_by_rows_reports_the_same_and_holds_no_tensor_whole(converted, tiny_src, monkeypatch):
     for source in (None, tiny_src):
         whole = _report(converted[FP8], source, monkeypatch, by_rows=False)
@@ -101,7 +90,7 @@ def test_a_flipped_value_checked_by_rows_fails_as_when_read_whole(converted, tin
     src = tiny_src if source else None
     seen_kinds, cases = set(), []
     for path in sorted(out.rglob("*.safetensors")):
-        for name, (begin, end, dtype) in _tensor_spans(path).items():
+        for name, (begin, end, dtype) in tensor_spans(path).items():
             kind = (dtype, name.rsplit(".", 1)[-1], "mla" in path.parts)
             size = {"F8_E4M3": 1, "BF16": 2, "F32": 4}.get(dtype)
             if kind not in seen_kinds and size:

@@ -84,3 +84,15 @@ def fix_hash(root: Path, rel: str) -> None:
     man = json.loads(manifest.read_text())
     man["files"][rel] = entry
     manifest.write_text(json.dumps(man, indent=2))
+
+
+def tensor_spans(path: Path) -> dict[str, tuple[int, int, str]]:
+    """Each non-empty tensor of a safetensors file: its first and past-last byte in the file, and its dtype."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    return {
+        name: (8 + n + t["data_offsets"][0], 8 + n + t["data_offsets"][1], t["dtype"])
+        for name, t in header.items()
+        if name != "__metadata__" and t["data_offsets"][1] > t["data_offsets"][0]
+    }
