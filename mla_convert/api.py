@@ -102,7 +102,7 @@ def verify(
     a local verify (and `source`), the files downloaded in turn, at most `max_disk` bytes at once;
     `status` hears what runs now, `notice` what was downloaded.
     """
-    from mla_convert.verification.remote import is_repo_target
+    from mla_convert.settings import is_repo_target
 
     if is_repo_target(out_dir):
         from mla_convert.verification.remote import verify_repo

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mla_convert import formats
 from mla_convert.constants import KERNEL_MODES, WRITE_AUTO, WRITE_MODES
@@ -41,6 +42,12 @@ def is_repo_id(name) -> bool:
         and ".." not in name
         and not name.endswith((".git", "."))
     )
+
+
+def is_repo_target(target: str | Path) -> bool:
+    """Whether `target` names a Hub repo: an OWNER/NAME that is not a path here (an existing local
+    file or directory always wins, relative ones included)."""
+    return not Path(target).expanduser().exists() and is_repo_id(str(target))
 
 
 def refused(field: str, value, why: str, flag: str | None = None, flag_value: str | None = None) -> OptionError:

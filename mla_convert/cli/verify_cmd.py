@@ -12,9 +12,9 @@ from mla_convert.cli.errors import errors_to_exit, fail
 from mla_convert.cli.options import QuietOpt, RevisionOpt
 from mla_convert.cli.startup import start_heavy_process
 from mla_convert.io.read_ahead import read_ahead_in_background
+from mla_convert.settings import is_repo_target
 from mla_convert.units import parse_size
 from mla_convert.verification.order import default_workers, files_at_once, first_files
-from mla_convert.verification.remote import is_repo_target
 
 
 def verify(

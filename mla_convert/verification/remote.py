@@ -45,7 +45,7 @@ from pathlib import Path
 from mla_convert.constants import GITATTRIBUTES_NAME, LEFT_RUNNING_THREAD_PREFIX, MANIFEST_NAME
 from mla_convert.errors import ConvertError, SourceError, VerificationError
 from mla_convert.output.manifest import is_conversion_manifest
-from mla_convert.settings import MessageFn, Options, ProgressFactory, is_repo_id
+from mla_convert.settings import MessageFn, Options, ProgressFactory
 from mla_convert.source import hub
 from mla_convert.units import gb
 from mla_convert.verification.api import verify_with
@@ -85,12 +85,6 @@ class Branch:
 
     def git(self) -> list[str]:
         return sorted(p for p, f in self.files.items() if f.sha256 is None)
-
-
-def is_repo_target(target: str | Path) -> bool:
-    """Whether `target` names a Hub repo: an OWNER/NAME that is not a path here (an existing local
-    file or directory always wins, relative ones included)."""
-    return not Path(target).expanduser().exists() and is_repo_id(str(target))
 
 
 def verify_repo(
