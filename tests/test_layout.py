@@ -94,6 +94,19 @@ def test_importing_the_package_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
+def test_the_command_line_imports_no_command_s_machinery_before_it_runs():
+    """Loading the CLI (every command is registered at start-up) imports none of verify's checks,
+    the converter's pipeline or the Hub code: a command pays for its own, and verify's read-ahead
+    starts before them."""
+    code = (
+        "import sys, mla_convert.cli.app; "
+        "print(sorted(m for m in sys.modules if m.startswith(('mla_convert.verification.', "
+        "'mla_convert.conversion.', 'mla_convert.publish.', 'mla_convert.source.hub'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() in ("[]", "['mla_convert.verification.order']"), out.stdout
+
+
 def test_no_global_statement_in_the_product():
     # A run's state belongs to its owner (process.resources) and the plugin's to mla_runtime.serving;
     # a process setting is an attribute of one owning object, never a rebound module variable.
