@@ -814,6 +814,127 @@ void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, con
         amax_x[r] = _mm512_reduce_max_ps(ax), n_bad[r] = 0, first_bad[r] = -1;
     }
 }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+/* The AVX2 version of the vector pass above (8 lanes, no masks): the same decode through fp16 and
+ * the same fp32 operations per element; a block's last (j1 - j0) % 8 columns go through bound_step. */
+static inline void decode16_avx2(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i em = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(em, 7), _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    h = _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), _mm256_cmpeq_epi16(em, _mm256_set1_epi16(0x7F)));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+static inline __m256 decode8_f16c(const uint8_t *p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i em = _mm_and_si128(b, _mm_set1_epi16(0x7F));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(em, 7), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), _mm_cmpeq_epi16(em, _mm_set1_epi16(0x7F)));
+    return _mm256_cvtph_ps(h);
+}
+
+typedef struct {
+    __m256 dd, xx, yy, mabs, mratio, ax;
+    int bad;
+} bound8_acc;
+
+static inline void bound8(__m256 wx, __m256 qx, __m256 vsb, __m256 vrs, __m256 vrel, __m256 vfloor, bound8_acc *a) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 x = _mm256_mul_ps(wx, vsb), f = _mm256_mul_ps(qx, vrs);
+    const __m256 d = _mm256_sub_ps(f, x);
+    const __m256 adx = _mm256_and_ps(x, abs_mask), ad = _mm256_and_ps(d, abs_mask);
+    const __m256 ratio = _mm256_div_ps(ad, _mm256_add_ps(_mm256_mul_ps(adx, vrel), vfloor));
+    a->dd = _mm256_fmadd_ps(d, d, a->dd);
+    a->xx = _mm256_fmadd_ps(x, x, a->xx);
+    a->yy = _mm256_fmadd_ps(f, f, a->yy);
+    a->mabs = _mm256_max_ps(a->mabs, ad);
+    a->mratio = _mm256_max_ps(a->mratio, ratio);
+    a->ax = _mm256_max_ps(a->ax, adx);
+    a->bad |= _mm256_movemask_ps(_mm256_cmp_ps(ratio, _mm256_set1_ps(1.0f), _CMP_LE_OQ)) != 0xFF;
+}
+
+static inline __m256d widen_sum(__m256 v) {
+    return _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+static inline double hsum_pd(__m256d v) {
+    double t[4];
+    _mm256_storeu_pd(t, v);
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+static inline float hmax_ps(__m256 v) {
+    float t[8], m = 0.0f;
+    _mm256_storeu_ps(t, v);
+    for (int l = 0; l < 8; l++)
+        m = t[l] > m ? t[l] : m;
+    return m;
+}
+
+void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
+                        const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
+                        double *restrict dd, double *restrict xx, double *restrict yy, float *restrict max_abs,
+                        float *restrict max_ratio, int64_t *restrict n_bad, int64_t *restrict first_bad,
+                        float *restrict amax_x, int64_t r0, int64_t r1) {
+    const int64_t gk = (k + bk - 1) / bk;
+    const __m256 vrel = _mm256_set1_ps(rel);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *qrow = q + r * k, *wrow = w + r * k;
+        const float *srow = s + (r / bn) * gk;
+        const float rs = sc[r], floor_err = rs * half_step;
+        const __m256 vrs = _mm256_set1_ps(rs * 256.0f), vfloor = _mm256_set1_ps(floor_err);
+        bound8_acc a = {.mabs = _mm256_setzero_ps(), .mratio = _mm256_setzero_ps(), .ax = _mm256_setzero_ps()};
+        __m256d sdd = _mm256_setzero_pd(), sxx = _mm256_setzero_pd(), syy = _mm256_setzero_pd();
+        /* the tails' lanes (bound_step's accumulators), folded in at the end */
+        float tdd[LANES] = {0}, txx[LANES] = {0}, tyy[LANES] = {0}, tabs[LANES] = {0}, tratio[LANES] = {0},
+              tax[LANES] = {0};
+        int32_t tbad[LANES] = {0};
+        a.bad = (rs < 0.0f ? -rs : rs) <= 0x1p100f ? 0 : 1; /* else (huge, Inf, NaN): the scalar pass */
+        for (int64_t c = 0; c < gk && !a.bad; c++) {
+            const int64_t j0 = c * bk, j1 = j0 + bk < k ? j0 + bk : k;
+            const float sb = srow[c];
+            const __m256 vsb = _mm256_set1_ps(sb * 256.0f);
+            a.bad |= (sb < 0.0f ? -sb : sb) <= 0x1p100f ? 0 : 1;
+            a.dd = a.xx = a.yy = _mm256_setzero_ps();
+            int64_t j = j0;
+            for (; j + 16 <= j1; j += 16) {
+                __m256 w0, w1, q0, q1;
+                decode16_avx2(wrow + j, &w0, &w1);
+                decode16_avx2(qrow + j, &q0, &q1);
+                bound8(w0, q0, vsb, vrs, vrel, vfloor, &a);
+                bound8(w1, q1, vsb, vrs, vrel, vfloor, &a);
+            }
+            if (j + 8 <= j1) {
+                bound8(decode8_f16c(wrow + j), decode8_f16c(qrow + j), vsb, vrs, vrel, vfloor, &a);
+                j += 8;
+            }
+            for (int l = 0; j < j1; j++, l++)
+                bound_step(decode_e4m3fn(wrow[j]) * sb, decode_e4m3fn(qrow[j]) * rs, rel, floor_err, &tdd[l],
+                           &txx[l], &tyy[l], &tabs[l], &tratio[l], &tax[l], &tbad[l]);
+            sdd = _mm256_add_pd(sdd, widen_sum(a.dd));
+            sxx = _mm256_add_pd(sxx, widen_sum(a.xx));
+            syy = _mm256_add_pd(syy, widen_sum(a.yy));
+        }
+        for (int l = 0; l < LANES; l++)
+            a.bad |= tbad[l] != 0;
+        if (a.bad) { /* out of bound or NaN: the scalar pass, exactly (NaN kept in the maxima, the first bad column) */
+            fp8_bound_rows_scalar(q, sc, w, s, k, bn, bk, rel, half_step, dd, xx, yy, max_abs, max_ratio, n_bad,
+                                  first_bad, amax_x, r, r + 1);
+            continue;
+        }
+        double tsum[3] = {0.0, 0.0, 0.0};
+        float mabs = hmax_ps(a.mabs), mratio = hmax_ps(a.mratio), ax = hmax_ps(a.ax);
+        for (int l = 0; l < LANES; l++) {
+            tsum[0] += tdd[l], tsum[1] += txx[l], tsum[2] += tyy[l];
+            mabs = tabs[l] > mabs ? tabs[l] : mabs;
+            mratio = tratio[l] > mratio ? tratio[l] : mratio;
+            ax = tax[l] > ax ? tax[l] : ax;
+        }
+        dd[r] = hsum_pd(sdd) + tsum[0], xx[r] = hsum_pd(sxx) + tsum[1], yy[r] = hsum_pd(syy) + tsum[2];
+        max_abs[r] = mabs, max_ratio[r] = mratio, amax_x[r] = ax, n_bad[r] = 0, first_bad[r] = -1;
+    }
+}
 #else
 void mla_fp8_bound_rows(const uint8_t *restrict q, const float *restrict sc, const uint8_t *restrict w,
                         const float *restrict s, int64_t k, int64_t bn, int64_t bk, float rel, float half_step,
