@@ -197,6 +197,23 @@ static void quantize_span(const uint8_t *row, uint8_t *orow, int64_t j0, int64_t
     }
 }
 
+#if defined(__AVX2__)
+/* The per-magnitude constants of the code tables below (both instruction sets): m' (-128: code 0),
+ * m' + 16 for codes 1..3, b, and b + 8 for codes 1..3. */
+static void magnitude_tables(int8_t *mp, int8_t *mpd, int8_t *b, int8_t *bd) {
+    static const int8_t sub_a[8] = {0, -9, -8, -8, -7, -7, -7, -7}, sub_b[8] = {0, 0, 0, 4, 0, 2, 4, 6};
+    for (int m = 0; m < 128; m++) {
+        const int e = m >> 3, f = m & 7;
+        const int a = e > 0 ? e - 7 : sub_a[f], bb = e > 0 ? f : sub_b[f]; /* f * 2^-9 = 2^a (1 + b/8) */
+        const int zero = m == 0 || m == 0x7F; /* NaN rows never use tables */
+        mp[m] = (int8_t)(zero ? -128 : 8 * (a + 7) + bb);
+        mpd[m] = (int8_t)(zero ? -128 : mp[m] < 0 ? mp[m] + 16 : mp[m]);
+        b[m] = (int8_t)bb;
+        bd[m] = (int8_t)(!zero && mp[m] < 0 ? bb + 8 : bb);
+    }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
 #define MLA_CODE_TABLES 1
 /* Code tables. Within one (row, block) every element has the same block scale sb and row scale rs,
@@ -233,16 +250,7 @@ typedef struct {
 
 static void code_tables_init(code_tables *t, float fp8_max) {
     int8_t mp[128], mpd[128], b[128], bd[128];
-    static const int8_t sub_a[8] = {0, -9, -8, -8, -7, -7, -7, -7}, sub_b[8] = {0, 0, 0, 4, 0, 2, 4, 6};
-    for (int m = 0; m < 128; m++) {
-        const int e = m >> 3, f = m & 7;
-        const int a = e > 0 ? e - 7 : sub_a[f], bb = e > 0 ? f : sub_b[f]; /* f * 2^-9 = 2^a (1 + b/8) */
-        const int zero = m == 0 || m == 0x7F; /* NaN rows never use tables */
-        mp[m] = (int8_t)(zero ? -128 : 8 * (a + 7) + bb);
-        mpd[m] = (int8_t)(zero ? -128 : mp[m] < 0 ? mp[m] + 16 : mp[m]);
-        b[m] = (int8_t)bb;
-        bd[m] = (int8_t)(!zero && mp[m] < 0 ? bb + 8 : bb);
-    }
+    magnitude_tables(mp, mpd, b, bd);
     for (int h = 0; h < 2; h++) {
         t->mp[h] = _mm512_loadu_si512(mp + 64 * h);
         t->mpd[h] = _mm512_loadu_si512(mpd + 64 * h);
@@ -258,7 +266,11 @@ static void code_tables_init(code_tables *t, float fp8_max) {
 
 /* The codes of magnitudes 0..63 (t0) and 64..127 (t1) for block scale |sb| and row scale rs. The
  * eight quotients are computed twice over (16 lanes), so that one pass gives D_b and D_b - 16. */
-static inline void code_table(const code_tables *t, float asb, float rs, __m512i *t0, __m512i *t1) {
+typedef struct {
+    __m512i t0, t1;
+} block_codes;
+
+static inline void code_table(const code_tables *t, float asb, float rs, block_codes *codes) {
     const __m512 x = _mm512_mul_ps(t->mant, _mm512_set1_ps(asb));
     const __m512i bits = _mm512_castps_si512(_mm512_div_ps(x, _mm512_set1_ps(rs)));
     const __m512i g8 = _mm512_sub_epi32(_mm512_slli_epi32(_mm512_srli_epi32(bits, 23), 3), _mm512_set1_epi32(8 * 127));
@@ -280,12 +292,13 @@ static inline void code_table(const code_tables *t, float asb, float rs, __m512i
         const __mmask64 is_normal = _mm512_cmpge_epi8_mask(normal, _mm512_set1_epi8(8));
         out[h] = _mm512_mask_min_epu8(sub, is_normal, normal, t->cmax);
     }
-    *t0 = out[0], *t1 = out[1];
+    codes->t0 = out[0], codes->t1 = out[1];
 }
 
 /* Elements [0, n) of a block row through its code table. */
-ALWAYS_INLINE void lookup_span(const uint8_t *src, uint8_t *dst, int64_t n, __m512i t0, __m512i t1, uint8_t sign_xor,
-                               const int plus_zero) {
+ALWAYS_INLINE void lookup_span(const uint8_t *src, uint8_t *dst, int64_t n, const block_codes *codes,
+                               uint8_t sign_xor, const int plus_zero) {
+    const __m512i t0 = codes->t0, t1 = codes->t1;
     const __m512i sx = _mm512_set1_epi8((char)sign_xor), top = _mm512_set1_epi8((char)0x80);
     for (int64_t j = 0; j < n; j += 64) {
         const __mmask64 m = n - j >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (n - j)) - 1);
@@ -296,6 +309,105 @@ ALWAYS_INLINE void lookup_span(const uint8_t *src, uint8_t *dst, int64_t n, __m5
                                                              _mm512_or_si512(code, sign))
                                       : _mm512_or_si512(code, sign);
         _mm512_mask_storeu_epi8(dst + j, m, out);
+    }
+}
+#elif defined(__AVX2__)
+#define MLA_CODE_TABLES 1
+/* The same code tables with AVX2: built with 16-entry byte shuffles (every index they take is below
+ * 16, or 32 for the subnormal codes: two shuffles), looked up by the low 7 bits of each byte from
+ * eight 16-byte pieces chosen by bits 4, 5 and 6 (blends). The same quotients, the same codes. */
+typedef struct {
+    __m256i mp[4], mpd[4], b[4], bd[4]; /* as above, for magnitudes 32 h .. 32 h + 31 */
+    __m256i cmax;
+    __m256 mant; /* 1 + b/8 for b = 0..7 */
+} code_tables;
+
+typedef struct {
+    uint8_t bytes[128];
+    __m256i piece[8]; /* bytes 16 i .. 16 i + 15, in both 128-bit lanes */
+} block_codes;
+
+static void code_tables_init(code_tables *t, float fp8_max) {
+    int8_t mp[128], mpd[128], b[128], bd[128];
+    magnitude_tables(mp, mpd, b, bd);
+    for (int h = 0; h < 4; h++) {
+        t->mp[h] = _mm256_loadu_si256((const __m256i *)(mp + 32 * h));
+        t->mpd[h] = _mm256_loadu_si256((const __m256i *)(mpd + 32 * h));
+        t->b[h] = _mm256_loadu_si256((const __m256i *)(b + 32 * h));
+        t->bd[h] = _mm256_loadu_si256((const __m256i *)(bd + 32 * h));
+    }
+    t->cmax = _mm256_set1_epi8((char)encode_e4m3fn(fp8_max, 0));
+    t->mant = _mm256_setr_ps(1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f);
+}
+
+/* [a0..a7, b0..b7] as bytes (signed saturation), in both 128-bit lanes. */
+static inline __m256i bytes16(__m256i a, __m256i b) {
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8); /* a0..7 | b0..7 */
+    const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    return _mm256_broadcastsi128_si256(bytes);
+}
+
+static inline void code_table(const code_tables *t, float asb, float rs, block_codes *codes) {
+    const __m256 x = _mm256_mul_ps(t->mant, _mm256_set1_ps(asb));
+    const __m256i bits = _mm256_castps_si256(_mm256_div_ps(x, _mm256_set1_ps(rs)));
+    const __m256i g8 = _mm256_sub_epi32(_mm256_slli_epi32(_mm256_srli_epi32(bits, 23), 3), _mm256_set1_epi32(8 * 127));
+    const __m256 mu = _mm256_castsi256_ps(
+        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFF)), _mm256_set1_epi32(0x3F800000)));
+    const __m256i base = _mm256_add_epi32(g8, _mm256_cvtps_epi32(_mm256_mul_ps(mu, _mm256_set1_ps(8.0f))));
+    const __m256i eight_b = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i dv = bytes16(_mm256_sub_epi32(base, eight_b),
+                               _mm256_sub_epi32(base, _mm256_add_epi32(eight_b, _mm256_set1_epi32(16))));
+    const __m256i g24 = _mm256_add_epi32(g8, _mm256_set1_epi32(24));
+    const __m256i gv = bytes16(g24, g24);
+    /* the subnormal codes, by 8 (n + 10) + b: RNE(mu / 2), RNE(mu) (indices 0..15), RNE(2 mu), RNE(4 mu) */
+    const __m256i s01 = bytes16(_mm256_cvtps_epi32(_mm256_mul_ps(mu, _mm256_set1_ps(0.5f))), _mm256_cvtps_epi32(mu));
+    const __m256i s23 = bytes16(_mm256_cvtps_epi32(_mm256_mul_ps(mu, _mm256_set1_ps(2.0f))),
+                                _mm256_cvtps_epi32(_mm256_mul_ps(mu, _mm256_set1_ps(4.0f))));
+    for (int h = 0; h < 4; h++) {
+        const __m256i normal = _mm256_adds_epi8(t->mpd[h], _mm256_shuffle_epi8(dv, t->bd[h]));
+        const __m256i idx = _mm256_adds_epi8(t->mp[h], _mm256_shuffle_epi8(gv, t->b[h]));
+        const __m256i i6 = _mm256_and_si256(idx, _mm256_set1_epi8(63)); /* as vpermb: the low 6 bits */
+        __m256i sub = _mm256_blendv_epi8(_mm256_shuffle_epi8(s01, i6), _mm256_shuffle_epi8(s23, i6),
+                                         _mm256_cmpgt_epi8(i6, _mm256_set1_epi8(15)));
+        const __m256i none = _mm256_or_si256(_mm256_cmpgt_epi8(i6, _mm256_set1_epi8(31)),
+                                             _mm256_cmpgt_epi8(_mm256_setzero_si256(), idx));
+        sub = _mm256_andnot_si256(none, sub);
+        const __m256i is_normal = _mm256_cmpgt_epi8(normal, _mm256_set1_epi8(7));
+        const __m256i out = _mm256_blendv_epi8(sub, _mm256_min_epu8(normal, t->cmax), is_normal);
+        _mm256_storeu_si256((__m256i *)(codes->bytes + 32 * h), out);
+    }
+    for (int i = 0; i < 8; i++)
+        codes->piece[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(codes->bytes + 16 * i)));
+}
+
+/* Elements [0, n) of a block row through its code table (the last n % 32 from its bytes). */
+ALWAYS_INLINE void lookup_span(const uint8_t *src, uint8_t *dst, int64_t n, const block_codes *codes,
+                               uint8_t sign_xor, const int plus_zero) {
+    const __m256i sx = _mm256_set1_epi8((char)sign_xor), top = _mm256_set1_epi8((char)0x80);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i *t = codes->piece;
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(src + j));
+        const __m256i lo = _mm256_and_si256(w, low4);
+        /* blendv reads each byte's top bit: bits 4, 5, 6 of every byte moved there (16-bit shifts
+         * carry a byte's bits into its neighbour's low bits only) */
+        const __m256i b4 = _mm256_slli_epi16(w, 3), b5 = _mm256_slli_epi16(w, 2), b6 = _mm256_slli_epi16(w, 1);
+        const __m256i p0 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[0], lo), _mm256_shuffle_epi8(t[1], lo), b4);
+        const __m256i p1 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[2], lo), _mm256_shuffle_epi8(t[3], lo), b4);
+        const __m256i p2 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[4], lo), _mm256_shuffle_epi8(t[5], lo), b4);
+        const __m256i p3 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[6], lo), _mm256_shuffle_epi8(t[7], lo), b4);
+        const __m256i code =
+            _mm256_blendv_epi8(_mm256_blendv_epi8(p0, p1, b5), _mm256_blendv_epi8(p2, p3, b5), b6);
+        const __m256i sign = _mm256_and_si256(_mm256_xor_si256(w, sx), top);
+        const __m256i out = plus_zero ? _mm256_or_si256(code, _mm256_andnot_si256(
+                                                                  _mm256_cmpeq_epi8(code, _mm256_setzero_si256()), sign))
+                                      : _mm256_or_si256(code, sign);
+        _mm256_storeu_si256((__m256i *)(dst + j), out);
+    }
+    for (; j < n; j++) {
+        const uint8_t code = codes->bytes[src[j] & 0x7Fu], sign = (uint8_t)((src[j] ^ sign_xor) & 0x80u);
+        dst[j] = plus_zero && code == 0 ? code : (uint8_t)(code | sign);
     }
 }
 #endif
@@ -328,13 +440,13 @@ static void mla_channel_fp8_rows(const uint8_t *restrict w, const float *restric
 #if MLA_CODE_TABLES
             const float asb = sb < 0.0f ? -sb : sb;
             if (row_tables && j1 - j0 >= TABLE_MIN_SPAN && asb >= 0x1p-117f && asb < 0x1p118f) {
-                __m512i t0, t1;
-                code_table(&tables, asb, rs, &t0, &t1);
+                block_codes codes;
+                code_table(&tables, asb, rs, &codes);
                 const uint8_t sx = sb < 0.0f ? 0x80u : 0u;
                 if (zero_sign)
-                    lookup_span(row + j0, orow + j0, j1 - j0, t0, t1, sx, 0);
+                    lookup_span(row + j0, orow + j0, j1 - j0, &codes, sx, 0);
                 else
-                    lookup_span(row + j0, orow + j0, j1 - j0, t0, t1, sx, 1);
+                    lookup_span(row + j0, orow + j0, j1 - j0, &codes, sx, 1);
                 continue;
             }
 #endif
