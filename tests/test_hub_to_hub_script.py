@@ -79,3 +79,23 @@ def test_hub_to_hub_at_a_tiny_scale(tmp_path):
     assert report["wall_over_busiest_stage"] >= 1 and "wall / busiest stage" in out.stdout
     assert not (tmp_path / "run").exists()  # the run's output and cache deleted; the source kept
     assert (tmp_path / "source-tiny.json").exists()
+
+
+def test_the_cpu_floor_script_sums_the_primitives_it_measures(tmp_path):
+    """scripts/cpu_floor.py: every primitive measured (a positive CPU cost), and the floor is their
+    sum, each as many times as a GB of source needs it (two sha256 passes: the source's and the
+    output's)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cpu_floor.py"), "--mb", "16", "--reps", "1", "--dir", str(tmp_path),
+         "--json", str(tmp_path / "floor.json")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((tmp_path / "floor.json").read_text())
+    figures, uses = report["cpu_s_per_gb"], report["uses"]
+    assert set(figures) == set(uses) and len(figures) == 7 and uses["sha256"] == 2
+    assert all(value > 0 for value in figures.values()), figures
+    assert report["floor"] == round(sum(figures[name] * uses[name] for name in uses), 2)
+    assert f"floor of convert --upload per GB of source: {report['floor']} CPU-s" in out.stdout
+    assert list(tmp_path.iterdir()) == [tmp_path / "floor.json"]  # the scratch file removed
