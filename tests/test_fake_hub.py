@@ -475,6 +475,65 @@ def test_the_sink_refuses_bytes_that_are_not_the_object(sink, tmp_path):
     assert sink._objects == {}
 
 
+@pytest.mark.parametrize("sink_mode", [True, False], ids=["sink", "kept"])
+def test_a_multipart_transfer_checks_each_parts_etag_and_bytes(sink_mode, tmp_path):
+    import httpx2
+
+    parts = [os.urandom(1 << 20), os.urandom(1 << 20), os.urandom(5000)]
+    data = b"".join(parts)
+    oid = hashlib.sha256(data).hexdigest()
+    with FakeHub(sink=sink_mode) as hub:
+        base = f"{hub.endpoint}/fake-lfs/{oid}"
+
+        def put(n: int, body: bytes) -> str:
+            r = httpx2.put(f"{base}/part/{n}", content=body, timeout=5)
+            assert r.status_code == 200
+            return r.headers["ETag"]
+
+        def complete(etags: list[str]) -> int:
+            body = {"oid": oid, "parts": [{"partNumber": n, "etag": e} for n, e in enumerate(etags, start=1)]}
+            headers = {"Content-Type": "application/vnd.git-lfs+json"}
+            return httpx2.post(f"{base}/complete?size={len(data)}", json=body, headers=headers, timeout=5).status_code
+
+        etags = {2: put(2, parts[1]), 1: put(1, parts[0]), 3: put(3, parts[2])}  # part 2 comes early
+        assert put(1, parts[0]) == etags[1]  # sent again, the same bytes: the same ETag
+        assert len(set(etags.values())) == 3 and all(e.startswith('"') and len(e) > 2 for e in etags.values())
+        assert complete([etags[1], etags[3], etags[2]]) == 400  # not the ETags answered for those parts
+        assert oid not in hub.lfs_uploads
+        assert complete([etags[1], etags[2], etags[3]]) == 200
+        assert hub.lfs_uploads == [oid] and hub._objects[oid].size == len(data)
+        assert hub.received_lfs[oid] == len(data) + len(parts[0])
+        if not sink_mode:
+            assert hub._objects[oid].path.read_bytes() == data
+
+        # A part sent again with other bytes of its size after the server had it: the object is refused.
+        other = bytearray(parts[0])
+        other[-1] ^= 1
+        hub.lfs_uploads.clear()
+        oid = hashlib.sha256(b"".join([parts[0], parts[2]])).hexdigest()
+        base = f"{hub.endpoint}/fake-lfs/{oid}"
+        data = b"".join([parts[0], parts[2]])
+        etags = [put(1, parts[0]), put(2, parts[2])]
+        assert put(1, bytes(other)) != etags[0]
+        assert complete([etags[0], etags[1]]) == 400 and hub.lfs_uploads == []
+
+
+def test_the_bytes_of_a_send_cut_short_by_the_client_are_counted_to_the_byte(sink):
+    import socket
+    import time
+
+    size, sent = 3 << 20, (3 << 19) + 7
+    oid = hashlib.sha256(b"never whole").hexdigest()
+    with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as conn:
+        conn.sendall(f"PUT /fake-lfs/{oid}?size={size} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+        conn.sendall(os.urandom(sent))
+    deadline = time.monotonic() + 10
+    while sink.count(kind="lfs-upload") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [r.status for r in sink.requests if r.kind == "lfs-upload"] == [-1]
+    assert sink.received_lfs[oid] == sent and sink._objects == {}
+
+
 def test_upload_faults_are_retried_by_the_client_where_transient(sink, tmp_path):
     big = tmp_path / "model.safetensors"
     big.write_bytes(os.urandom(3 * 1024 * 1024))  # 3 parts of 1 MiB
