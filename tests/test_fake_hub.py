@@ -313,6 +313,7 @@ def test_standalone_context_manager_shuts_down(tiny_src):
 
 TOKEN = "hf_fake_write_token"
 SINK_REPO = "org/sink"
+LFS_JSON = "application/vnd.git-lfs+json"
 
 
 def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
@@ -479,43 +480,45 @@ def test_the_sink_refuses_bytes_that_are_not_the_object(sink, tmp_path):
 def test_a_multipart_transfer_checks_each_parts_etag_and_bytes(sink_mode, tmp_path):
     import httpx2
 
-    parts = [os.urandom(1 << 20), os.urandom(1 << 20), os.urandom(5000)]
-    data = b"".join(parts)
-    oid = hashlib.sha256(data).hexdigest()
-    with FakeHub(sink=sink_mode) as hub:
-        base = f"{hub.endpoint}/fake-lfs/{oid}"
+    def three_parts() -> tuple[list[bytes], str]:
+        parts = [os.urandom(1 << 20), os.urandom(1 << 20), os.urandom(5000)]
+        return parts, hashlib.sha256(b"".join(parts)).hexdigest()
 
-        def put(n: int, body: bytes) -> str:
-            r = httpx2.put(f"{base}/part/{n}", content=body, timeout=5)
+    with FakeHub(sink=sink_mode) as hub:
+
+        def put(oid: str, n: int, body: bytes) -> str:
+            r = httpx2.put(f"{hub.endpoint}/fake-lfs/{oid}/part/{n}", content=body, timeout=5)
             assert r.status_code == 200
             return r.headers["ETag"]
 
-        def complete(etags: list[str]) -> int:
+        def complete(oid: str, size: int, etags: list[str]) -> int:
             body = {"oid": oid, "parts": [{"partNumber": n, "etag": e} for n, e in enumerate(etags, start=1)]}
-            headers = {"Content-Type": "application/vnd.git-lfs+json"}
-            return httpx2.post(f"{base}/complete?size={len(data)}", json=body, headers=headers, timeout=5).status_code
+            url, headers = f"{hub.endpoint}/fake-lfs/{oid}/complete?size={size}", {"Content-Type": LFS_JSON}
+            return httpx2.post(url, json=body, headers=headers, timeout=5).status_code
 
-        etags = {2: put(2, parts[1]), 1: put(1, parts[0]), 3: put(3, parts[2])}  # part 2 comes early
-        assert put(1, parts[0]) == etags[1]  # sent again, the same bytes: the same ETag
+        parts, oid = three_parts()
+        size = sum(map(len, parts))
+        etags = {2: put(oid, 2, parts[1]), 1: put(oid, 1, parts[0]), 3: put(oid, 3, parts[2])}  # part 2 early
+        assert put(oid, 1, parts[0]) == etags[1]  # sent again, the same bytes: the same ETag
         assert len(set(etags.values())) == 3 and all(e.startswith('"') and len(e) > 2 for e in etags.values())
-        assert complete([etags[1], etags[3], etags[2]]) == 400  # not the ETags answered for those parts
+        assert complete(oid, size, [etags[1], etags[3], etags[2]]) == 400  # not the ETags answered for those parts
         assert oid not in hub.lfs_uploads
-        assert complete([etags[1], etags[2], etags[3]]) == 200
-        assert hub.lfs_uploads == [oid] and hub._objects[oid].size == len(data)
-        assert hub.received_lfs[oid] == len(data) + len(parts[0])
+        assert complete(oid, size, [etags[1], etags[2], etags[3]]) == 200
+        assert hub.lfs_uploads == [oid] and hub._objects[oid].size == size
+        assert hub.received_lfs[oid] == size + len(parts[0])
         if not sink_mode:
-            assert hub._objects[oid].path.read_bytes() == data
+            assert hub._objects[oid].path.read_bytes() == b"".join(parts)
 
-        # A part sent again with other bytes of its size after the server had it: the object is refused.
-        other = bytearray(parts[0])
-        other[-1] ^= 1
-        hub.lfs_uploads.clear()
-        oid = hashlib.sha256(b"".join([parts[0], parts[2]])).hexdigest()
-        base = f"{hub.endpoint}/fake-lfs/{oid}"
-        data = b"".join([parts[0], parts[2]])
-        etags = [put(1, parts[0]), put(2, parts[2])]
-        assert put(1, bytes(other)) != etags[0]
-        assert complete([etags[0], etags[1]]) == 400 and hub.lfs_uploads == []
+        # A part sent again with other bytes of its size after the server had it (part 1, which came
+        # in order, or part 2, which came early), its new ETag in the completion: the object is refused.
+        for again in (1, 2):
+            parts, oid = three_parts()
+            etags = {2: put(oid, 2, parts[1]), 1: put(oid, 1, parts[0]), 3: put(oid, 3, parts[2])}
+            other = bytearray(parts[again - 1])
+            other[-1] ^= 1
+            etags[again] = put(oid, again, bytes(other))
+            assert complete(oid, sum(map(len, parts)), [etags[1], etags[2], etags[3]]) == 400
+            assert oid not in hub.lfs_uploads
 
 
 def test_the_bytes_of_a_send_cut_short_by_the_client_are_counted_to_the_byte(sink):

@@ -152,13 +152,16 @@ class _Object:
 @dataclass
 class _Parts:
     """A multipart transfer under way. The sink hashes the parts in order as they come (a part
-    that comes early waits in `early`); otherwise the parts' bytes are kept until completion."""
+    that comes early waits in `data`), and a part sent again after it was hashed on top of the
+    parts before it, to compare; otherwise the parts' bytes are kept until completion."""
 
     hasher: object  # sha256 of parts 1 .. next - 1
     next: int = 1
     etags: dict[int, str] = field(default_factory=dict)  # part -> its ETag (_part_etag)
     sizes: dict[int, int] = field(default_factory=dict)
     data: dict[int, bytes] = field(default_factory=dict)  # kept parts (not the sink), early parts (the sink)
+    before: dict[int, object] = field(default_factory=dict)  # the sink, n < next: sha256 of parts 1 .. n - 1
+    through: dict[int, str] = field(default_factory=dict)  # the sink, n < next: sha256 hex of parts 1 .. n
     mismatch: bool = False  # a part sent again with other bytes after it was hashed
 
 
@@ -597,29 +600,40 @@ class UploadEndpoints:
                 tmp.unlink(missing_ok=True)
 
     def _receive_part(self, h, oid: str, n: int) -> str:
-        """One part of a multipart transfer; returns its ETag (_part_etag)."""
+        """One part of a multipart transfer; returns its ETag (_part_etag): in the sink, for a part
+        whose predecessors came, the sha256 of the object through it, which the sink computes
+        anyway; else its crc32."""
         with self._lock:
             state = self._parts.setdefault(oid, _Parts(hashlib.sha256()))
-            hasher = state.hasher.copy() if self.sink and n == state.next else None
+            base = None if not self.sink or n > state.next else state.hasher if n == state.next else state.before[n]
+            hasher = None if base is None else base.copy()
         crc, kept, size = 0, [], 0
         for chunk in self._put_body(h, oid):
-            crc = zlib.crc32(chunk, crc)
             size += len(chunk)
             if hasher is not None:
                 hasher.update(chunk)
             else:
+                crc = zlib.crc32(chunk, crc)
                 kept.append(bytes(chunk))
-        etag = _part_etag(crc, size)
+        digest = None if hasher is None else hasher.hexdigest()
+        etag = _part_etag("crc32", f"{crc:08x}", size) if digest is None else _part_etag("sha256", digest, size)
         with self._lock:
+            if digest is None and self.sink and n < state.next:  # it came early; its predecessors too, meanwhile
+                hasher = state.before[n].copy()
+                hasher.update(b"".join(kept))
+                digest = hasher.hexdigest()
             if hasher is not None and state.next == n:
+                state.before[n], state.through[n] = base, digest
                 state.hasher, state.next = hasher, n + 1
-            elif self.sink and n < state.next:  # sent again after it was hashed: it must be the same
-                state.mismatch |= state.etags.get(n) != etag
+            elif hasher is not None:  # sent again after it was hashed: it must be the same
+                state.mismatch |= state.through[n] != digest
             else:
                 state.data[n] = b"".join(kept)
             while self.sink and state.next in state.data:  # early parts, now in order
-                state.hasher.update(state.data.pop(state.next))
-                state.next += 1
+                k = state.next
+                state.before[k] = state.hasher.copy()
+                state.hasher.update(state.data.pop(k))
+                state.through[k], state.next = state.hasher.hexdigest(), k + 1
             state.etags[n], state.sizes[n] = etag, size
         return etag
 
@@ -868,12 +882,13 @@ def front_matter_errors(meta: dict) -> list[str]:
     return errors
 
 
-def _part_etag(crc32: int, size: int) -> str:
-    """The ETag of a multipart part: its crc32 and size. S3 answers the part's md5, but ETags are
-    opaque to the client (huggingface_hub 2.4's lfs._get_completion_payload only checks that each
-    is non-empty and sends it back as it came), and this one, far cheaper to compute, still tells
-    the completion a part's ETag from another's and the sink a part sent again with other bytes."""
-    return f"crc32-{crc32:08x}-{size}"
+def _part_etag(algo: str, digest: str, size: int) -> str:
+    """The ETag of a multipart part, from a digest that covers its bytes and its size. S3 answers
+    the part's md5, but ETags are opaque to the client (huggingface_hub 2.4's
+    lfs._get_completion_payload only checks that each is non-empty and sends it back as it came):
+    a digest the server has at hand or computes cheaply (a crc32) tells the completion a part's
+    ETag from another's as well, with no pass of md5 over every byte."""
+    return f"{algo}-{digest}-{size}"
 
 
 def _git_sha1(data: bytes) -> str:
