@@ -313,6 +313,7 @@ def test_standalone_context_manager_shuts_down(tiny_src):
 
 TOKEN = "hf_fake_write_token"
 SINK_REPO = "org/sink"
+LFS_JSON = "application/vnd.git-lfs+json"
 
 
 def sparse_file(path: Path, size: int, data: dict[int, bytes]) -> Path:
@@ -473,6 +474,67 @@ def test_the_sink_refuses_bytes_that_are_not_the_object(sink, tmp_path):
     url = f"{sink.endpoint}/fake-lfs/{hashlib.sha256(b'other').hexdigest()}?size=1000"
     assert httpx2.put(url, content=data, timeout=5).status_code == 400
     assert sink._objects == {}
+
+
+@pytest.mark.parametrize("sink_mode", [True, False], ids=["sink", "kept"])
+def test_a_multipart_transfer_checks_each_parts_etag_and_bytes(sink_mode, tmp_path):
+    import httpx2
+
+    def three_parts() -> tuple[list[bytes], str]:
+        parts = [os.urandom(1 << 20), os.urandom(1 << 20), os.urandom(5000)]
+        return parts, hashlib.sha256(b"".join(parts)).hexdigest()
+
+    with FakeHub(sink=sink_mode) as hub:
+
+        def put(oid: str, n: int, body: bytes) -> str:
+            r = httpx2.put(f"{hub.endpoint}/fake-lfs/{oid}/part/{n}", content=body, timeout=5)
+            assert r.status_code == 200
+            return r.headers["ETag"]
+
+        def complete(oid: str, size: int, etags: list[str]) -> int:
+            body = {"oid": oid, "parts": [{"partNumber": n, "etag": e} for n, e in enumerate(etags, start=1)]}
+            url, headers = f"{hub.endpoint}/fake-lfs/{oid}/complete?size={size}", {"Content-Type": LFS_JSON}
+            return httpx2.post(url, json=body, headers=headers, timeout=5).status_code
+
+        parts, oid = three_parts()
+        size = sum(map(len, parts))
+        etags = {2: put(oid, 2, parts[1]), 1: put(oid, 1, parts[0]), 3: put(oid, 3, parts[2])}  # part 2 early
+        assert put(oid, 1, parts[0]) == etags[1]  # sent again, the same bytes: the same ETag
+        assert len(set(etags.values())) == 3 and all(e.startswith('"') and len(e) > 2 for e in etags.values())
+        assert complete(oid, size, [etags[1], etags[3], etags[2]]) == 400  # not the ETags answered for those parts
+        assert oid not in hub.lfs_uploads
+        assert complete(oid, size, [etags[1], etags[2], etags[3]]) == 200
+        assert hub.lfs_uploads == [oid] and hub._objects[oid].size == size
+        assert hub.received_lfs[oid] == size + len(parts[0])
+        if not sink_mode:
+            assert hub._objects[oid].path.read_bytes() == b"".join(parts)
+
+        # A part sent again with other bytes of its size after the server had it (part 1, which came
+        # in order, or part 2, which came early), its new ETag in the completion: the object is refused.
+        for again in (1, 2):
+            parts, oid = three_parts()
+            etags = {2: put(oid, 2, parts[1]), 1: put(oid, 1, parts[0]), 3: put(oid, 3, parts[2])}
+            other = bytearray(parts[again - 1])
+            other[-1] ^= 1
+            etags[again] = put(oid, again, bytes(other))
+            assert complete(oid, sum(map(len, parts)), [etags[1], etags[2], etags[3]]) == 400
+            assert oid not in hub.lfs_uploads
+
+
+def test_the_bytes_of_a_send_cut_short_by_the_client_are_counted_to_the_byte(sink):
+    import socket
+    import time
+
+    size, sent = 3 << 20, (3 << 19) + 7
+    oid = hashlib.sha256(b"never whole").hexdigest()
+    with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as conn:
+        conn.sendall(f"PUT /fake-lfs/{oid}?size={size} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+        conn.sendall(os.urandom(sent))
+    deadline = time.monotonic() + 10
+    while sink.count(kind="lfs-upload") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [r.status for r in sink.requests if r.kind == "lfs-upload"] == [-1]
+    assert sink.received_lfs[oid] == sent and sink._objects == {}
 
 
 def test_upload_faults_are_retried_by_the_client_where_transient(sink, tmp_path):

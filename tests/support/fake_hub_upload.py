@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -113,7 +114,9 @@ UPLOAD_KINDS = (
     "create", "branch", "validate-yaml", "preupload", "lfs-batch", "lfs-upload", "lfs-part", "lfs-complete",
     "lfs-verify", "commit",
 )  # fmt: skip
-_CHUNK = 1 << 20
+# A connection's buffer for the bodies it sends, reused (no allocation per chunk); small enough to
+# stay in the CPU cache between the receive and the hashes that read it.
+_BODY_BUFFER = 1 << 20
 
 
 @dataclass
@@ -149,13 +152,16 @@ class _Object:
 @dataclass
 class _Parts:
     """A multipart transfer under way. The sink hashes the parts in order as they come (a part
-    that comes early waits in `early`); otherwise the parts' bytes are kept until completion."""
+    that comes early waits in `data`), and a part sent again after it was hashed on top of the
+    parts before it, to compare; otherwise the parts' bytes are kept until completion."""
 
     hasher: object  # sha256 of parts 1 .. next - 1
     next: int = 1
-    md5: dict[int, str] = field(default_factory=dict)  # part -> md5 hex (its ETag)
+    etags: dict[int, str] = field(default_factory=dict)  # part -> its ETag (_part_etag)
     sizes: dict[int, int] = field(default_factory=dict)
     data: dict[int, bytes] = field(default_factory=dict)  # kept parts (not the sink), early parts (the sink)
+    before: dict[int, object] = field(default_factory=dict)  # the sink, n < next: sha256 of parts 1 .. n - 1
+    through: dict[int, str] = field(default_factory=dict)  # the sink, n < next: sha256 hex of parts 1 .. n
     mismatch: bool = False  # a part sent again with other bytes after it was hashed
 
 
@@ -538,8 +544,9 @@ class UploadEndpoints:
         raise error(404, None, "Not Found")
 
     def _put_body(self, h, oid: str):
-        """The body of an LFS PUT, in chunks, each counted in `received_lfs` as it comes; Dropped
-        when the client goes away before its end (nothing is stored then)."""
+        """The body of an LFS PUT, in chunks (views of the connection's buffer: each is valid until
+        the next is asked for), each counted in `received_lfs` as it comes; Dropped when the client
+        goes away before its end (nothing is stored then)."""
         with self._lock:
             self.puts_waiting += 1
         try:
@@ -552,14 +559,30 @@ class UploadEndpoints:
         left = int(h.headers.get("Content-Length") or -1)
         if left < 0:
             raise self._cls["HubError"](411, None, "Content-Length required")
+        yield from self._read_body(h, left, oid)
+
+    def _read_body(self, h, left: int, oid: str | None):
+        """`left` bytes of `h`'s body as views of its connection's buffer, each valid until the next
+        is asked for; the bytes of an LFS object (`oid`) counted in `received_lfs` as they come, to
+        the byte (one socket read at a time, counted even when the next one fails). Dropped when
+        the client goes away before the end."""
+        buf = getattr(h, "fake_hub_buffer", None)
+        if buf is None:
+            buf = h.fake_hub_buffer = memoryview(bytearray(_BODY_BUFFER))
         while left:
-            chunk = h.rfile.read(min(_CHUNK, left))
-            if not chunk:
-                raise Dropped("put")
-            with self._lock:
-                self.received_lfs[oid] = self.received_lfs.get(oid, 0) + len(chunk)
-            left -= len(chunk)
-            yield chunk
+            want, got = min(left, len(buf)), 0
+            try:
+                while got < want:
+                    n = h.rfile.readinto1(buf[got:want])
+                    if not n:
+                        raise Dropped("body")
+                    got += n
+            finally:
+                if oid is not None and got:
+                    with self._lock:
+                        self.received_lfs[oid] = self.received_lfs.get(oid, 0) + got
+            left -= got
+            yield buf[:got]
 
     def _receive_object(self, h, oid: str, size: int) -> None:
         """A basic transfer: hashed as it comes; kept in a file (dropped by the sink)."""
@@ -577,30 +600,41 @@ class UploadEndpoints:
                 tmp.unlink(missing_ok=True)
 
     def _receive_part(self, h, oid: str, n: int) -> str:
-        """One part of a multipart transfer; returns its ETag (the md5 of its bytes)."""
+        """One part of a multipart transfer; returns its ETag (_part_etag): in the sink, for a part
+        whose predecessors came, the sha256 of the object through it, which the sink computes
+        anyway; else its crc32."""
         with self._lock:
             state = self._parts.setdefault(oid, _Parts(hashlib.sha256()))
-            hasher = state.hasher.copy() if self.sink and n == state.next else None
-        md5, kept, size = hashlib.md5(), [], 0
+            base = None if not self.sink or n > state.next else state.hasher if n == state.next else state.before[n]
+            hasher = None if base is None else base.copy()
+        crc, kept, size = 0, [], 0
         for chunk in self._put_body(h, oid):
-            md5.update(chunk)
             size += len(chunk)
             if hasher is not None:
                 hasher.update(chunk)
             else:
-                kept.append(chunk)
-        etag = md5.hexdigest()
+                crc = zlib.crc32(chunk, crc)
+                kept.append(bytes(chunk))
+        digest = None if hasher is None else hasher.hexdigest()
+        etag = _part_etag("crc32", f"{crc:08x}", size) if digest is None else _part_etag("sha256", digest, size)
         with self._lock:
+            if digest is None and self.sink and n < state.next:  # it came early; its predecessors too, meanwhile
+                hasher = state.before[n].copy()
+                hasher.update(b"".join(kept))
+                digest = hasher.hexdigest()
             if hasher is not None and state.next == n:
+                state.before[n], state.through[n] = base, digest
                 state.hasher, state.next = hasher, n + 1
-            elif self.sink and n < state.next:  # sent again after it was hashed: it must be the same
-                state.mismatch |= state.md5.get(n) != etag
+            elif hasher is not None:  # sent again after it was hashed: it must be the same
+                state.mismatch |= state.through[n] != digest
             else:
                 state.data[n] = b"".join(kept)
             while self.sink and state.next in state.data:  # early parts, now in order
-                state.hasher.update(state.data.pop(state.next))
-                state.next += 1
-            state.md5[n], state.sizes[n] = etag, size
+                k = state.next
+                state.before[k] = state.hasher.copy()
+                state.hasher.update(state.data.pop(k))
+                state.through[k], state.next = state.hasher.hexdigest(), k + 1
+            state.etags[n], state.sizes[n] = etag, size
         return etag
 
     def _complete_parts(self, oid: str, size: int, parts: list) -> None:
@@ -612,8 +646,8 @@ class UploadEndpoints:
                     not isinstance(part, dict)
                     or part.get("partNumber") != n
                     or state is None
-                    or n not in state.md5
-                    or part.get("etag") != f'"{state.md5[n]}"'
+                    or n not in state.etags
+                    or part.get("etag") != f'"{state.etags[n]}"'
                 ):
                     raise error(400, None, f"part {n} of {oid}: missing, or not its ETag")
             if state is None or not parts:
@@ -693,14 +727,8 @@ class UploadEndpoints:
         )
 
     def _discard_body(self, h, n: int, oid: str | None) -> None:
-        while n > 0:
-            chunk = h.rfile.read(min(_CHUNK, n))
-            if not chunk:
-                raise Dropped("body")
-            n -= len(chunk)
-            if oid is not None:
-                with self._lock:
-                    self.received_lfs[oid] = self.received_lfs.get(oid, 0) + len(chunk)
+        for _ in self._read_body(h, n, oid):
+            pass
 
     # ---- commits
 
@@ -852,6 +880,15 @@ def front_matter_errors(meta: dict) -> list[str]:
     if meta.get("pipeline_tag") is not None and meta["pipeline_tag"] not in TASKS:
         errors.append(f'"pipeline_tag" with value "{meta["pipeline_tag"]}" is not a valid task')
     return errors
+
+
+def _part_etag(algo: str, digest: str, size: int) -> str:
+    """The ETag of a multipart part, from a digest that covers its bytes and its size. S3 answers
+    the part's md5, but ETags are opaque to the client (huggingface_hub 2.4's
+    lfs._get_completion_payload only checks that each is non-empty and sends it back as it came):
+    a digest the server has at hand or computes cheaply (a crc32) tells the completion a part's
+    ETag from another's as well, with no pass of md5 over every byte."""
+    return f"{algo}-{digest}-{size}"
 
 
 def _git_sha1(data: bytes) -> str:
