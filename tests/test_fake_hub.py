@@ -246,6 +246,39 @@ def test_range_requests(hub, tiny_src):
     assert httpx2.get(url, headers={"Range": f"bytes={len(data)}-"}, timeout=5).status_code == 416
 
 
+def test_a_sparse_file_is_served_whole_holes_as_zeros_and_its_ranges_too(fake_hub, tmp_path):
+    """A file of data islands between holes (how scripts/r1_sparse_source.py writes a source): its
+    bytes whole and by range, across island and hole edges, and a range that is all hole."""
+    import httpx2
+
+    d = tmp_path / "sparse"
+    d.mkdir()
+    size = 5 * (1 << 20) + 12345
+    islands = {0: b"head" * 1000, 3 * (1 << 20) + 7: os.urandom(70_000), size - 9: b"the tail!"}
+    with open(d / "w.bin", "wb") as f:
+        f.truncate(size)
+        for at, data in islands.items():
+            f.seek(at)
+            f.write(data)
+    want = bytearray(size)
+    for at, data in islands.items():
+        want[at : at + len(data)] = data
+    assert os.stat(d / "w.bin").st_blocks * 512 < size // 2  # holes on this filesystem
+    fake_hub.add_repo("acme/sparse", d)
+    url = f"{fake_hub.endpoint}/acme/sparse/resolve/main/w.bin"
+    assert httpx2.get(url, timeout=30).content == want
+    edges = [
+        (0, 3999),
+        (3990, 4010),
+        (1 << 20, 2 << 20),
+        (3 * (1 << 20), 3 * (1 << 20) + 80_000),
+        (size - 20, size - 1),
+    ]
+    for a, b in edges:
+        r = httpx2.get(url, headers={"Range": f"bytes={a}-{b}"}, timeout=30)
+        assert (r.status_code, r.content) == (206, bytes(want[a : b + 1])), (a, b)
+
+
 def test_injected_failure_is_one_shot(hub, tiny_src):
     hub.fail(REPO, "config.json", status=500, method="GET")
     with pytest.raises(errors.HfHubHTTPError) as e:

@@ -15,11 +15,11 @@ verify, and NDJSON commits, which become commits of the repo that the endpoints 
 the sink (`sink=True`: uploaded LFS bytes hashed, checked and dropped), the bytes received per path,
 and the upload-side faults (an error status, a connection cut mid-body, a stall) by request kind.
 
-A file's bytes go out by sendfile (plain GETs and ranges alike): a large sparse source (its weights
-file holes) is served without passing through Python, and `add_repo(..., known_sha256=)` takes
-digests its writer computed instead of hashing it again. `cpu_seconds` is the CPU time its threads
-spent answering; `GET /_fake/state` (`state()`) reports it with the commits, the bytes received
-and each repo's tree, for a server in another process (fake_hub_serve.py: `python -m
+A file's bytes go out by sendfile (plain GETs and ranges alike), its holes from a buffer of zeros: a
+large sparse source (its weights file holes) is served without passing through the page cache, and
+`add_repo(..., known_sha256=)` takes digests its writer computed instead of hashing it again.
+`cpu_seconds` is the CPU time its threads spent answering; `GET /_fake/state` (`state()`) reports
+it with the commits, the bytes received and each repo's tree, for a server in another process (fake_hub_serve.py: `python -m
 support.fake_hub_serve`, wait4 measuring its CPU apart from the client's).
 
 Files matching `lfs_patterns` (default `*.safetensors`) are LFS files: the listings carry
@@ -55,6 +55,7 @@ their own:
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -84,6 +85,7 @@ __all__ = ["ENV_UNSET", "UPLOAD_KINDS", "CommitRecord", "FakeHub", "PreuploadRec
 _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
 _SENDFILE_CHUNK = 16 << 20  # bytes per sendfile call: bytes_sent moves at least this often
+_ZEROS = memoryview(bytes(1 << 20))  # a hole's bytes, sent from here
 STATE_PATH = "/_fake/state"  # GET: the server's own state as JSON (FakeHub.state), for a server in another process
 _SHA_RE_CHARS = set("0123456789abcdef")
 
@@ -184,6 +186,36 @@ def _git_blob_sha1(path: Path | None = None, data: bytes | None = None) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _send_span(conn: socket.socket, fh, start: int, limit: int, rec: RequestRecord) -> None:
+    """`limit` bytes of the file from `start`: its data by sendfile, its holes (SEEK_HOLE) from a
+    buffer of zeros. sendfile of a hole would make the kernel allocate and clear a page-cache page
+    for every 4 KiB of it, which at DeepSeek-R1's size costs the server more than the client's
+    whole download. `rec.bytes_sent` is counted before each write: the client may return as soon
+    as it has the last byte."""
+    fd, end = fh.fileno(), start + limit
+    while rec.bytes_sent < limit:
+        at = start + rec.bytes_sent
+        try:
+            data_at = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as e:  # ENXIO: only a hole is left; EINVAL: the filesystem cannot say
+            data_at = end if e.errno == errno.ENXIO else at
+        if data_at > at:
+            want = min(data_at, end, at + len(_ZEROS)) - at
+            rec.bytes_sent += want
+            conn.sendall(_ZEROS[:want])
+            continue
+        try:
+            hole_at = os.lseek(fd, at, os.SEEK_HOLE)
+        except OSError:
+            hole_at = end
+        want = min(hole_at, end, at + _SENDFILE_CHUNK) - at
+        rec.bytes_sent += want
+        sent = conn.sendfile(fh, at, want)
+        if sent < want:
+            rec.bytes_sent -= want - sent
+            return
 
 
 def _sha256_file(path: Path) -> str:
@@ -934,15 +966,8 @@ class FakeHub(UploadEndpoints):
             rec.bytes_sent = limit
             h.wfile.write(data[start : start + limit])
         else:
-            with open(f.disk, "rb") as fh:  # by sendfile: a sparse file's holes never pass through Python
-                while rec.bytes_sent < limit:
-                    want = min(_SENDFILE_CHUNK, limit - rec.bytes_sent)
-                    at = start + rec.bytes_sent
-                    rec.bytes_sent += want
-                    sent = h.connection.sendfile(fh, at, want)
-                    if sent < want:
-                        rec.bytes_sent -= want - sent
-                        break
+            with open(f.disk, "rb") as fh:
+                _send_span(h.connection, fh, start, limit, rec)
         h.wfile.flush()
         if rec.bytes_sent < length:  # injected truncation: drop the connection mid-body
             h.close_connection = True
