@@ -152,6 +152,26 @@ def test_a_budget_below_one_job_is_refused_before_the_first_byte_naming_the_smal
     assert not out.exists() and hub.count(kind="create") == 0
 
 
+def test_a_budget_above_the_free_space_counts_only_what_the_run_can_hold(hub, eight, tmp_path, monkeypatch):
+    """--max-disk is a ceiling: a run that can never hold as much (everything it converts is
+    smaller) is not refused on a disk with less free than the ceiling, only where the most it may
+    hold does not fit."""
+    from mla_convert.output import out_dir as out_dir_mod
+
+    out = tmp_path / "out"
+    plan = convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True), dry_run=True)
+    peak = plan.disk_peak_planned
+    monkeypatch.setattr(out_dir_mod, "disk_free", lambda path: peak + 1)
+    budget = 40 * 10**9
+    result = convert(eight, out, upload=REPO, upload_options=UploadOptions(create=True), max_disk=budget)
+    assert result.status == "complete" and result.disk_budget == budget and result.disk_peak <= peak
+    monkeypatch.setattr(out_dir_mod, "disk_free", lambda path: peak - 1)
+    with pytest.raises(ConvertError, match=r"--max-disk .* is more than its filesystem has free"):
+        convert(
+            eight, tmp_path / "out2", upload=REPO + "-2", upload_options=UploadOptions(create=True), max_disk=budget
+        )
+
+
 SHARD3 = "model-00003-of-00008.safetensors"
 
 

@@ -188,7 +188,9 @@ class _Conversion:
         )  # fmt: skip
         self.state = preflight.inspect_output(conversion, self.out_dir, s, self.sink.held)
         self.record(**self.sink.resumed(self.state.kept))
-        budget = self.sink.budget.limit if self.sink.budget is not None else None
+        budget = None  # the most a --upload run may hold: its budget, or all it converts where that is less
+        if self.sink.budget is not None:
+            budget = min(self.sink.budget.limit, self.result.disk_peak_planned or self.sink.budget.limit)
         self.record(
             **preflight.space(
                 self.result.to_json(), self.out_dir, s, self.state, self.download_bytes, self.cache, budget
