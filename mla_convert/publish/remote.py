@@ -6,7 +6,8 @@ Token, endpoint and offline mode are huggingface_hub's own (HF_TOKEN or `hf auth
 HF_ENDPOINT, HF_HUB_OFFLINE). Files go up with the client's own `upload_folder`, given exactly
 the files to send: with hf_xet installed (huggingface_hub 2.4 requires it) its streamed Xet
 pipeline, committing in batches of its choosing; with HF_HUB_DISABLE_XET=1, one create_commit
-over its LFS transfer.
+over its LFS transfer. `convert --upload` preuploads file by file instead, the bytes sent lean by
+publish.lfs_put where the case is plain (the client's session, LFS), else by the client.
 """
 
 from __future__ import annotations
@@ -126,8 +127,14 @@ class Remote:
     def preupload(self, ops: list) -> None:
         """The client's preupload of `ops` (CommitOperationAdd, each with its sha256 set: nothing is
         hashed again): an LFS file's bytes into the Hub's storage, not yet in a commit; a small file
-        only told apart (its bytes go with the commit). Tried again while it fails transiently."""
+        only told apart (its bytes go with the commit). The bytes go lean where they can
+        (publish.lfs_put); else, or when that fails in any way, it is all done again by the client,
+        tried again while it fails transiently."""
+        from mla_convert.publish import lfs_put
+
         bounded_session()
+        if lfs_put.preupload(self.api, self.repo_id, self.revision, ops, HUB_TIMEOUT):
+            return
         with hub_errors(self.repo_id, WRITE):
             retrying(lambda: self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=self.revision))
 
