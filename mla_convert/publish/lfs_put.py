@@ -48,7 +48,7 @@ def _plain(ops: list) -> bool:
     from mla_convert.source import hub_body
 
     return (
-        hub_body._plain_session()  # the test the download's lean path makes
+        hub_body.plain_session()  # the test the download's lean path makes
         and not is_xet_available()
         and not set(urllib.request.getproxies()) - {"no"}  # httpx reads the same variables
         and all(isinstance(op.path_or_fileobj, str) and op.path_in_repo != ".gitignore" for op in ops)

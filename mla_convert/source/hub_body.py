@@ -25,7 +25,7 @@ def plain_get(url: str, headers: dict[str, str], timeout: float | None):
     import urllib.error
     import urllib.request
 
-    if not _plain_session():
+    if not plain_session():
         return None
     auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
     request = urllib.request.Request(url, headers={k: v for k, v in headers.items() if k not in auth})
@@ -62,7 +62,7 @@ def _buffer() -> memoryview:
     return _local.view
 
 
-def _plain_session() -> bool:
+def plain_session() -> bool:
     from huggingface_hub import constants
     from huggingface_hub.utils import _http
 
