@@ -5,6 +5,7 @@ import json
 import os
 import random
 import re
+import time
 
 import pytest
 import torch
@@ -270,3 +271,41 @@ def test_conversion_asks_the_kernel_for_the_next_source_tensor_before_reading_it
     ahead = [i for i in reads[1:] if asked_before(i)]
     assert len(ahead) >= len(reads) - 1 - 4, "all but each shard's first weight requested early"
     assert all(n > 0 for _, n in needs)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_file_continued_after_its_whole_blocks_holds_the_bytes_and_their_sha256(tmp_path, direct):
+    """append_at keeps the first bytes (what an earlier, interrupted writer left, cut to whole
+    blocks) and writes after them; the sha256 given for them is continued."""
+    import hashlib
+
+    data = random.Random(3).randbytes(5 * STAGE + 777)
+    path = tmp_path / "f"
+    path.write_bytes(data[: 2 * disk_write.ALIGN] + b"junk past the kept blocks")
+    f = disk_write.StagedFile(
+        path, direct, STAGE, append_at=2 * disk_write.ALIGN, sha256=hashlib.sha256(data[: 2 * disk_write.ALIGN])
+    )
+    f.write(data[2 * disk_write.ALIGN :])
+    assert f.size == len(data)
+    assert f.finish() == hashlib.sha256(data).hexdigest()
+    assert path.read_bytes() == data
+
+
+def test_an_in_order_file_left_unfinished_holds_a_prefix_of_what_was_written(tmp_path, monkeypatch):
+    """in_order: one I/O thread, stages written in file order, so a writer closed without finish
+    (a failure, an interrupt) leaves a prefix of the bytes committed, never a gap: what a later
+    run continues from. The I/O thread is slowed so that stages are still queued at the close."""
+    data = random.Random(4).randbytes(12 * STAGE)
+    slow = disk_write._pwrite_all
+
+    def pwrite_slowly(fd, view, offset):
+        time.sleep(0.02)
+        slow(fd, view, offset)
+
+    monkeypatch.setattr(disk_write, "_pwrite_all", pwrite_slowly)
+    f = disk_write.StagedFile(tmp_path / "f", True, STAGE, in_order=True)
+    assert f.IO_THREADS == 1
+    f.write(data)
+    f.close()
+    kept = (tmp_path / "f").read_bytes()
+    assert len(kept) % STAGE == 0 and len(kept) < len(data) and data.startswith(kept)

@@ -242,8 +242,9 @@ def test_a_hub_http_error_is_one_line_with_the_server_message_and_request_id(hub
 def test_a_streamed_shard_is_read_lean_unless_the_user_set_up_the_session(
     hub, tiny_src, converted, tmp_path, monkeypatch, conversion_hashes
 ):
-    """--stream reads each shard's body through source.hub_body (one reused buffer, one write per
-    fill); a session the user set up for huggingface_hub (proxies, certificates) is used instead."""
+    """--stream reads each shard's body through source.hub_body (straight into the staging buffers
+    of the file it writes); a session the user set up for huggingface_hub (proxies, certificates)
+    is used instead."""
     import httpx2
     from huggingface_hub.utils import _http, set_client_factory
 
@@ -251,7 +252,7 @@ def test_a_streamed_shard_is_read_lean_unless_the_user_set_up_the_session(
 
     lean = []
     receive = hub_body.receive
-    monkeypatch.setattr(hub_body, "receive", lambda r, h, f: (lean.append(r.url), receive(r, h, f)))
+    monkeypatch.setattr(hub_body, "receive", lambda r, out: (lean.append(r.url), receive(r, out)))
     convert(REPO, tmp_path / "lean", Options(), stream=True)
     assert conversion_hashes(tmp_path / "lean") == conversion_hashes(converted["channel-fp8"])
     assert len(lean) == len(shards(tiny_src))
@@ -262,3 +263,22 @@ def test_a_streamed_shard_is_read_lean_unless_the_user_set_up_the_session(
     finally:
         set_client_factory(_http.default_client_factory)
     assert conversion_hashes(tmp_path / "theirs") == conversion_hashes(converted["channel-fp8"]) and lean == []
+
+
+def test_a_partial_download_an_earlier_run_left_is_continued_from_its_whole_blocks(hub, tiny_src, tmp_path):
+    """A shard's download cut short by a killed run: the next fetch keeps its whole 4 KiB blocks
+    (hashed, not fetched again), asks for the rest by a range request, and checks the whole."""
+    from mla_convert.io.disk_write import ALIGN
+    from mla_convert.source import hub as source_hub
+
+    repo = source_hub.list_repo(REPO, None)
+    data = (tiny_src / SHARD2).read_bytes()
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    partial = source_hub.download_name(staging / SHARD2)
+    partial.write_bytes(data[: 3 * ALIGN + 100])
+    hub.reset_requests()
+    path = source_hub.fetch_checked(repo, SHARD2, local_dir=staging)
+    assert path.read_bytes() == data and not partial.exists()
+    gets = [r.range for r in hub.requests if r.method == "GET" and r.filename == SHARD2]
+    assert gets == [f"bytes={3 * ALIGN}-"]

@@ -81,14 +81,31 @@ class StagedFile:
     IO_THREADS = 2
     HASH_STEP = 4 * 1024 * 1024  # bytes handed to the hash thread at a time
 
-    def __init__(self, path: Path, direct: bool, stage_bytes: int | None = None, hashed: bool = True):
+    def __init__(
+        self,
+        path: Path,
+        direct: bool,
+        stage_bytes: int | None = None,
+        hashed: bool = True,
+        *,
+        append_at: int = 0,
+        sha256=None,
+        in_order: bool = False,
+    ):
+        """`append_at` (a multiple of ALIGN): keep the file's first bytes, up to there, and write
+        after them; `sha256`: their hash, continued. `in_order`: one I/O thread, so that what is on
+        disk after a failure (or a kill) is always a prefix of the bytes committed."""
         stage_bytes = stage_bytes or STAGE_BYTES
-        assert stage_bytes % ALIGN == 0
+        assert stage_bytes % ALIGN == 0 and append_at % ALIGN == 0
         self.stage_bytes, self.direct = stage_bytes, direct
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+        if in_order:
+            self.IO_THREADS = 1
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if not append_at else 0) | (os.O_DIRECT if direct else 0)
         self.fd = os.open(path, flags, 0o644)
-        self.size = 0
-        self._hash = hashlib.sha256() if hashed else None
+        if append_at:
+            os.ftruncate(self.fd, append_at)
+        self.size = append_at
+        self._hash = (sha256 or hashlib.sha256()) if hashed else None
         self._lock = threading.Lock()
         self._free: queue.Queue[_Stage] = queue.Queue()
         self._pool = stage_pool()  # the run's: the stages go back to the pool they came from
@@ -334,13 +351,12 @@ def _new_stage_pool() -> StagePool:
     return StagePool(keep=2 * StagedFile.STAGES + 2)
 
 
-def open_for_write(path: Path, mode: str) -> StagedFile:
-    """A new file at `path`, written WRITE_DIRECT or WRITE_BUFFERED (resolve_mode decides WRITE_AUTO per directory)."""
-    if mode == WRITE_DIRECT:
-        return DirectFile(path)
-    if mode == WRITE_BUFFERED:
-        return BufferedFile(path)
-    raise ValueError(f"open_for_write takes {WRITE_DIRECT!r} or {WRITE_BUFFERED!r}, not {mode!r}")
+def open_for_write(path: Path, mode: str, **options) -> StagedFile:
+    """A new file at `path`, written WRITE_DIRECT or WRITE_BUFFERED (resolve_mode decides WRITE_AUTO
+    per directory); `options`: StagedFile's append_at, sha256, in_order."""
+    if mode not in (WRITE_DIRECT, WRITE_BUFFERED):
+        raise ValueError(f"open_for_write takes {WRITE_DIRECT!r} or {WRITE_BUFFERED!r}, not {mode!r}")
+    return StagedFile(path, mode == WRITE_DIRECT, **options)
 
 
 # Where O_DIRECT goes straight to a local block device. Elsewhere (NFS, FUSE, tmpfs, overlay) it

@@ -301,60 +301,94 @@ def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
 
 
 def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
-    """Download `filename` to download_name(dest), hashing each block as it arrives (source.hub_body
-    where it can: one buffer, one write per fill): its (size, sha256). A connection lost mid-body (or a 5xx, a timeout) is continued from the bytes already
-    there, by a range request, after a wait (`retrying`); an earlier run's partial download too
-    (its bytes hashed first), unless `fresh`."""
-    import hashlib
-
+    """Download `filename` to download_name(dest): its (size, sha256). The body goes into the
+    staging buffers of an io.disk_write file (O_DIRECT where the directory takes it: no copy
+    through the page cache; source.hub_body reads the socket straight into them where it can),
+    hashed there as it arrives. A connection lost mid-body (or a 5xx, a timeout) is continued from
+    the bytes already received, by a range request, after a wait (`retrying`); an earlier run's
+    partial download too (the whole blocks it wrote, hashed first), unless `fresh`."""
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    from mla_convert.io import disk_write
     from mla_convert.source import hub_body
 
     url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
     headers = build_hf_headers()
     partial = download_name(dest)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    state = {"sha256": hashlib.sha256()}
-    with open(partial, "wb+" if fresh else "ab+") as f:
-        f.seek(0)
-        while chunk := f.read(HASH_CHUNK):
-            state["sha256"].update(chunk)
+    mode = _write_mode(partial.parent)
+    kept, sha = (0, None) if fresh else _written_prefix(partial)
+    out = [disk_write.open_for_write(partial, mode, append_at=kept, sha256=sha, in_order=True)]
 
-        def once() -> None:
-            start = f.tell()
-            wanted = repo.files[filename].size
-            if wanted is not None and start >= wanted:
-                return
-            ranged = {"range": f"bytes={start}-"} if start else {}
-            lean = hub_body.plain_get(url, {**headers, **ranged}, constants.HF_HUB_DOWNLOAD_TIMEOUT)
-            if lean is not None:
-                with lean:
-                    if start and lean.status != 206:  # the range was not taken: from the start
-                        f.seek(0)
-                        f.truncate()
-                        state["sha256"] = hashlib.sha256()
-                    hub_body.receive(lean, state["sha256"], f)
-                return
-            with get_session().stream(
-                "GET", url, headers={**headers, **ranged}, follow_redirects=True,
-                timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-            ) as r:  # fmt: skip
-                if r.status_code >= 400:
-                    r.read()  # the server's message, for the error
-                hf_raise_for_status(r)
-                if start and r.status_code != 206:  # the range was not taken: from the start
-                    f.seek(0)
-                    f.truncate()
-                    state["sha256"] = hashlib.sha256()
-                for block in r.iter_bytes():
-                    state["sha256"].update(block)
-                    f.write(block)
+    def from_the_start() -> None:  # the range was not taken
+        out[0].close()
+        out[0] = disk_write.open_for_write(partial, mode, in_order=True)
 
+    def once() -> None:
+        f = out[0]
+        start = f.size
+        wanted = repo.files[filename].size
+        if wanted is not None and start >= wanted:
+            return
+        ranged = {"range": f"bytes={start}-"} if start else {}
+        lean = hub_body.plain_get(url, {**headers, **ranged}, constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        if lean is not None:
+            with lean:
+                if start and lean.status != 206:
+                    from_the_start()
+                hub_body.receive(lean, out[0])
+            return
+        with get_session().stream(
+            "GET", url, headers={**headers, **ranged}, follow_redirects=True,
+            timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+        ) as r:  # fmt: skip
+            if r.status_code >= 400:
+                r.read()  # the server's message, for the error
+            hf_raise_for_status(r)
+            if start and r.status_code != 206:
+                from_the_start()
+            for block in r.iter_bytes():
+                out[0].write(block)
+
+    try:
         retrying(once)
-        size = f.tell()
-    return size, state["sha256"].hexdigest()
+        size = out[0].size
+        return size, out[0].finish()
+    finally:
+        out[0].close()  # after a failure: what is on disk is a prefix of what came (in_order)
+
+
+_WRITE_MODES: dict[Path, str] = {}  # staging directory -> how downloads are written there
+
+
+def _write_mode(directory: Path) -> str:
+    mode = _WRITE_MODES.get(directory)
+    if mode is None:
+        from mla_convert.io import disk_write
+
+        mode = _WRITE_MODES[directory] = disk_write.resolve_mode(directory)[0]
+    return mode
+
+
+def _written_prefix(partial: Path):
+    """(bytes kept, their sha256) of an earlier run's partial download: its whole ALIGN blocks, the
+    rest dropped (a direct write continues at a block boundary); (0, None) where there is none."""
+    import hashlib
+
+    from mla_convert.io.disk_write import ALIGN
+
+    try:
+        f = open(partial, "rb")  # noqa: SIM115 (closed below; a missing file is no prefix)
+    except FileNotFoundError:
+        return 0, None
+    with f:
+        keep = os.fstat(f.fileno()).st_size // ALIGN * ALIGN
+        sha, left = hashlib.sha256(), keep
+        while left and (chunk := f.read(min(HASH_CHUNK, left))):
+            sha.update(chunk)
+            left -= len(chunk)
+    return keep - left, sha
 
 
 def _discard(path: Path) -> None:

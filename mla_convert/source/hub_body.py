@@ -1,7 +1,8 @@
 """A source shard's bytes from the Hub, read lean (--stream's downloads): the standard library's HTTP
-client reads the body straight from the socket into one buffer reused for every shard, and each
-fill is hashed and written once. huggingface_hub's session (httpx) copies each 64 KiB block
-through its parser several times, which costs more CPU than the sha256 of the same bytes.
+client reads the body straight from the socket into the staging buffers of the file being written
+(io.disk_write: hashed there, and written past the page cache where the disk takes it).
+huggingface_hub's session (httpx) copies each 64 KiB block through its parser several times,
+which costs more CPU than the sha256 of the same bytes.
 
 Only the plain case goes this way: huggingface_hub's own session, not one its user set up
 (`set_client_factory`: proxies, certificates), not offline. Where the request does not succeed at
@@ -12,11 +13,6 @@ the host a redirect names (as huggingface_hub does).
 """
 
 from __future__ import annotations
-
-import threading
-
-BUFFER_BYTES = 8 << 20
-_local = threading.local()
 
 
 def plain_get(url: str, headers: dict[str, str], timeout: float | None):
@@ -40,26 +36,23 @@ def plain_get(url: str, headers: dict[str, str], timeout: float | None):
         return None
 
 
-def receive(response, sha256, f) -> None:
-    """The body of `response` into `f`, each buffer's fill hashed into `sha256` and written once."""
+def receive(response, out) -> None:
+    """The body of `response` read straight into the staging buffers of `out` (an io.disk_write
+    StagedFile, which hashes and writes them)."""
     import http.client
 
-    view = _buffer()
     try:
-        while n := response.readinto(view):
-            sha256.update(view[:n])
-            f.write(view[:n])
+        while True:
+            space, _ = out.reserve()
+            n = response.readinto(space)
+            if not n:
+                break
+            out.commit(n)
     except http.client.HTTPException as e:  # IncompleteRead: the connection closed mid-body
         raise ConnectionError(f"the connection closed in the middle of the body ({type(e).__name__})") from e
     left = getattr(response, "length", None)  # http.client ends a body cut short without an error
     if left:
         raise ConnectionError(f"the connection closed in the middle of the body, {left} bytes short")
-
-
-def _buffer() -> memoryview:
-    if getattr(_local, "view", None) is None:
-        _local.view = memoryview(bytearray(BUFFER_BYTES))
-    return _local.view
 
 
 def plain_session() -> bool:
