@@ -26,10 +26,12 @@ its process; its download and upload roles from GET /_fake/state). Checked: the 
 (path, size, sha256) equals the conversion manifest's files and the manifest, each file was
 received once (bytes received = its size), and config.json came in the last commit.
 
---stages also runs each stage alone on the same source, first: the download (every shard fetched
-and its sha256 checked, then deleted, as --stream does), the conversion from the local (sparse)
-source, the upload of that output; then the ratio of the pipeline's wall time to the slowest
-stage's (the target: at most 1.3). Those need the whole output on disk: a scaled source.
+--stages also runs each stage alone on the same source, first, against a fake Hub of their own
+(the pipeline's then holds none of the objects they uploaded, which it would not ask to receive
+again): the download (every shard fetched and its sha256 checked, then deleted, as --stream does),
+the conversion from the local (sparse) source, the upload of that output; then the ratio of the
+pipeline's wall time to the slowest stage's (the target: at most 1.3). Those need the whole output
+on disk: a scaled source.
 
 Prints a summary and, from this run's rates, the projected time of the full-size run; --json
 writes every figure.
@@ -308,11 +310,16 @@ def main() -> None:
     run = args.workdir / "run"
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir()
-    hub = Hub(source, source.with_name(source.name + ".sha256.json"), args.workdir / "fake-hub.log", args.chunk)
+    digests = source.with_name(source.name + ".sha256.json")
     report: dict = {"source": {k: v for k, v in built.items() if k != "shards"}, "machine": _machine()}
+    if args.stages:  # a Hub of their own: the pipeline's holds none of the objects they sent
+        stages_hub = Hub(source, digests, args.workdir / "fake-hub-stages.log", args.chunk)
+        try:
+            report["stages_alone"] = run_stages(args, stages_hub, source, run)
+        finally:
+            report["stages_hub"] = stages_hub.stop()
+    hub = Hub(source, digests, args.workdir / "fake-hub.log", args.chunk)
     try:
-        if args.stages:
-            report["stages_alone"] = run_stages(args, hub, source, run)
         report["runs"], wall = run_pipeline(args, hub, run)
         state = hub.state()
         report["tree"] = compare_tree(hub, state, run / "out")
