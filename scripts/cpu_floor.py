@@ -44,21 +44,12 @@ def cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def measured(fn, reps: int, nbytes: int) -> float:
-    """Median CPU seconds per GB of fn() over reps runs."""
+def measured(fn, reps: int, nbytes: int, setup=None) -> float:
+    """Median CPU seconds per GB of fn() over reps runs, each after an unmeasured setup()."""
     runs = []
     for _ in range(reps):
-        t = cpu()
-        fn()
-        runs.append((cpu() - t) / (nbytes / 1e9))
-    return round(statistics.median(runs), 3)
-
-
-def measured_after(setup, fn, reps: int, nbytes: int) -> float:
-    """measured(fn), each run after an unmeasured setup()."""
-    runs = []
-    for _ in range(reps):
-        setup()
+        if setup is not None:
+            setup()
         t = cpu()
         fn()
         runs.append((cpu() - t) / (nbytes / 1e9))
@@ -138,7 +129,7 @@ def main() -> int:
             write_file()  # the measured runs: through the page cache
         m = n // BUF * BUF  # the file's size
         figures["write past the page cache (O_DIRECT)"] = measured(write_file, args.reps, m)
-        figures["read a file not in the page cache"] = measured_after(write_file, cold_read, args.reps, m)
+        figures["read a file not in the page cache"] = measured(cold_read, args.reps, m, setup=write_file)
         figures["read from the page cache"] = measured(read_file, args.reps, m)
         figures["sha256"] = measured(lambda: hashlib.sha256(data).digest(), args.reps, n)
 
