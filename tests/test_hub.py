@@ -180,7 +180,7 @@ def test_streamer_window_holds_when_jobs_finish_out_of_order(tmp_path, monkeypat
 
     fetched = []
 
-    def fake_fetch(repo, filename, local_dir=None):
+    def fake_fetch(repo, filename, local_dir=None, write_mode=None):
         (local_dir / filename).write_bytes(b"x" * 100)
         fetched.append(filename)
         return local_dir / filename
@@ -263,6 +263,27 @@ def test_a_streamed_shard_is_read_lean_unless_the_user_set_up_the_session(
     finally:
         set_client_factory(_http.default_client_factory)
     assert conversion_hashes(tmp_path / "theirs") == conversion_hashes(converted["channel-fp8"]) and lean == []
+
+
+@pytest.mark.parametrize("write_io", ["buffered", "direct"])
+def test_stream_writes_its_downloads_as_the_run_s_write_io_says(
+    hub, tiny_src, converted, tmp_path, monkeypatch, write_io, conversion_hashes
+):
+    """--write-io is the run's choice for everything it writes under --out, the shards --stream
+    downloads into its staging directory too (they were written O_DIRECT wherever a probe passed)."""
+    from mla_convert.io import disk_write
+    from mla_convert.source import hub as source_hub
+
+    opened, open_for_write = [], disk_write.open_for_write
+    monkeypatch.setattr(
+        disk_write,
+        "open_for_write",
+        lambda path, mode, **o: (opened.append((path, mode)), open_for_write(path, mode, **o))[1],
+    )
+    convert(REPO, tmp_path / "out", Options(), stream=True, write_io=write_io)
+    downloads = [mode for path, mode in opened if path.name.endswith(source_hub.DOWNLOAD_SUFFIX)]
+    assert downloads == [write_io] * len(shards(tiny_src))
+    assert conversion_hashes(tmp_path / "out") == conversion_hashes(converted["channel-fp8"])
 
 
 def test_a_partial_download_an_earlier_run_left_is_continued_from_its_whole_blocks(hub, tiny_src, tmp_path):

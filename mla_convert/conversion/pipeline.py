@@ -266,8 +266,9 @@ class _Conversion:
             run = Run(plan, self.out_dir, journal, done, [sp.shard.file for sp in specs])
         if self.streaming:
             streamed, peak = execute_streaming(
-                plan, specs, self.repo, s.workers, journal, progress, *((sink, run, recheck) if sink.active else ())
-            )
+                plan, specs, self.repo, s.workers, journal, progress,
+                *((sink, run, recheck) if sink.active else ()), write_io=self.write_io,
+            )  # fmt: skip
             self.files |= streamed
             self.record(peak_source_bytes_on_disk=peak)
         elif sink.active:

@@ -9,6 +9,7 @@ import collections
 from collections.abc import Callable
 from pathlib import Path
 
+from mla_convert.constants import WRITE_AUTO
 from mla_convert.conversion.shard_job import (
     PendingFiles,
     ShardJobSpec,
@@ -129,9 +130,11 @@ def execute_streaming(
     sink: Sink | None = None,
     run: Run | None = None,
     recheck: list[str] = (),
+    write_io: str = WRITE_AUTO,
 ) -> tuple[dict[str, dict], int]:
     """execute(), each job's source shards downloaded just before it and deleted once it is
-    recorded; also returns the peak bytes of source shards on disk.
+    recorded; also returns the peak bytes of source shards on disk. The shards are written as
+    `write_io` says (the run's --write-io, resolved for --out, whose staging directory they go to).
 
     With a `sink` (conversion.sink), the shards of the kept jobs in `recheck` are downloaded first,
     each job's shards and its output files are reserved together in the sink's budget before the
@@ -143,7 +146,9 @@ def execute_streaming(
     busy = (lambda: sink.clock.busy(DOWNLOAD)) if sink else None
     ahead = workers + 1 if sink else workers  # with a sink, a job's shards stay until it is checked
     budget = sink.budget if sink else None
-    with hub.ShardStreamer(repo, plan.source.root, todo, ahead, budget=budget, extra=extra, busy=busy) as streamer:
+    with hub.ShardStreamer(
+        repo, plan.source.root, todo, ahead, budget=budget, extra=extra, busy=busy, write_mode=write_io
+    ) as streamer:
         needs = dict(todo)
         if sink:
             sink.started(run, _Streamed(streamer, needs))

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX
+from mla_convert.constants import CONFIG_NAME, LEFT_RUNNING_THREAD_PREFIX, WRITE_AUTO
 from mla_convert.errors import SourceError, network_errors
 from mla_convert.io.headers import header_length, parse_header
 from mla_convert.process.interrupts import crash_point
@@ -238,14 +238,15 @@ def check_file(repo: HubRepo, filename: str, path: Path) -> str | None:
     return None
 
 
-def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None) -> Path:
+def fetch_checked(repo: HubRepo, filename: str, local_dir: Path | None = None, write_mode: str = WRITE_AUTO) -> Path:
     """Download (or take from the cache) and check size + sha256; a bad copy is fetched once more,
     a second bad copy is refused, never converted. Into `local_dir` (--stream's staging) the bytes
-    are hashed as they arrive (`_receive`), not read again."""
+    are hashed as they arrive (`_receive`), not read again, and written as `write_mode` says
+    (io.disk_write's modes: the run's --write-io)."""
     from huggingface_hub import hf_hub_download
 
     if local_dir is not None:
-        return _fetch_into(repo, filename, Path(local_dir))
+        return _fetch_into(repo, filename, Path(local_dir), write_mode)
     for attempt in range(2):
         with hub_errors(repo.label(filename), repo.commit):
             path = Path(
@@ -270,7 +271,7 @@ def download_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{DOWNLOAD_SUFFIX}")
 
 
-def _fetch_into(repo: HubRepo, filename: str, staging: Path) -> Path:
+def _fetch_into(repo: HubRepo, filename: str, staging: Path, write_mode: str) -> Path:
     """`filename` into `staging`, checked as it arrives; a whole copy an earlier run left is checked
     (read once), a partial one continued."""
     dest = staging / filename
@@ -283,7 +284,7 @@ def _fetch_into(repo: HubRepo, filename: str, staging: Path) -> Path:
         dest.unlink()
     for attempt in range(2):
         with hub_errors(repo.label(filename), repo.commit):
-            size, sha = _receive(repo, filename, dest, fresh=attempt > 0)
+            size, sha = _receive(repo, filename, dest, write_mode, fresh=attempt > 0)
         problem = _differs(expected, size, sha)
         if problem is None:
             os.replace(download_name(dest), dest)
@@ -300,10 +301,10 @@ def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
     return None
 
 
-def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int, str]:
+def _receive(repo: HubRepo, filename: str, dest: Path, write_mode: str, fresh: bool) -> tuple[int, str]:
     """Download `filename` to download_name(dest): its (size, sha256). The body goes into the
-    staging buffers of an io.disk_write file (O_DIRECT where the directory takes it: no copy
-    through the page cache; source.hub_body reads the socket straight into them where it can),
+    staging buffers of an io.disk_write file (written as `write_mode` resolves for its directory;
+    O_DIRECT: no copy through the page cache; source.hub_body reads the socket straight into them where it can),
     hashed there as it arrives. A connection lost mid-body (or a 5xx, a timeout) is continued from
     the bytes already received, by a range request, after a wait (`retrying`); an earlier run's
     partial download too (the whole blocks it wrote, hashed first), unless `fresh`."""
@@ -317,7 +318,7 @@ def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int
     headers = build_hf_headers()
     partial = download_name(dest)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    mode = _write_mode(partial.parent)
+    mode = write_mode if write_mode != WRITE_AUTO else disk_write.resolve_mode(partial.parent)[0]
     kept, sha = (0, None) if fresh else _written_prefix(partial)
     out = [disk_write.open_for_write(partial, mode, append_at=kept, sha256=sha, in_order=True)]
 
@@ -357,18 +358,6 @@ def _receive(repo: HubRepo, filename: str, dest: Path, fresh: bool) -> tuple[int
         return size, out[0].finish()
     finally:
         out[0].close()  # after a failure: what is on disk is a prefix of what came (in_order)
-
-
-_WRITE_MODES: dict[Path, str] = {}  # staging directory -> how downloads are written there
-
-
-def _write_mode(directory: Path) -> str:
-    mode = _WRITE_MODES.get(directory)
-    if mode is None:
-        from mla_convert.io import disk_write
-
-        mode = _WRITE_MODES[directory] = disk_write.resolve_mode(directory)[0]
-    return mode
 
 
 def _written_prefix(partial: Path):
@@ -419,6 +408,7 @@ class ShardStreamer:
     its output files) are reserved together before its first download, in job order, and a shard's
     room is released when it is deleted; shards an earlier run left in `staging` are counted (or
     deleted, where no job needs them). `busy`: a context for each download (the stage clock's).
+    `write_mode`: how the shards are written (io.disk_write's modes; the run's, resolved for --out).
     """
 
     def __init__(
@@ -431,8 +421,10 @@ class ShardStreamer:
         budget=None,
         extra: dict[str, int] | None = None,
         busy: Callable[[], contextlib.AbstractContextManager] | None = None,
+        write_mode: str = WRITE_AUTO,
     ):
         self.repo, self.staging, self.jobs, self.ahead = repo, staging, jobs, ahead
+        self.write_mode = write_mode
         self.budget, self.extra, self.busy = budget, extra or {}, busy or contextlib.nullcontext
         self.users: dict[str, int] = {}
         for _, files in jobs:
@@ -495,7 +487,7 @@ class ShardStreamer:
                 for f in files:
                     if f not in self.fetched:
                         with self.busy():
-                            fetch_checked(self.repo, f, local_dir=self.staging)
+                            fetch_checked(self.repo, f, local_dir=self.staging, write_mode=self.write_mode)
                         crash_point(f"download:{f}")
                         with self.cond:
                             self.fetched.add(f)
