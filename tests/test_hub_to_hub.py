@@ -465,6 +465,33 @@ def test_a_slow_check_still_has_its_source_shards_when_the_conversion_is_done(hu
     assert_plain_convert_and_upload_give_the_same_tree(hub, SOURCE, tmp_path)
 
 
+def test_a_failed_library_run_sends_and_commits_nothing_after_it_returns(hub, eight, tmp_path, monkeypatch):
+    """convert(upload=...) raising in a process that goes on (a library caller): its checker and
+    uploader stop with the file at hand, not send the rest of their queue behind the caller's back."""
+    from mla_convert.process.interrupts import CRASH_POINTS
+    from mla_convert.publish.hub_to_hub import CHECK_THREAD_NAME, UPLOAD_THREAD_NAME
+
+    hub.add_repo(SOURCE, eight)
+    first_sent = threading.Event()
+
+    def planted(point: str) -> None:
+        if point.startswith("preupload:") and not first_sent.is_set():
+            first_sent.set()
+            time.sleep(1.5)  # the uploader busy with its first file while the run fails
+        if point == f"check:{SHARD3}":
+            first_sent.wait(10)
+            raise ConvertError("planted failure")
+
+    monkeypatch.setattr(CRASH_POINTS, "hook", planted)
+    with pytest.raises(ConvertError, match="planted failure"):
+        upload_to(SOURCE, tmp_path / "out", workers=1)
+    returned = len(hub.requests)
+    time.sleep(2.5)  # past the uploader's file at hand
+    assert [r.path for r in hub.requests[returned:]] == []
+    threads = {t.name for t in threading.enumerate()}
+    assert CHECK_THREAD_NAME not in threads and UPLOAD_THREAD_NAME not in threads
+
+
 def test_a_source_shard_that_cannot_be_read_for_the_check_says_so(hub, tmp_path, monkeypatch):
     """The per-file check reads the source again: a shard cut short meanwhile is a read failure of
     the source (one line, exit 2), not a file the conversion wrote wrong."""

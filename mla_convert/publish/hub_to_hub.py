@@ -132,6 +132,7 @@ class HubSink(Sink):
         self.recheck: list[str] = []
         self.error: BaseException | None = None
         self.checks: queue.Queue = queue.Queue()
+        self.stopped = threading.Event()  # the run failed: nothing more is checked, sent or committed
         self.uploads: queue.Queue = queue.Queue()
         self.done = threading.Event()  # the last commit landed
         self.threads: list[threading.Thread] = []
@@ -374,8 +375,12 @@ class HubSink(Sink):
         }
 
     def close(self, error: BaseException | None) -> None:
-        if error is not None and self.budget is not None:
-            self.budget.close(error if self.error is None else self.error)
+        if error is not None:
+            # The run failed: the threads stop after the file at hand, sending and committing
+            # nothing more (a library caller's process goes on; its --resume must not race them).
+            self.stopped.set()
+            if self.budget is not None:
+                self.budget.close(error if self.error is None else self.error)
         for q in (self.checks, self.uploads):
             q.put(_STOP)
         for thread in self.threads:
@@ -400,7 +405,7 @@ class HubSink(Sink):
         return run
 
     def _checker(self) -> None:
-        while (item := self.checks.get()) != _STOP:
+        while (item := self.checks.get()) != _STOP and not self.stopped.is_set():
             if item[0] == "last":
                 self.uploads.put(item)
                 continue
@@ -431,7 +436,7 @@ class HubSink(Sink):
                 item = self.uploads.get(timeout=POLL)
             except queue.Empty:
                 item = None
-            if item == _STOP:
+            if item == _STOP or self.stopped.is_set():
                 return
             if isinstance(item, tuple) and item[0] == "last":
                 if batch:
@@ -444,9 +449,13 @@ class HubSink(Sink):
                 self.done.set()
                 continue
             for f in item or ():
+                if self.stopped.is_set():
+                    return
                 local = self._send(f)
                 if local is not None:
                     batch.append(local)
+            if self.stopped.is_set():
+                return
             room = sum(f.room for f in batch)
             full = len(batch) >= FILES_PER_COMMIT or room >= self.budget.limit // 2
             wanted = self.uploads.empty() and self.budget.waiting > 0 and self._spaced()
