@@ -14,7 +14,7 @@ from mla_convert.demo.specs import CheckpointSpec
 from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.settings import Options
 from support import checkpoints, cli_runner
-from support.fake_hub import FakeHub
+from support.fake_hub import WRITE_TOKEN, FakeHub
 
 STANDINS = Path(__file__).parent / "support" / "standins"
 
@@ -44,6 +44,12 @@ def _convert(src, out, fmt, **kw):
 def src_copy(tiny_src, tmp_path) -> Path:
     """A private, writable copy of the tiny checkpoint."""
     return Path(shutil.copytree(tiny_src, tmp_path / "src"))
+
+
+@pytest.fixture
+def out(converted, tmp_path) -> Path:
+    """A private, writable copy of the tiny channel-FP8 conversion (its manifest says 'complete')."""
+    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
 
 
 # ---- helpers (pure functions: session-scoped, so @given tests may take them too) ---------------
@@ -107,6 +113,16 @@ def fake_hub(tmp_path, monkeypatch):
             hub.stop()  # its connections cut: what a failed run left running ends now
             _join_left_running()
             huggingface_hub.close_session()
+
+
+@pytest.fixture
+def hub(fake_hub, monkeypatch):
+    """The fake Hub with a token that may write (WRITE_TOKEN) as HF_TOKEN: what the upload, verify
+    OWNER/NAME and convert --upload tests start from. A module whose `hub` is a source repo
+    defines its own."""
+    fake_hub.add_token(WRITE_TOKEN)
+    monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)
+    return fake_hub
 
 
 def _join_left_running(deadline_s: float = 30.0) -> None:

@@ -21,7 +21,6 @@ from mla_convert.verification import verify
 
 CARD = "README.md"
 REPO = "org/tiny-r1-edited"
-WRITE = "hf_fake_write_token"
 INTRO = "Intro by the user, above the title.\n\n"
 NOTE = "Our own notes: served on 8 Gaudi3 cards since May.\n\n"
 TAIL = "\n## Contact\n\nAsk the user's team.\n"
@@ -44,19 +43,6 @@ def sha256_of(path: Path) -> str:
 
 def recorded_sha256(out: Path) -> str:
     return json.loads((out / MANIFEST_NAME).read_text())["files"][CARD]["sha256"]
-
-
-@pytest.fixture
-def out(converted, tmp_path) -> Path:
-    """A private copy of the tiny channel-FP8 conversion."""
-    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
-
-
-@pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(WRITE)
-    monkeypatch.setenv("HF_TOKEN", WRITE)
-    return fake_hub
 
 
 def edit_around(out: Path) -> None:

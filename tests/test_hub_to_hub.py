@@ -23,14 +23,6 @@ from mla_convert.errors import ConvertError
 from mla_convert.settings import UploadOptions
 
 REPO = "org/tiny-h2h"
-WRITE = "hf_fake_write_token"
-
-
-@pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(WRITE)
-    monkeypatch.setenv("HF_TOKEN", WRITE)
-    return fake_hub
 
 
 @pytest.fixture(scope="module")

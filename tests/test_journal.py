@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -167,12 +166,6 @@ def test_another_source_cannot_be_resumed(tmp_path):
 def jobs(tiny_src) -> dict[str, list[str]]:
     """Each shard job of the tiny checkpoint's conversion -> its files (the plan's job_outputs)."""
     return make_plan(open_source(tiny_src), Options()).job_outputs()
-
-
-@pytest.fixture
-def out(converted, tmp_path) -> Path:
-    """A copy of a complete conversion of the tiny checkpoint (its manifest says 'complete')."""
-    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
 
 
 def test_a_complete_manifest_keeps_every_intact_job(out, load_json, jobs):

@@ -18,16 +18,9 @@ from mla_convert.demo.specs import CheckpointSpec
 from mla_convert.demo.synthetic import write_checkpoint
 from mla_convert.publish import lfs_put
 from mla_convert.settings import UploadOptions
+from support.fake_hub import WRITE_TOKEN
 
 REPO = "org/tiny-lean"
-WRITE = "hf_fake_write_token"
-
-
-@pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(WRITE)
-    monkeypatch.setenv("HF_TOKEN", WRITE)
-    return fake_hub
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +95,7 @@ def test_single_part_and_multipart_bodies_go_lean_each_byte_once(hub, four, tmp_
     parts = [r for r in puts(hub) if r.kind == "lfs-part"]
     assert len(parts) == sum(-(-n // hub.chunk_size) for n in sizes.values() if n > hub.multipart_threshold)
     verifies = [r for r in hub.requests if r.kind == "lfs-verify"]
-    assert len(verifies) == len(sizes) and all(r.authorization == f"Bearer {WRITE}" for r in verifies)
+    assert len(verifies) == len(sizes) and all(r.authorization == f"Bearer {WRITE_TOKEN}" for r in verifies)
 
 
 def test_the_https_way_sends_through_one_buffer_in_several_fills(hub, four, tmp_path, monkeypatch):

@@ -20,21 +20,8 @@ from mla_convert.publish.contents import read_contents
 from mla_convert.verification import verify
 
 REPO = "org/tiny-lifecycle"
-WRITE = "hf_fake_write_token"
 SHARD = "model-00002-of-00004.safetensors"
 LAYER = "mla/layer-001.safetensors"
-
-
-@pytest.fixture
-def out(converted, tmp_path) -> Path:
-    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
-
-
-@pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(WRITE)
-    monkeypatch.setenv("HF_TOKEN", WRITE)
-    return fake_hub
 
 
 def listed(out: Path, rel: str) -> tuple[int, str]:

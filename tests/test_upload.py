@@ -5,7 +5,6 @@ by the same command without sending anything twice, and every refusal or failure
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,25 +20,19 @@ from mla_convert.cli.app import app
 from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import UploadError
 from mla_convert.verification import verify
+from support.fake_hub import WRITE_TOKEN as WRITE
 from support.processes import as_from_a_terminal
 
 REPO = "org/tiny-r1-channel-fp8"
-WRITE, READ = "hf_fake_write_token", "hf_fake_read_token"
+READ = "hf_fake_read_token"
 TESTS_DIR = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(WRITE)
-    fake_hub.add_token(READ, write=False)
-    monkeypatch.setenv("HF_TOKEN", WRITE)
-    return fake_hub
-
-
-@pytest.fixture
-def out(converted, tmp_path) -> Path:
-    """A private copy of the tiny channel-FP8 conversion."""
-    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
+def hub(hub):
+    """conftest's, with a token that may only read (READ) too."""
+    hub.add_token(READ, write=False)
+    return hub
 
 
 def expected_tree(out: Path) -> dict[str, str]:

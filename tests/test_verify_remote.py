@@ -18,21 +18,8 @@ from mla_convert.constants import MANIFEST_NAME
 from mla_convert.errors import VerificationError
 
 REPO = "org/tiny-r1-channel-fp8"
-TOKEN = "hf_fake_write_token"
 SHARD = "model-00002-of-00004.safetensors"
 runner = CliRunner()
-
-
-@pytest.fixture
-def hub(fake_hub, monkeypatch):
-    fake_hub.add_token(TOKEN)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    return fake_hub
-
-
-@pytest.fixture
-def out(converted, tmp_path) -> Path:
-    return Path(shutil.copytree(converted["channel-fp8"], tmp_path / "out"))
 
 
 @pytest.fixture

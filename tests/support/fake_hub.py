@@ -86,6 +86,7 @@ _DATE = "2026-01-01T00:00:00.000Z"
 _CHUNK = 1 << 20
 _SENDFILE_CHUNK = 16 << 20  # bytes per sendfile call: bytes_sent moves at least this often
 _ZEROS = memoryview(bytes(1 << 20))  # a hole's bytes, sent from here
+WRITE_TOKEN = "hf_fake_write_token"  # conftest's `hub` adds it and sets HF_TOKEN to it
 STATE_PATH = "/_fake/state"  # GET: the server's own state as JSON (FakeHub.state), for a server in another process
 _SHA_RE_CHARS = set("0123456789abcdef")
 
