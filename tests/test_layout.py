@@ -28,6 +28,7 @@ LAYERS = [
     {
         "mla_convert/errors.py",
         "mla_convert/process/",
+        "mla_convert/registry.py",
         "mla_convert/results.py",
         "mla_convert/units.py",
         "mla_convert/version.py",

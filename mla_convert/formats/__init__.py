@@ -22,6 +22,7 @@ from mla_convert.formats.format import (
     names,
     register,
     registered,
+    seal_built_ins,
     target,
     unregister,
 )
@@ -54,6 +55,7 @@ def _register_builtins() -> None:
         module = importlib.import_module(f"{__name__}.{info.name}")
         if isinstance(getattr(module, "FORMAT", None), Format):
             register(module.FORMAT)
+    seal_built_ins()
 
 
 _register_builtins()

@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from mla_convert.errors import ConvertError
 from mla_convert.formats.targets import DEFAULT_TARGET, TARGETS, Target
+from mla_convert.registry import Registry
 
 # The scheme a quantization_config gives a linear (Format.claimed): the format's own quantized
 # scheme (reported by the format's name), the source's INT4 group kept as it is, or none.
@@ -156,50 +157,42 @@ class Format:
         return known.card_note if known is not None and self.fp8_range else ""
 
 
-class _Registry:
-    """The formats, by name (an attribute of one object: no module variable is rebound)."""
-
-    def __init__(self) -> None:
-        self.formats: dict[str, Format] = {}
-
-
-_REGISTRY = _Registry()
+# The formats by name, in rank order; the built-in ones register like any other (formats.builtin).
+_REGISTRY: Registry[Format] = Registry("format", {}, lambda f: f.name, order=lambda f: f.rank)
 
 
 def register(fmt: Format) -> Format:
     """Make `fmt` one of `--format`'s choices; ValueError if its name is taken."""
-    if fmt.name in _REGISTRY.formats:
-        raise ValueError(f"a format named {fmt.name!r} is registered already")
-    _REGISTRY.formats[fmt.name] = fmt
-    _REGISTRY.formats = dict(sorted(_REGISTRY.formats.items(), key=lambda kv: kv[1].rank))
-    return fmt
+    return _REGISTRY.add(fmt)
 
 
 def unregister(name: str) -> None:
-    _REGISTRY.formats.pop(name, None)
+    _REGISTRY.remove(name)
+
+
+def seal_built_ins() -> None:
+    """The formats registered so far (the package's own) are built in: unregister leaves them."""
+    _REGISTRY.seal()
 
 
 @contextlib.contextmanager
 def registered(fmt: Format) -> Iterator[Format]:
     """`fmt` registered while the block runs (tests, a plugin's scope)."""
-    register(fmt)
-    try:
+    with _REGISTRY.scoped([fmt]):
         yield fmt
-    finally:
-        unregister(fmt.name)
 
 
 def all_formats() -> tuple[Format, ...]:
-    return tuple(_REGISTRY.formats.values())
+    return tuple(_REGISTRY.items.values())
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_REGISTRY.formats)
+    return tuple(_REGISTRY.items)
 
 
 def find(name) -> Format | None:
     """The format named `name`; None for a name no format has (a manifest's, read as it is)."""
-    return _REGISTRY.formats.get(name) if isinstance(name, str) else None
+    return _REGISTRY.items.get(name) if isinstance(name, str) else None
 
 
 def get(name: str) -> Format:

@@ -11,9 +11,11 @@ after it, its layout the format's): data_pass holds the weight until its scale i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from mla_convert.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +61,7 @@ COMPARISONS = _Comparisons([
     Comparison("bf16", ("bf16-exact",), lambda s, info, t, _, job: s.bf16(info, t, job)),
     Comparison("int4_bf16", ("int4-bf16-exact",), lambda s, info, t, _, job: s.int4_bf16(info, t, job)),
 ])  # fmt: skip
-_BUILT_IN = frozenset(COMPARISONS.by_name)
+_REGISTRY = Registry("comparison", COMPARISONS.by_name, lambda c: c.name)
 
 
 def comparison(name: str) -> Comparison | None:
@@ -67,24 +69,12 @@ def comparison(name: str) -> Comparison | None:
 
 
 def register(c: Comparison) -> Comparison:
-    if c.name in COMPARISONS.by_name:
-        raise ValueError(f"a comparison named {c.name!r} is registered already")
-    COMPARISONS.by_name[c.name] = c
-    return c
+    return _REGISTRY.add(c)
 
 
 def unregister(name: str) -> None:
-    if name not in _BUILT_IN:
-        COMPARISONS.by_name.pop(name, None)
+    _REGISTRY.remove(name)
 
 
-@contextlib.contextmanager
-def registered(*comparisons: Comparison) -> Iterator[None]:
-    done = []
-    try:
-        for c in comparisons:
-            done.append(register(c))
-        yield
-    finally:
-        for c in done:
-            unregister(c.name)
+def registered(*comparisons: Comparison) -> contextlib.AbstractContextManager:
+    return _REGISTRY.scoped(comparisons)

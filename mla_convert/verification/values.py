@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from mla_convert.formats import Target
 from mla_convert.io.buffers import address_of
 from mla_convert.kernels import native
 from mla_convert.kernels.bits import NONFINITE
+from mla_convert.registry import Registry
 from mla_convert.verification.error_stats import Mismatches
 from mla_convert.verification.readers import reader_backend
 from mla_convert.verification.report import VALUES, FileTally
@@ -220,32 +221,20 @@ CHECKS = _Checks([
                by_rows=True),
     ValueCheck("fp8-scale", lambda info, is_scale: is_scale, _scale_torch, _scale_native, by_rows=True),
 ])  # fmt: skip
-_BUILT_IN = frozenset(CHECKS.checks)
+_REGISTRY = Registry("value check", CHECKS.checks, lambda c: c.name)
 
 
 def register(check: ValueCheck) -> ValueCheck:
     """Add a value check (after the built-in ones); a format names it in its value_checks."""
-    if check.name in CHECKS.checks:
-        raise ValueError(f"a value check named {check.name!r} is registered already")
-    CHECKS.checks[check.name] = check
-    return check
+    return _REGISTRY.add(check)
 
 
 def unregister(name: str) -> None:
-    if name not in _BUILT_IN:
-        CHECKS.checks.pop(name, None)
+    _REGISTRY.remove(name)
 
 
-@contextlib.contextmanager
-def registered(*checks: ValueCheck) -> Iterator[None]:
-    done = []
-    try:
-        for c in checks:
-            done.append(register(c))
-        yield
-    finally:
-        for c in done:
-            unregister(c.name)
+def registered(*checks: ValueCheck) -> contextlib.AbstractContextManager:
+    return _REGISTRY.scoped(checks)
 
 
 def selected(names: tuple[str, ...], target: Target) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ compiled) implement the built-in transforms only."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 from mla_convert.kernels.transforms import (
     block_fp8_dequant,
@@ -22,6 +21,7 @@ from mla_convert.kernels.transforms import (
     mla_split,
 )
 from mla_convert.kernels.transforms.transform import Params, Transform
+from mla_convert.registry import Registry
 
 # What a plan's output tensors are made by (plan.ops names them).
 PLAN_TRANSFORMS: dict[str, Transform] = {
@@ -49,7 +49,7 @@ KERNEL_TRANSFORMS: dict[str, Transform] = {
     )
 }
 SPLITS = {mla_split.OP: mla_split.TRANSFORM, mla_split.OP16: mla_split.TRANSFORM16}
-_BUILT_IN = frozenset(PLAN_TRANSFORMS)
+_REGISTRY = Registry("transform", PLAN_TRANSFORMS, lambda t: t.op)
 CONVERTING_OPS = tuple(op for op, t in PLAN_TRANSFORMS.items() if t.probes is not None)  # fp8, bf16, quant
 BLOCK_OPS = tuple(op for op in CONVERTING_OPS if "block_scale" in PLAN_TRANSFORMS[op].reads)
 
@@ -60,32 +60,22 @@ def register(t: Transform) -> Transform:
     read a weight and its block scale ("weight", "block_scale"), and write the source's dtype,
     BF16, or FP8 with a scale written next (FP8_DTYPE). ValueError for a name taken or an entry it
     cannot have."""
-    if t.op in PLAN_TRANSFORMS or t.op in KERNEL_TRANSFORMS:
+    if t.op in KERNEL_TRANSFORMS:
         raise ValueError(f"a transform named {t.op!r} is registered already")
     if t.probes is not None or t.native is not None or t.rows is not None or t.compiles:
         raise ValueError(f"transform {t.op!r}: a registered transform runs its eager definition only")
     if not set(t.reads) <= {"weight", "block_scale"}:
         raise ValueError(f"transform {t.op!r} reads {t.reads}: a registered one reads a weight and its block scale")
-    PLAN_TRANSFORMS[t.op] = t
-    return t
+    return _REGISTRY.add(t)
 
 
 def unregister(op: str) -> None:
-    if op not in _BUILT_IN:
-        PLAN_TRANSFORMS.pop(op, None)
+    _REGISTRY.remove(op)
 
 
-@contextlib.contextmanager
-def registered(*transforms: Transform) -> Iterator[None]:
+def registered(*transforms: Transform) -> contextlib.AbstractContextManager:
     """`transforms` registered while the block runs."""
-    done = []
-    try:
-        for t in transforms:
-            done.append(register(t))
-        yield
-    finally:
-        for t in done:
-            unregister(t.op)
+    return _REGISTRY.scoped(transforms, register)
 
 
 __all__ = [
