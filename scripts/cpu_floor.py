@@ -234,8 +234,10 @@ def main() -> int:
                     "cpu_s_per_gb": figures,
                     "uses": uses,
                     "floor": floor,
-                    "required_work": required_floor,
-                    "cheapest_copies": cheapest_floor,
+                    "required": required,
+                    "required_floor": required_floor,
+                    "cheapest": cheapest,
+                    "cheapest_floor": cheapest_floor,
                 },
                 indent=1,
             )
