@@ -273,7 +273,10 @@ def download_name(path: Path) -> Path:
 
 def _fetch_into(repo: HubRepo, filename: str, staging: Path, write_mode: str) -> Path:
     """`filename` into `staging`, checked as it arrives; a whole copy an earlier run left is checked
-    (read once), a partial one continued."""
+    (read once), a partial one continued. `write_mode` WRITE_AUTO is resolved here, once for both
+    tries."""
+    from mla_convert.io import disk_write
+
     dest = staging / filename
     expected = repo.files.get(filename)
     if expected is None:
@@ -282,6 +285,9 @@ def _fetch_into(repo: HubRepo, filename: str, staging: Path, write_mode: str) ->
         if check_file(repo, filename, dest) is None:
             return dest
         dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if write_mode == WRITE_AUTO:
+        write_mode = disk_write.resolve_mode(dest.parent)[0]
     for attempt in range(2):
         with hub_errors(repo.label(filename), repo.commit):
             size, sha = _receive(repo, filename, dest, write_mode, fresh=attempt > 0)
@@ -303,9 +309,9 @@ def _differs(expected: RemoteFile, size: int, sha: str) -> str | None:
 
 def _receive(repo: HubRepo, filename: str, dest: Path, write_mode: str, fresh: bool) -> tuple[int, str]:
     """Download `filename` to download_name(dest): its (size, sha256). The body goes into the
-    staging buffers of an io.disk_write file (written as `write_mode` resolves for its directory;
-    O_DIRECT: no copy through the page cache; source.hub_body reads the socket straight into them where it can),
-    hashed there as it arrives. A connection lost mid-body (or a 5xx, a timeout) is continued from
+    staging buffers of an io.disk_write file written in `write_mode` (WRITE_DIRECT: no copy through
+    the page cache; source.hub_body reads the socket straight into them where it can), hashed
+    there as it arrives. A connection lost mid-body (or a 5xx, a timeout) is continued from
     the bytes already received, by a range request, after a wait (`retrying`); an earlier run's
     partial download too (the whole blocks it wrote, hashed first), unless `fresh`."""
     from huggingface_hub import constants, hf_hub_url
@@ -317,14 +323,12 @@ def _receive(repo: HubRepo, filename: str, dest: Path, write_mode: str, fresh: b
     url = hf_hub_url(repo.repo_id, filename, revision=repo.commit)
     headers = build_hf_headers()
     partial = download_name(dest)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    mode = write_mode if write_mode != WRITE_AUTO else disk_write.resolve_mode(partial.parent)[0]
     kept, sha = (0, None) if fresh else _written_prefix(partial)
-    out = [disk_write.open_for_write(partial, mode, append_at=kept, sha256=sha, in_order=True)]
+    out = [disk_write.open_for_write(partial, write_mode, append_at=kept, sha256=sha, in_order=True)]
 
     def from_the_start() -> None:  # the range was not taken
         out[0].close()
-        out[0] = disk_write.open_for_write(partial, mode, in_order=True)
+        out[0] = disk_write.open_for_write(partial, write_mode, in_order=True)
 
     def once() -> None:
         f = out[0]
